@@ -1,0 +1,35 @@
+# aiayn — the two commands: `make test` and `make demo`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test test-fast demo lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU wheel on this disk; otherwise pip may pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check aiayn tests benchmarks
+	$(VENV)/bin/ruff format --check aiayn tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix aiayn tests benchmarks
+	$(VENV)/bin/ruff format aiayn tests benchmarks
+
+demo: $(STAMP)
+	$(PY) -m aiayn demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

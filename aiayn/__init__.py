@@ -1,0 +1,23 @@
+"""aiayn: the Transformer of "Attention Is All You Need", written from scratch and verified.
+
+Mask convention (everywhere in this package): a mask is a bool tensor broadcastable to the
+attention scores (B, h, T_q, T_k); True means "may attend". Combine masks with ``&``.
+"""
+
+from aiayn.config import EncoderConfig, LayerConfig, LMConfig, TransformerConfig
+from aiayn.masks import causal_mask, padding_mask
+from aiayn.models import EncoderModel, LanguageModel, Transformer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EncoderConfig",
+    "EncoderModel",
+    "LMConfig",
+    "LanguageModel",
+    "LayerConfig",
+    "Transformer",
+    "TransformerConfig",
+    "causal_mask",
+    "padding_mask",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from aiayn.cli.main import main
+
+sys.exit(main())

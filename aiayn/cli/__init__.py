@@ -1,0 +1,1 @@
+"""The ``aiayn`` command line: one module per subcommand, registered in ``main``."""

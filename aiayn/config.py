@@ -1,0 +1,167 @@
+"""Model configuration dataclasses, validated on construction.
+
+The defaults are the paper's base model (Table 3, "base": N=6, d_model=512, d_ff=2048, h=8,
+P_drop=0.1, post-norm residuals, sinusoidal positions, embeddings shared and scaled by √d_model).
+Every deviation is a named field; a bad value raises ``ValueError`` naming the field, the value and
+the fix. Configs round-trip through plain dicts (``to_dict`` / ``from_dict``) for ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiayn.modules.embedding import EMB_SCALES, POSITIONALS
+from aiayn.modules.feed_forward import ACTIVATIONS
+
+C = TypeVar("C", bound="LayerConfig")
+
+
+@dataclass
+class LayerConfig:
+    """What every layer of every stack needs. Subclasses add vocabulary and depth."""
+
+    d_model: int = 512  # model width, §3.1
+    n_heads: int = 8  # h, parallel attention heads, §3.2.2
+    d_k: int | None = None  # query/key width per head; None = d_model / n_heads
+    d_v: int | None = None  # value width per head; None = d_model / n_heads
+    d_ff: int = 2048  # inner width of the feed-forward network, §3.3
+    dropout: float = 0.1  # P_drop on sublayer outputs and on embedding + position sums, §5.4
+    attn_dropout: float = 0.0  # dropout on attention weights (the paper has none)
+    ff_dropout: float = 0.0  # dropout after the feed-forward activation (the paper has none)
+    activation: str = "relu"  # "relu" (paper), "gelu", "gelu_tanh" (GPT-2)
+    norm_first: bool = False  # False: post-norm LayerNorm(x + Sublayer(x)) as in the paper
+    ln_eps: float = 1e-5  # ε inside LayerNorm's square root
+    bias: bool = True  # biases in linear layers and LayerNorm
+    positional: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
+    max_len: int = 1024  # positions precomputed (sinusoidal: grows past it; learned: hard limit)
+    emb_scale: str = "emb"  # "emb": embeddings × √d_model (§3.4); "prj": output ÷ √d_model; "none"
+    pad_id: int = 0  # special token ids, fixed by the tokenizer
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int = 3
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------
+    def _fail(self, field: str, problem: str, fix: str) -> None:
+        value = getattr(self, field)
+        raise ValueError(f"{type(self).__name__}.{field}={value!r} {problem}; {fix}")
+
+    def _positive(self, *fields: str) -> None:
+        for f in fields:
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                self._fail(f, "must be a positive integer", f"set {f} to an integer ≥ 1")
+
+    def _choice(self, field: str, choices: tuple[str, ...] | list[str]) -> None:
+        if getattr(self, field) not in choices:
+            self._fail(field, f"is not one of {tuple(choices)}", f"choose one of {tuple(choices)}")
+
+    def _probability(self, *fields: str) -> None:
+        for f in fields:
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                self._fail(f, "must be in [0, 1)", f"set {f} to a probability such as 0.1")
+
+    def validate(self) -> None:
+        self._positive("d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            self._fail(
+                "d_model",
+                f"must be divisible by n_heads={self.n_heads}",
+                "choose d_model as a multiple of n_heads (e.g. 512 with 8 heads), or set d_k and d_v",
+            )
+        self._probability("dropout", "attn_dropout", "ff_dropout")
+        self._choice("activation", list(ACTIVATIONS))
+        self._choice("positional", POSITIONALS)
+        self._choice("emb_scale", EMB_SCALES)
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            self._fail("d_model", "is odd", "sinusoidal positions need an even d_model")
+        if not (isinstance(self.ln_eps, float) and self.ln_eps > 0):
+            self._fail("ln_eps", "must be a positive float", "use e.g. 1e-5")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        if len(set(ids.values())) < len(ids):
+            self._fail("pad_id", f"collides with another special id {ids}", "give distinct ids")
+
+    def _vocab_check(self, field: str) -> None:
+        self._positive(field)
+        size = getattr(self, field)
+        for name in ("pad_id", "bos_id", "eos_id", "unk_id"):
+            if not 0 <= getattr(self, name) < size:
+                self._fail(name, f"is outside the vocabulary ({field}={size})", "use ids < vocab size")
+
+    # -- (de)serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class TransformerConfig(LayerConfig):
+    """The encoder–decoder of the paper (Figure 1)."""
+
+    src_vocab_size: int = 37000  # the paper's shared BPE vocabulary for WMT en-de
+    tgt_vocab_size: int = 37000
+    n_encoder_layers: int = 6  # N, §3.1
+    n_decoder_layers: int = 6
+    share_embeddings: bool = True  # one token embedding for source and target (§3.4)
+    tie_output: bool = True  # pre-softmax projection = target embedding matrix (§3.4)
+    output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+    r2l_memory: bool = False  # decoder layers attend to a second, right-to-left memory too
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("src_vocab_size")
+        self._vocab_check("tgt_vocab_size")
+        self._positive("n_encoder_layers", "n_decoder_layers")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            self._fail(
+                "share_embeddings",
+                f"needs src_vocab_size == tgt_vocab_size (got {self.src_vocab_size} and "
+                f"{self.tgt_vocab_size})",
+                "use a joint vocabulary or set share_embeddings=False",
+            )
+
+
+@dataclass
+class EncoderConfig(LayerConfig):
+    """An encoder-only model: per-token vocabulary head and a pooled classification head."""
+
+    vocab_size: int = 37000
+    n_layers: int = 6
+    n_classes: int = 0  # > 0 adds the pooled classification head
+    tie_output: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("vocab_size")
+        self._positive("n_layers")
+        if not isinstance(self.n_classes, int) or self.n_classes < 0:
+            self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
+
+
+@dataclass
+class LMConfig(LayerConfig):
+    """A decoder-only (GPT-style) language model: causal self-attention only."""
+
+    vocab_size: int = 37000
+    n_layers: int = 6
+    tie_output: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("vocab_size")
+        self._positive("n_layers")

@@ -1,0 +1,145 @@
+"""Scaled dot-product attention and multi-head attention (paper §3.2).
+
+Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V                                      (eq. 1)
+MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Masks follow the package convention (``aiayn.masks``): bool, ``True`` = may attend. A query whose
+every key is masked gets a zero output and zero weights instead of the NaN that a plain ``-inf``
+fill produces. Nothing here builds masks or caches; ``MultiHeadAttention`` only reads and extends a
+``KVCache`` it is handed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.modules.kv_cache import KVCache
+
+
+def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """Let fully masked query rows attend everywhere (so softmax stays finite), and report them.
+
+    Returns the safe mask and ``row_ok`` (``(..., T_q, 1)``, False where a row had nothing to attend
+    to), whose outputs the caller zeroes. Gradients stay finite too, unlike a NaN that is filled later.
+    """
+    if mask is None:
+        return None, None
+    row_ok = mask.any(dim=-1, keepdim=True)
+    return mask | ~row_ok, row_ok
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q Kᵀ / √d_k) V, with an optional boolean mask (True = may attend).
+
+    Without ``need_weights`` this calls the fused ``F.scaled_dot_product_attention`` kernel; with
+    it, the scores are computed explicitly so the weights can be returned. Both give the same output.
+    ``dropout_p`` is applied to the weights; pass 0 at evaluation time.
+
+    Shape:
+        q: (..., T_q, d_k), k: (..., T_k, d_k), v: (..., T_k, d_v)
+        mask: bool, broadcastable to (..., T_q, T_k)
+        returns: output (..., T_q, d_v), weights (..., T_q, T_k) or None
+    """
+    mask, row_ok = _guard_empty_rows(mask)
+    if need_weights:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if row_ok is not None:
+            weights = weights.masked_fill(~row_ok, 0.0)
+        out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
+        return out, weights
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    if row_ok is not None:
+        out = out.masked_fill(~row_ok, 0.0)
+    return out, None
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with free d_k and d_v (default d_model / n_heads each).
+
+    The query, key and value projections W^Q, W^K, W^V of all heads are stored as one matrix
+    ``w_qkv`` (rows: h·d_k for queries, h·d_k for keys, h·d_v for values), so self-attention costs one
+    matrix product and cross-attention two (queries from the decoder, keys and values from memory).
+
+    Shape:
+        query: (B, T_q, d_model), key: (B, T_k, d_model), value: (B, T_k, d_model)
+        mask: bool, broadcastable to (B, h, T_q, T_k)
+        returns: output (B, T_q, d_model), weights (B, h, T_q, T_k) or None
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if (d_k is None or d_v is None) and d_model % n_heads:
+            raise ValueError(
+                f"d_model={d_model} must be divisible by n_heads={n_heads} (or give d_k and d_v explicitly)"
+            )
+        self.n_heads = n_heads
+        self.d_k = d_k or d_model // n_heads
+        self.d_v = d_v or d_model // n_heads
+        self.dropout = dropout
+        hk, hv = n_heads * self.d_k, n_heads * self.d_v
+        self.w_qkv = nn.Linear(d_model, 2 * hk + hv, bias=bias)  # [W^Q; W^K; W^V] of all heads
+        self.w_o = nn.Linear(hv, d_model, bias=bias)  # W^O
+        self._split = (hk, hk, hv)
+
+    def _project(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of the stacked projection applied to x (a view, no weight copy)."""
+        b = self.w_qkv.bias
+        return F.linear(x, self.w_qkv.weight[start:stop], None if b is None else b[start:stop])
+
+    def project_qkv(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+        """Q W^Q, K W^K, V W^V with as few matrix products as the inputs allow."""
+        hk, _, hv = self._split
+        if key is query and value is query:  # self-attention: one product
+            return self.w_qkv(query).split(self._split, dim=-1)
+        q = self._project(query, 0, hk)
+        if key is value:  # cross-attention: keys and values from the same memory
+            k, v = self._project(key, hk, 2 * hk + hv).split((hk, hv), dim=-1)
+            return q, k, v
+        return q, self._project(key, hk, 2 * hk), self._project(value, 2 * hk, 2 * hk + hv)
+
+    def _heads(self, x: Tensor, d: int) -> Tensor:
+        return x.view(x.size(0), x.size(1), self.n_heads, d).transpose(1, 2)  # (B, h, T, d)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        if cache is not None and cache.static and cache.k is not None:
+            # cross-attention while decoding: memory keys/values were projected at the first step
+            q = self._heads(self._project(query, 0, self._split[0]), self.d_k)
+            k, v = cache.k, cache.v
+        else:
+            q, k, v = self.project_qkv(query, key, value)
+            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+            if cache is not None:
+                k, v = cache.update(k, v)  # (B, h, T_cached + T_k, d)
+        p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)  # (B,h,T_q,d_v)
+        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), -1)  # Concat(head_1..h)
+        return self.w_o(out), weights

@@ -1,0 +1,163 @@
+"""Token embeddings and positional encodings (paper §3.4, §3.5).
+
+PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+Embeddings are multiplied by √d_model (§3.4) so that they are not drowned by the positional
+encoding; ``scale="prj"`` instead divides the (tied) output projection by √d_model, and ``"none"``
+does neither. Dropout is applied to the sum of embedding and position (§5.4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+EMB_SCALES = ("emb", "prj", "none")
+POSITIONALS = ("sinusoidal", "learned")
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """The paper's table, sin on even and cos on odd dimensions (interleaved, not concatenated).
+
+    Computed in float64 so that large positions are exact to float32 precision.
+
+    Shape:
+        returns: (n_positions, d_model) float32
+    """
+    if d_model % 2:
+        raise ValueError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(1e4) / d_model))
+    angles = pos * inv_freq  # (P, d_model/2): pos / 10000^(2i/d_model)
+    table = torch.empty(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal encoding of positions ``start … start+T-1``.
+
+    The table is precomputed for ``max_len`` positions and grows (doubling) when a longer input
+    arrives, so there is no hard length limit. It is a non-persistent buffer: not in checkpoints.
+
+    Shape:
+        x: (B, T, d_model) -> (B, T, d_model)
+    """
+
+    def __init__(self, d_model: int, max_len: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.size(1)
+        if end > self.pe.size(0):
+            n = max(end, 2 * self.pe.size(0))
+            self.pe = sinusoidal_table(n, self.d_model).to(self.pe.device)
+        return x + self.pe[start:end]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a learned vector per position (the paper's §3.5 alternative, used by GPT-2).
+
+    Shape:
+        x: (B, T, d_model) -> (B, T, d_model)
+    """
+
+    def __init__(self, d_model: int, max_len: int = 1024):
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.size(1)
+        if end > self.max_len:
+            raise ValueError(
+                f"sequence reaches position {end} but the learned positional embedding has "
+                f"max_len={self.max_len}; shorten the input or train with a larger max_len"
+            )
+        return x + self.weight[start:end]
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids to vectors, times √d_model when ``scale="emb"`` (§3.4).
+
+    Shape:
+        ids: (B, T) -> (B, T, d_model)
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = 0, scale: str = "emb"):
+        super().__init__()
+        if scale not in EMB_SCALES:
+            raise ValueError(f"emb_scale={scale!r} is not one of {EMB_SCALES}")
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = scale
+        self.factor = math.sqrt(d_model)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embedding.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.embedding(ids)
+        return x * self.factor if self.scale == "emb" else x
+
+
+class TransformerEmbedding(nn.Module):
+    """Dropout(TokenEmbedding(ids) + Position(start … start+T-1)): the input of every stack.
+
+    Shape:
+        ids: (B, T) -> (B, T, d_model)
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        pad_id: int | None = 0,
+        scale: str = "emb",
+        positional: str = "sinusoidal",
+        max_len: int = 1024,
+        dropout: float = 0.1,
+    ):
+        super().__init__()
+        if positional not in POSITIONALS:
+            raise ValueError(f"positional={positional!r} is not one of {POSITIONALS}")
+        self.tokens = TokenEmbedding(vocab_size, d_model, pad_id, scale)
+        pos_cls = PositionalEncoding if positional == "sinusoidal" else LearnedPositionalEmbedding
+        self.positions = pos_cls(d_model, max_len)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        return self.dropout(self.positions(self.tokens(ids), start))
+
+
+class OutputProjection(nn.Module):
+    """The pre-softmax linear transformation: logits = h Wᵀ · scale (+ b).
+
+    Models tie W to the target token embedding (§3.4) with ``tie(embedding)``; ``scale`` is
+    1/√d_model for ``emb_scale="prj"``. ``b`` is optional (Marian's ``final_logits_bias``).
+
+    Shape:
+        h: (B, T, d_model) -> (B, T, vocab)
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, bias: bool = False, scale: float = 1.0):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.scale = scale
+
+    def tie(self, tokens: TokenEmbedding) -> None:
+        self.proj.weight = tokens.embedding.weight
+
+    def forward(self, h: Tensor) -> Tensor:
+        logits = self.proj(h)
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        return logits if self.bias is None else logits + self.bias

@@ -1,0 +1,75 @@
+"""Shared test helpers: comparisons that remember the largest difference seen per reference,
+and copying weights from torch.nn modules into aiayn's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aiayn.modules import EncoderLayer, MultiHeadAttention
+from aiayn.modules.layers import DecoderLayer, Residual
+
+# reference name -> largest max-abs difference measured; printed at the end of the test run
+MAX_DIFFS: dict[str, float] = {}
+
+
+def assert_close(name: str, ours: torch.Tensor, ref: torch.Tensor, atol: float = 1e-5) -> None:
+    assert ours.shape == ref.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(ours).all(), f"{name}: non-finite values"
+    diff = (ours.double() - ref.double()).abs().max().item() if ours.numel() else 0.0
+    MAX_DIFFS[name] = max(MAX_DIFFS.get(name, 0.0), diff)
+    assert diff <= atol, f"{name}: max abs diff {diff:.3g} > {atol}"
+
+
+def copy_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
+    """nn.MultiheadAttention stacks W^Q, W^K, W^V as in_proj in the same order as our w_qkv."""
+    with torch.no_grad():
+        ours.w_qkv.weight.copy_(ref.in_proj_weight)
+        ours.w_qkv.bias.copy_(ref.in_proj_bias)
+        ours.w_o.weight.copy_(ref.out_proj.weight)
+        ours.w_o.bias.copy_(ref.out_proj.bias)
+
+
+def _copy_norm(ours: Residual, ref: nn.LayerNorm) -> None:
+    with torch.no_grad():
+        ours.norm.weight.copy_(ref.weight)
+        ours.norm.bias.copy_(ref.bias)
+
+
+def _copy_ff(ours, ref) -> None:
+    with torch.no_grad():
+        for mine, theirs in ((ours.ff.w_1, ref.linear1), (ours.ff.w_2, ref.linear2)):
+            mine.weight.copy_(theirs.weight)
+            mine.bias.copy_(theirs.bias)
+
+
+def copy_encoder_layer(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> None:
+    copy_mha(ours.self_attn, ref.self_attn)
+    _copy_ff(ours, ref)
+    _copy_norm(ours.self_attn_res, ref.norm1)
+    _copy_norm(ours.ff_res, ref.norm2)
+
+
+def copy_decoder_layer(ours: DecoderLayer, ref: nn.TransformerDecoderLayer) -> None:
+    copy_mha(ours.self_attn, ref.self_attn)
+    copy_mha(ours.cross_attn, ref.multihead_attn)
+    _copy_ff(ours, ref)
+    _copy_norm(ours.self_attn_res, ref.norm1)
+    _copy_norm(ours.cross_attn_res, ref.norm2)
+    _copy_norm(ours.ff_res, ref.norm3)
+
+
+def copy_layer_norm(ours, ref: nn.LayerNorm) -> None:
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+        ours.bias.copy_(ref.bias)
+
+
+def random_mask(*shape: int, p: float = 0.3, empty_rows: int = 2, seed: int = 0) -> torch.Tensor:
+    """A random bool mask (True = may attend) with ``empty_rows`` fully masked query rows."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(*shape, generator=g) > p
+    flat = mask.view(-1, shape[-2], shape[-1])
+    for i in range(empty_rows):
+        flat[i % flat.size(0), (3 * i) % shape[-2]] = False
+    return mask

@@ -1,0 +1,135 @@
+"""Model-level properties: shapes, causality, padding invariance, tying, caches, weights."""
+
+import pytest
+import torch
+
+from aiayn import (
+    EncoderConfig,
+    EncoderModel,
+    LanguageModel,
+    LMConfig,
+    Transformer,
+    TransformerConfig,
+)
+from tests.helpers import assert_close
+
+SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+
+
+def _transformer(**kw) -> Transformer:
+    cfg = TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, n_encoder_layers=2,
+                            n_decoder_layers=2, **{**SMALL, **kw})  # fmt: skip
+    return Transformer(cfg).eval()
+
+
+def _lm(**kw) -> LanguageModel:
+    return LanguageModel(LMConfig(vocab_size=40, n_layers=2, **{**SMALL, **kw})).eval()
+
+
+def test_base_model_size_matches_the_paper():
+    n = sum(p.numel() for p in Transformer().parameters())
+    assert 60e6 < n < 66e6  # the paper reports 65M for base with a 37k shared vocabulary
+
+
+def test_shared_and_tied_embeddings():
+    m = _transformer()
+    assert m.src_embed.tokens is m.tgt_embed.tokens
+    assert m.head.proj.weight is m.src_embed.tokens.weight
+    untied = _transformer(share_embeddings=False, tie_output=False)
+    assert untied.head.proj.weight is not untied.tgt_embed.tokens.weight
+    assert untied.src_embed.tokens is not untied.tgt_embed.tokens
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_is_causal(norm_first):
+    """Changing target token t changes no decoder output before t."""
+    m = _transformer(norm_first=norm_first)
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
+    changed = tgt.clone()
+    changed[:, 3] = (changed[:, 3] + 1 - 4) % 46 + 4
+    a, b = m(src, tgt), m(src, changed)
+    assert_close("Transformer causality (outputs before t unchanged)", a[:, :3], b[:, :3])
+    assert (a[:, 3:] - b[:, 3:]).abs().max() > 1e-4
+
+
+def test_appending_padding_changes_nothing_at_real_positions():
+    m = _transformer()
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
+    padded_src = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], 1)
+    padded_tgt = torch.cat([tgt, torch.zeros(2, 2, dtype=torch.long)], 1)
+    assert_close("Transformer padding invariance", m(padded_src, padded_tgt)[:, :6], m(src, tgt))
+
+
+def test_cached_decoding_equals_full_decoding():
+    m = _transformer(norm_first=True)
+    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
+    src[1, 5:] = 0
+    full = m(src, tgt)
+    src_mask = m.src_mask(src)
+    memory, cache = m.encode(src, src_mask), m.new_cache()
+    prefix = m.head(m.decode(tgt[:, :2], memory, src_mask, cache=cache))  # a 2-token prompt
+    steps = [m.head(m.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache)) for t in range(2, 6)]
+    assert len(cache) == 6
+    assert_close("Transformer KV-cached vs full decoding", torch.cat([prefix, *steps], 1), full)
+
+
+def test_lm_is_causal_and_cache_equals_full():
+    m = _lm(norm_first=True, positional="learned", activation="gelu")
+    ids = torch.randint(4, 40, (2, 8))
+    full = m(ids)
+    changed = ids.clone()
+    changed[:, 5] = 4 if changed[0, 5] != 4 else 5
+    assert_close("LanguageModel causality", m(changed)[:, :5], full[:, :5])
+    cache = m.new_cache()
+    steps = [m(ids[:, :3], cache=cache)] + [m(ids[:, t : t + 1], cache=cache) for t in range(3, 8)]
+    assert_close("LanguageModel KV-cached vs full", torch.cat(steps, 1), full)
+    assert m.head.proj.weight is m.embed.tokens.weight
+
+
+def test_tutorial_encoder_model_shapes():
+    """Tutorial: 4 layers, d_model 128, d_ff 512, 8 heads, vocab 8,500: ids (32,100) -> (32,100,8500)."""
+    cfg = EncoderConfig(vocab_size=8500, n_layers=4, d_model=128, d_ff=512, n_heads=8, n_classes=3)
+    m = EncoderModel(cfg).eval()
+    ids = torch.randint(4, 8500, (32, 100))
+    with torch.no_grad():
+        assert m(ids).shape == (32, 100, 8500)
+        assert m.classify(ids).shape == (32, 3)
+
+
+def test_classification_pools_real_tokens_only():
+    m = EncoderModel(EncoderConfig(vocab_size=30, n_layers=2, n_classes=2, **SMALL)).eval()
+    ids = torch.randint(4, 30, (2, 5))
+    padded = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], 1)
+    assert_close("EncoderModel.classify padding invariance", m.classify(padded), m.classify(ids))
+    with pytest.raises(ValueError, match="n_classes > 0"):
+        EncoderModel(EncoderConfig(vocab_size=30, n_layers=1, **SMALL)).classify(ids)
+
+
+def test_every_model_returns_all_layers_attention_weights():
+    m = _transformer()
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
+    w = m.attention_weights(src, tgt)
+    assert [t.shape for t in w["encoder"]] == [(2, 4, 7, 7)] * 2
+    assert [t.shape for t in w["decoder_self"]] == [(2, 4, 5, 5)] * 2
+    assert [t.shape for t in w["cross"]] == [(2, 4, 5, 7)] * 2
+    assert (w["decoder_self"][0][0, :, 0, 1:] == 0).all()  # look-ahead is masked
+    lm_w = _lm().attention_weights(torch.randint(4, 40, (1, 6)))["decoder_self"]
+    assert len(lm_w) == 2 and lm_w[0].shape == (1, 4, 6, 6)
+    enc = EncoderModel(EncoderConfig(vocab_size=30, n_layers=3, **SMALL))
+    assert len(enc.attention_weights(torch.randint(4, 30, (1, 4)))["encoder"]) == 3
+
+
+def test_output_scale_and_bias_options():
+    m = _transformer(emb_scale="prj", output_bias=True)
+    src, tgt = torch.randint(4, 50, (1, 4)), torch.randint(4, 50, (1, 3))
+    h = m.decode(tgt, m.encode(src), m.src_mask(src))
+    expected = h @ m.tgt_embed.tokens.weight.T / 32**0.5 + m.head.bias
+    assert_close("OutputProjection (prj scale, bias) by hand", m(src, tgt), expected)
+
+
+def test_xavier_init_and_embedding_init():
+    m = _transformer()
+    w = m.encoder.layers[0].ff.w_1.weight  # (64, 32): xavier bound sqrt(6 / (32 + 64))
+    assert w.abs().max() <= (6 / 96) ** 0.5 and w.std() > 0.1
+    e = m.src_embed.tokens.weight
+    assert abs(e[1:].std().item() - 32**-0.5) < 0.03 and (e[0] == 0).all()

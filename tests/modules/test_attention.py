@@ -1,0 +1,133 @@
+"""Scaled dot-product and multi-head attention against PyTorch's own implementations."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.masks import causal_mask, padding_mask
+from aiayn.modules import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.modules.kv_cache import KVCache
+from tests.helpers import assert_close, copy_mha, random_mask
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_sdpa_matches_torch_with_random_masks_and_empty_rows(need_weights):
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 6)
+    mask = random_mask(2, 3, 5, 7, empty_rows=3)
+    out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ok = mask.any(-1)  # rows with something to attend to
+    name = "scaled_dot_product_attention[" + ("explicit" if need_weights else "fused") + "]"
+    assert_close(f"{name} vs F.scaled_dot_product_attention", out[ok], ref[ok])
+    assert (out[~ok] == 0).all() and (~ok).sum() == 3
+    if need_weights:
+        assert (w[~ok] == 0).all()
+        torch.testing.assert_close(w[ok].sum(-1), torch.ones(int(ok.sum())))
+        assert (w[~mask.expand_as(w)] == 0).all()
+
+
+def test_sdpa_without_mask_matches_equation():
+    q, k, v = torch.randn(4, 5, 16), torch.randn(4, 6, 16), torch.randn(4, 6, 3)
+    expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(16), dim=-1) @ v
+    for need_weights in (False, True):
+        out, _ = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+        assert_close("scaled_dot_product_attention vs eq. 1 by hand", out, expected)
+
+
+def test_tutorial_attention_shapes():
+    """Tutorial example: q (1,2,128), k (1,4,128), v (1,4,64) -> weights (1,2,4), output (1,2,64)."""
+    q, k, v = torch.randn(1, 2, 128), torch.randn(1, 4, 128), torch.randn(1, 4, 64)
+    out, weights = scaled_dot_product_attention(q, k, v, need_weights=True)
+    assert weights.shape == (1, 2, 4) and out.shape == (1, 2, 64)
+
+
+def test_fully_masked_rows_give_zeros_and_finite_gradients_not_nan():
+    """Tutorial pitfall: masked_fill(-inf) then softmax turns a fully padded row into NaN."""
+    q = torch.randn(1, 1, 3, 4, requires_grad=True)
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])
+    naive = torch.softmax((q @ q.transpose(-2, -1)).masked_fill(~mask, float("-inf")), -1)
+    assert torch.isnan(naive).any()  # the pitfall is real
+    for need_weights in (False, True):
+        out, _ = scaled_dot_product_attention(q, q, q, mask, need_weights=need_weights)
+        assert torch.isfinite(out).all() and (out[..., 1, :] == 0).all()
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        assert torch.isfinite(grad).all()
+
+
+def _reference_mha(d_model=32, n_heads=4, kdim=None):
+    ref = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    ours = MultiHeadAttention(d_model, n_heads)
+    copy_mha(ours, ref)
+    return ours, ref
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_self_attention_matches_nn_multihead_attention(need_weights):
+    ours, ref = _reference_mha()
+    x = torch.randn(3, 6, 32)
+    ids = torch.tensor([[5, 5, 5, 5, 5, 5], [5, 5, 5, 5, 0, 0], [5, 5, 0, 0, 0, 0]])
+    mask = padding_mask(ids, 0) & causal_mask(6)  # (3, 1, 6, 6)
+    out, w = ours(x, x, x, mask, need_weights=need_weights)
+    ref_out, ref_w = ref(x, x, x, key_padding_mask=ids == 0, attn_mask=~causal_mask(6),
+                         need_weights=True, average_attn_weights=False)  # fmt: skip
+    assert_close("MultiHeadAttention vs nn.MultiheadAttention (self)", out, ref_out)
+    if need_weights:
+        assert_close("MultiHeadAttention weights vs nn.MultiheadAttention", w, ref_w)
+
+
+def test_cross_attention_and_distinct_key_value_match_nn_multihead_attention():
+    ours, ref = _reference_mha()
+    x, memory, other = torch.randn(2, 5, 32), torch.randn(2, 9, 32), torch.randn(2, 9, 32)
+    src = torch.randint(1, 9, (2, 9))
+    src[1, 6:] = 0
+    mask = padding_mask(src, 0)
+    out, _ = ours(x, memory, memory, mask)
+    ref_out, _ = ref(x, memory, memory, key_padding_mask=src == 0)
+    assert_close("MultiHeadAttention vs nn.MultiheadAttention (cross)", out, ref_out)
+    out, _ = ours(x, memory, other, mask)
+    ref_out, _ = ref(x, memory, other, key_padding_mask=src == 0)
+    assert_close("MultiHeadAttention vs nn.MultiheadAttention (k != v)", out, ref_out)
+
+
+def test_free_d_k_d_v_shapes_and_weights():
+    mha = MultiHeadAttention(d_model=30, n_heads=3, d_k=7, d_v=5)
+    x = torch.randn(2, 4, 30)
+    out, w = mha(x, x, x, need_weights=True)
+    assert out.shape == (2, 4, 30) and w.shape == (2, 3, 4, 4)
+    assert mha.w_qkv.weight.shape == (3 * 7 * 2 + 3 * 5, 30) and mha.w_o.weight.shape == (30, 15)
+
+
+def test_mha_needs_divisible_width_unless_d_k_given():
+    with pytest.raises(ValueError, match="d_model=30 must be divisible by n_heads=4"):
+        MultiHeadAttention(30, 4)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_gradcheck_multi_head_attention_float64(need_weights):
+    mha = MultiHeadAttention(8, 2, d_k=3, d_v=5).double()
+    q = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False, True]]).expand(3, 4)
+
+    def f(q, kv):
+        return mha(q, kv, kv, mask, need_weights=need_weights)[0]
+
+    assert torch.autograd.gradcheck(f, (q, kv), eps=1e-6, atol=1e-5)
+
+
+def test_cache_appends_self_attention_and_reuses_static_memory():
+    mha = MultiHeadAttention(16, 2).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    full, _ = mha(x, x, x, causal_mask(5))
+    cache = KVCache()
+    steps = [mha(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache)[0] for t in range(5)]
+    assert len(cache) == 5
+    assert_close("MultiHeadAttention cached vs full (self)", torch.cat(steps, 1), full)
+    cross, _ = mha(x, memory, memory)
+    cache = KVCache(static=True)
+    steps = [mha(x[:, t : t + 1], memory, memory, cache=cache)[0] for t in range(5)]
+    assert len(cache) == 7
+    assert_close("MultiHeadAttention cached vs full (cross)", torch.cat(steps, 1), cross)

@@ -1,0 +1,108 @@
+"""Encoder/decoder layers and stacks against nn.TransformerEncoderLayer, ...DecoderLayer, nn.Transformer."""
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.config import LayerConfig
+from aiayn.masks import causal_mask, padding_mask
+from aiayn.modules import Decoder, DecoderLayer, Encoder, EncoderLayer
+from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm
+
+D, H, FF = 32, 4, 64
+
+
+def _cfg(norm_first: bool, **kw) -> LayerConfig:
+    return LayerConfig(d_model=D, n_heads=H, d_ff=FF, dropout=0.0, norm_first=norm_first, **kw)
+
+
+def _ref_kwargs(norm_first: bool) -> dict:
+    # train() mode with dropout 0: keeps nn's inference fast path (nested tensors) out of the way
+    return dict(dim_feedforward=FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+
+
+def _batch():
+    src_ids = torch.tensor([[7] * 9, [7] * 6 + [0] * 3, [7] * 2 + [0] * 7])
+    tgt_ids = torch.tensor([[7] * 5, [7] * 3 + [0] * 2, [7] * 5])
+    return torch.randn(3, 9, D), src_ids, torch.randn(3, 5, D), tgt_ids
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_encoder_layer_matches_nn(norm_first):
+    ref = nn.TransformerEncoderLayer(D, H, **_ref_kwargs(norm_first))
+    ours = EncoderLayer(_cfg(norm_first))
+    copy_encoder_layer(ours, ref)
+    x, src_ids, _, _ = _batch()
+    out, _ = ours(x, padding_mask(src_ids, 0))
+    ref_out = ref(x, src_key_padding_mask=src_ids == 0)
+    name = f"EncoderLayer({'pre' if norm_first else 'post'}-norm) vs nn.TransformerEncoderLayer"
+    assert_close(name, out, ref_out)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_decoder_layer_matches_nn(norm_first):
+    ref = nn.TransformerDecoderLayer(D, H, **_ref_kwargs(norm_first))
+    ours = DecoderLayer(_cfg(norm_first))
+    copy_decoder_layer(ours, ref)
+    memory, src_ids, y, tgt_ids = _batch()
+    out, _ = ours(y, memory, padding_mask(tgt_ids, 0) & causal_mask(5), padding_mask(src_ids, 0))
+    ref_out = ref(
+        y, memory, tgt_mask=~causal_mask(5), tgt_key_padding_mask=tgt_ids == 0,
+        memory_key_padding_mask=src_ids == 0,
+    )  # fmt: skip
+    name = f"DecoderLayer({'pre' if norm_first else 'post'}-norm) vs nn.TransformerDecoderLayer"
+    assert_close(name, out, ref_out)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_encoder_decoder_stack_matches_nn_transformer(norm_first):
+    n = 3
+    ref = nn.Transformer(D, H, n, n, **_ref_kwargs(norm_first))
+    if not norm_first:
+        # nn.Transformer always adds a final LayerNorm; the paper's post-norm stack has none
+        ref.encoder.norm = None
+        ref.decoder.norm = None
+    enc, dec = Encoder(_cfg(norm_first), n), Decoder(_cfg(norm_first), n)
+    for ours, theirs in zip(enc.layers, ref.encoder.layers):
+        copy_encoder_layer(ours, theirs)
+    for ours, theirs in zip(dec.layers, ref.decoder.layers):
+        copy_decoder_layer(ours, theirs)
+    if norm_first:
+        copy_layer_norm(enc.norm, ref.encoder.norm)
+        copy_layer_norm(dec.norm, ref.decoder.norm)
+    x, src_ids, y, _ = _batch()
+    src_mask = padding_mask(src_ids, 0)
+    memory, _ = enc(x, src_mask)
+    out, _ = dec(y, memory, causal_mask(5), src_mask)
+    ref_out = ref(x, y, tgt_mask=~causal_mask(5), src_key_padding_mask=src_ids == 0,
+                  memory_key_padding_mask=src_ids == 0)  # fmt: skip
+    name = f"Encoder+Decoder({'pre' if norm_first else 'post'}-norm) vs nn.Transformer"
+    assert_close(name, out, ref_out)
+
+
+def test_stack_layers_are_independent_not_shallow_copies():
+    """Tutorial pitfall: [layer] * N (or a shallow copy) makes N references to one set of weights."""
+    enc = Encoder(_cfg(False), 4)
+    ptrs = [layer.self_attn.w_qkv.weight.data_ptr() for layer in enc.layers]
+    assert len(set(ptrs)) == 4
+    per_layer = sum(p.numel() for p in enc.layers[0].parameters())
+    assert sum(p.numel() for p in enc.parameters()) == 4 * per_layer
+    with torch.no_grad():
+        enc.layers[0].ff.w_1.weight.zero_()
+    assert enc.layers[1].ff.w_1.weight.abs().sum() > 0
+
+
+def test_pre_norm_stack_has_final_norm_and_post_norm_does_not():
+    assert Encoder(_cfg(True), 2).norm is not None and Decoder(_cfg(True), 2).norm is not None
+    assert Encoder(_cfg(False), 2).norm is None and Decoder(_cfg(False), 2).norm is None
+
+
+def test_right_to_left_memory_is_attended():
+    layer = DecoderLayer(_cfg(False), r2l=True).eval()
+    y, memory, r2l = torch.randn(2, 4, D), torch.randn(2, 6, D), torch.randn(2, 5, D)
+    out, w = layer(y, memory, causal_mask(4), None, r2l, None, need_weights=True)
+    assert out.shape == (2, 4, D) and w["cross_r2l"].shape == (2, H, 4, 5)
+    out2, _ = layer(y, memory, causal_mask(4), None, r2l + 1.0, None)
+    assert (out - out2).abs().max() > 1e-4  # the second memory changes the output
+    with pytest.raises(ValueError, match="pass r2l_memory"):
+        layer(y, memory)
