@@ -82,9 +82,8 @@ class LayerConfig:
             self._fail("d_model", "is odd", "sinusoidal positions need an even d_model")
         if not (isinstance(self.ln_eps, float) and self.ln_eps > 0):
             self._fail("ln_eps", "must be a positive float", "use e.g. 1e-5")
-        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
-        if len(set(ids.values())) < len(ids):
-            self._fail("pad_id", f"collides with another special id {ids}", "give distinct ids")
+        if self.pad_id == self.eos_id:
+            self._fail("pad_id", f"equals eos_id={self.eos_id}", "give padding its own id")
 
     def _vocab_check(self, field: str) -> None:
         self._positive(field)

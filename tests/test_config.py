@@ -25,7 +25,7 @@ def test_defaults_are_the_paper_base_model():
         ({"emb_scale": "yes"}, r"emb_scale='yes' is not one of"),
         ({"d_model": 9, "n_heads": 3}, r"d_model=9 is odd; sinusoidal positions need an even d_model"),
         ({"src_vocab_size": 100}, r"share_embeddings=True needs src_vocab_size == tgt_vocab_size"),
-        ({"pad_id": 2}, r"pad_id=2 collides"),
+        ({"pad_id": 2}, r"pad_id=2 equals eos_id=2; give padding its own id"),
         ({"src_vocab_size": 3, "tgt_vocab_size": 3}, r"unk_id=3 is outside the vocabulary"),
         ({"n_decoder_layers": 0}, r"n_decoder_layers=0 must be a positive integer"),
         ({"ln_eps": 0.0}, r"ln_eps=0.0 must be a positive float"),
