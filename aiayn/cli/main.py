@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import demo
+from aiayn.cli import demo, train
 
-COMMANDS = [demo]
+COMMANDS = [demo, train]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         if os.environ.get("AIAYN_DEBUG"):
             raise
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)

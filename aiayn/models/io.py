@@ -66,9 +66,21 @@ def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) 
     return directory
 
 
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """``path`` itself if it holds a model; for a training run directory, its ``best``
+    checkpoint, or else its latest ``step-*`` checkpoint."""
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        return path
+    if (path / "best" / CONFIG_FILE).is_file():
+        return (path / "best").resolve()
+    steps = sorted(p for p in path.glob("step-*") if (p / CONFIG_FILE).is_file()) if path.is_dir() else []
+    return steps[-1] if steps else path
+
+
 def read_config(directory: str | os.PathLike) -> dict:
-    """The parsed ``config.json`` of a model directory, with errors that name the path."""
-    directory = Path(directory)
+    """The parsed ``config.json`` of a model (or run) directory, with errors that name the path."""
+    directory = resolve_model_dir(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory {directory} does not exist (or is not a directory)")
     path = directory / CONFIG_FILE
@@ -85,7 +97,7 @@ def read_config(directory: str | os.PathLike) -> dict:
 
 def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
     """Rebuild the model from ``config.json`` and load ``model.safetensors`` strictly, in eval mode."""
-    directory = Path(directory)
+    directory = resolve_model_dir(directory)
     meta = read_config(directory)
     try:
         model = build_model(meta["kind"], meta["config"])

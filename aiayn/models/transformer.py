@@ -77,10 +77,13 @@ class Transformer(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers))
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, logits_mask: Tensor | None = None) -> Tensor:
+        """Logits for every target position, or with ``logits_mask`` (B, T) bool only where it is
+        True, as (N, V): training skips the output projection of padding positions."""
         src_mask = self.src_mask(src)
         memory = self.encode(src, src_mask)
-        return self.head(self.decode(tgt, memory, src_mask))
+        h = self.decode(tgt, memory, src_mask)
+        return self.head(h if logits_mask is None else h[logits_mask])
 
     def attention_weights(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
         """Every layer's attention weights, for plotting.

@@ -1,0 +1,1 @@
+"""Training: the loss, the learning-rate schedule, checkpoints, distributed setup and the loop."""

@@ -1,0 +1,173 @@
+"""Training checkpoints: a model directory plus everything needed to resume exactly.
+
+A checkpoint ``RUN/step-000500/`` holds
+    config.json, model.safetensors   the model (``aiayn.models.io``), loadable on its own
+    tokenizer files                  written by the tokenizer's own ``save``
+    trainer_state.json               step, data position, best score, optimizer hyper-parameters,
+                                     Python RNG state, anything else JSON can hold
+    trainer_state.safetensors        optimizer moments and torch RNG states
+Nothing is pickled. A checkpoint is written into ``RUN/.tmp-…`` and renamed into place only when
+complete, so a run killed mid-write leaves the previous checkpoints intact (the stray temporary
+directory is removed at the next start). ``RUN/best`` is a symlink to the best checkpoint, swapped
+atomically. The last ``keep_last`` checkpoints are kept, plus the best.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from aiayn.models.io import save_model, write_json_atomic
+
+STATE_JSON = "trainer_state.json"
+STATE_TENSORS = "trainer_state.safetensors"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    found = []
+    if run_dir.is_dir():
+        for p in run_dir.iterdir():
+            m = STEP_DIR.match(p.name)
+            if m and p.is_dir() and (p / STATE_JSON).is_file():
+                found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    dirs = step_dirs(Path(run_dir))
+    return dirs[-1][1] if dirs else None
+
+
+def clean_temporaries(run_dir: Path) -> None:
+    for p in run_dir.glob(".tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# -- optimizer and RNG state as tensors + JSON ----------------------------------------------------
+
+
+def _split_optimizer(opt: torch.optim.Optimizer) -> tuple[dict, dict[str, torch.Tensor]]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, state in sd["state"].items():
+        for name, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer.{pid}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
+    return {"param_groups": sd["param_groups"], "scalars": scalars}, tensors
+
+
+def _join_optimizer(meta: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = value
+    for key, value in meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    version, state, gauss = random.getstate()
+    return {"version": version, "state": list(state), "gauss": gauss}, tensors
+
+
+def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    random.setstate((meta["version"], tuple(meta["state"]), meta["gauss"]))
+
+
+def _test_delay(step: int) -> None:
+    """``AIAYN_TEST_CHECKPOINT_DELAY=STEP:SECONDS`` pauses the write of checkpoint STEP before its
+    rename, so that tests can kill the process mid-write."""
+    spec = os.environ.get("AIAYN_TEST_CHECKPOINT_DELAY")
+    if spec:
+        at, seconds = spec.split(":")
+        if int(at) == step:
+            time.sleep(float(seconds))
+
+
+# -- save / load ------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write ``RUN/step-{step}`` atomically; ``state`` is the trainer's JSON-able state.
+
+    ``write_extra(dir)`` writes further files (the tokenizer) into the temporary directory.
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / f"step-{step:06d}"
+    tmp = run_dir / f".tmp-step-{step:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tmp, step=step)
+    if write_extra is not None:
+        write_extra(tmp)
+    opt_meta, tensors = _split_optimizer(optimizer)
+    rng_meta, rng_tensors = _rng_state()
+    save_file({**tensors, **rng_tensors}, str(tmp / STATE_TENSORS))
+    write_json_atomic(tmp / STATE_JSON, {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta})
+    _test_delay(step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    return final
+
+
+def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model weights, optimizer and RNG states; return the trainer's JSON state."""
+    from safetensors.torch import load_model
+
+    load_model(model, checkpoint / "model.safetensors", strict=True)
+    meta = json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))
+    tensors = load_file(str(checkpoint / STATE_TENSORS))
+    optimizer.load_state_dict(_join_optimizer(meta.pop("optimizer"), tensors))
+    _set_rng_state(meta.pop("rng"), tensors)
+    return meta
+
+
+def mark_best(run_dir: Path, checkpoint: Path) -> None:
+    """Point ``RUN/best`` at ``checkpoint`` (an atomic symlink swap)."""
+    tmp = run_dir / ".tmp-best-link"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(checkpoint.name)
+    os.replace(tmp, run_dir / "best")
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the last ``keep_last`` checkpoints, never the one ``best`` points to."""
+    best = run_dir / "best"
+    best_target = best.resolve() if best.is_symlink() else None
+    dirs = step_dirs(run_dir)
+    for _, path in dirs[: max(len(dirs) - keep_last, 0)]:
+        if best_target is None or path.resolve() != best_target:
+            shutil.rmtree(path)

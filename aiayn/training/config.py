@@ -1,0 +1,170 @@
+"""``TrainConfig``: everything ``aiayn train`` needs, read from a recipe (TOML) plus overrides.
+
+A recipe is a flat TOML file of ``TrainConfig`` fields with an optional ``[model]`` table of
+model-config fields. ``key=value`` overrides on the command line use TOML literal syntax
+(``lr=0.5``, ``eval_bleu=false``, ``model.d_model=256``; a bare word is a string). Unknown keys
+and wrong types are errors that name the key before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TASKS = ("translation", "lm")
+TOKENIZERS = ("bpe", "unigram", "char")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    # -- what to learn --------------------------------------------------------------------------
+    task: str = "translation"  # "translation" (encoder–decoder) or "lm" (decoder-only)
+    dataset: str = "multi30k"  # bundled name ("multi30k", "shakespeare"), a folder, or a file prefix
+    valid_dataset: str = ""  # a different source for validation; "" = same as dataset
+    src_lang: str = "de"  # translation: file suffixes / Multi30k languages
+    tgt_lang: str = "en"
+    # -- tokenizer ------------------------------------------------------------------------------
+    tokenizer: str = "bpe"  # "bpe" or "unigram" (sentencepiece), "char" (characters)
+    vocab_size: int = 8000  # sentencepiece vocabulary size (per side if not joint)
+    joint_vocab: bool = True  # one vocabulary for both sides (needed for shared embeddings)
+    # -- model: fields of TransformerConfig / LMConfig (vocabulary sizes and ids are filled in) ----
+    model: dict[str, Any] = field(default_factory=dict)
+    # -- batches --------------------------------------------------------------------------------
+    max_tokens: int = 4096  # translation: padded tokens per side per batch (fairseq --max-tokens)
+    max_len: int = 256  # translation: drop training pairs with a side longer than this (tokens)
+    batch_size: int = 12  # lm: windows per batch
+    block_size: int = 64  # lm: context length
+    update_freq: int = 1  # gradient accumulation: batches per optimizer update
+    # -- optimisation ---------------------------------------------------------------------------
+    optimizer: str = "adam"  # "adam" (decoupled weight decay off) or "adamw"
+    schedule: str = "noam"  # "noam" (paper), "inverse_sqrt", "constant", "cosine"
+    lr: float = 1.0  # noam: the scale factor; otherwise the peak learning rate
+    warmup: int = 4000  # warm-up updates
+    min_lr: float = 0.0  # cosine: final learning rate
+    decay_steps: int = 0  # cosine: update at which min_lr is reached (0 = max_steps)
+    beta1: float = 0.9  # Adam β1 (paper)
+    beta2: float = 0.98  # Adam β2 (paper)
+    adam_eps: float = 1e-9  # Adam ε (paper)
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0  # clip the gradient norm to this; 0 = off
+    label_smoothing: float = 0.1  # ε_ls (paper §5.4)
+    # -- when to stop ---------------------------------------------------------------------------
+    max_steps: int = 100_000  # optimizer updates
+    max_epochs: int = 0  # 0 = no limit
+    max_minutes: float = 0.0  # wall-clock budget for the loop; 0 = no limit
+    patience: int = 0  # stop after this many evaluations without improvement; 0 = off
+    # -- hardware -------------------------------------------------------------------------------
+    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", …
+    precision: str = "fp32"  # "fp32", "bf16" (autocast; CPU or CUDA), "fp16" (CUDA, loss scaling)
+    compile: bool = False  # torch.compile the model
+    threads: int = 0  # torch CPU threads; 0 = PyTorch's default
+    # -- evaluation, logging, checkpoints ---------------------------------------------------------
+    eval_every: int = 1000  # updates between evaluations (and checkpoints)
+    eval_bleu: bool = True  # translation: greedy BLEU on the validation set at each evaluation
+    eval_max_sentences: int = 0  # BLEU on the first N validation sentences; 0 = all
+    eval_iters: int = 0  # lm: validation batches per evaluation; 0 = the whole split
+    log_every: int = 10  # updates between metrics lines
+    keep_last: int = 3  # checkpoints kept (plus the best)
+    out_dir: str = "runs/default"
+    tensorboard: bool = False
+    seed: int = 1
+    progress: bool = True  # a tqdm progress bar
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def fail(name: str, problem: str) -> None:
+            raise ValueError(f"{name}={getattr(self, name)!r} {problem}")
+
+        for name, choices in (("task", TASKS), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
+                              ("optimizer", ("adam", "adamw")),
+                              ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
+            if getattr(self, name) not in choices:
+                fail(name, f"is not one of {choices}")
+        for name in ("vocab_size", "max_tokens", "max_len", "batch_size", "block_size", "update_freq",
+                     "max_steps", "eval_every", "log_every", "keep_last"):  # fmt: skip
+            if getattr(self, name) < 1:
+                fail(name, "must be ≥ 1")
+        for name in ("max_epochs", "patience", "warmup", "eval_max_sentences", "eval_iters", "threads",
+                     "decay_steps"):  # fmt: skip
+            if getattr(self, name) < 0:
+                fail(name, "must be ≥ 0")
+        if not 0 <= self.label_smoothing < 1:
+            fail("label_smoothing", "must be in [0, 1)")
+        if self.lr <= 0:
+            fail("lr", "must be > 0")
+        if self.task == "translation" and self.src_lang == self.tgt_lang:
+            fail("tgt_lang", "equals src_lang: a translation task needs two languages")
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation) or annotation
+    if origin is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "recipe") -> TrainConfig:
+    """Build a ``TrainConfig``, rejecting unknown keys and wrong types with a one-line error."""
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in data.items():
+        if key not in hints:
+            known = ", ".join(sorted(hints))
+            raise ValueError(f"{source}: unknown key {key!r} (known keys: {known})")
+        if not _type_ok(value, hints[key]):
+            expected = getattr(hints[key], "__name__", str(hints[key]))
+            raise ValueError(f"{source}: {key} must be {expected}, got {value!r}")
+    data = {k: float(v) if hints[k] is float else v for k, v in data.items()}
+    return TrainConfig(**data)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"model.d_model=256"`` -> (["model", "d_model"], 256). Values are TOML literals, else strings."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like key=value (e.g. lr=0.5 or model.d_model=256)")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> TrainConfig:
+    """A recipe file (or the defaults when ``path`` is None) with ``key=value`` overrides applied."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"recipe {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"recipe {path} is not valid TOML: {e}") from None
+    for item in overrides:
+        keys, value = parse_override(item)
+        target = data
+        for k in keys[:-1]:
+            target = target.setdefault(k, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"override {item!r}: {k} is not a table")
+        target[keys[-1]] = value
+    return config_from_dict(data, source=str(path) if path else "overrides")
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,68 @@
+"""Distributed data parallel setup for ``torchrun``: gloo on CPU, nccl on CUDA.
+
+``torchrun --nproc_per_node=N -m aiayn train …`` sets RANK, LOCAL_RANK and WORLD_SIZE; without
+them everything here is a no-op and the run is a single process. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``"auto"`` is the local CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name!r} but CUDA is not available; use device=cpu or auto")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group that torchrun describes in the environment (if any)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return info
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

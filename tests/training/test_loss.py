@@ -1,0 +1,50 @@
+"""The label-smoothed loss against hand-computed values and F.cross_entropy."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.training.loss import label_smoothed_nll_loss
+from tests.helpers import assert_close
+
+
+def test_matches_cross_entropy_with_label_smoothing_when_smoothing_all_classes():
+    logits, target = torch.randn(6, 11), torch.randint(0, 11, (6,))
+    target[2] = 0  # pad, ignored
+    loss, nll, n = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0)
+    ref = F.cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    assert_close("label_smoothed_nll_loss vs F.cross_entropy(label_smoothing)", loss, ref)
+    assert_close(
+        "NLL vs F.cross_entropy", nll, F.cross_entropy(logits, target, ignore_index=0, reduction="sum")
+    )
+    assert n == 5
+
+
+def test_pad_gets_no_smoothing_mass_hand_computed():
+    # V = 4, pad = 0, ε = 0.3: target distribution over {1,2,3}: y gets 0.7 + 0.1, others 0.1, pad 0
+    logits = torch.tensor([[0.5, 1.0, -1.0, 2.0]])
+    p = [math.exp(v) for v in logits[0].tolist()]
+    logp = [math.log(v / sum(p)) for v in p]
+    expected = -(0.7 * logp[3] + 0.1 * (logp[1] + logp[2] + logp[3]))
+    loss, nll, n = label_smoothed_nll_loss(
+        logits, torch.tensor([3]), 0.3, ignore_index=0, smoothing_exclude=0
+    )
+    assert_close("label_smoothed_nll_loss vs hand-computed (pad excluded)", loss, torch.tensor(expected))
+    assert abs(nll.item() + logp[3]) < 1e-6 and n == 1
+
+
+def test_padding_targets_contribute_nothing_and_gradients_flow():
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    target = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    loss, _, n = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, smoothing_exclude=0)
+    loss.backward()
+    assert n == 3 and (logits.grad[0, 2] == 0).all() and (logits.grad[1, 1:] == 0).all()
+    assert logits.grad[0, 0].abs().sum() > 0
+
+
+def test_bf16_logits_are_scored_in_float32():
+    logits, target = torch.randn(5, 9), torch.randint(1, 9, (5,))
+    a = label_smoothed_nll_loss(logits.bfloat16(), target, 0.1)[0]
+    assert a.dtype == torch.float32
+    assert abs(a.item() - label_smoothed_nll_loss(logits.bfloat16().float(), target, 0.1)[0].item()) < 1e-5
