@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import demo, train
+from aiayn.cli import average, demo, plot, train
 
-COMMANDS = [demo, train]
+COMMANDS = [train, average, plot, demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -107,6 +107,17 @@ class TrainConfig:
             fail("lr", "must be > 0")
         if self.task == "translation" and self.src_lang == self.tgt_lang:
             fail("tgt_lang", "equals src_lang: a translation task needs two languages")
+        self.model_config_class().from_dict({**self.model, **self._placeholder_vocab()})
+
+    def model_config_class(self):
+        from aiayn.config import LMConfig, TransformerConfig
+
+        return TransformerConfig if self.task == "translation" else LMConfig
+
+    def _placeholder_vocab(self) -> dict[str, int]:
+        """Vocabulary sizes come from the tokenizer; this checks the other model fields early."""
+        v = max(self.vocab_size, 256)
+        return {"src_vocab_size": v, "tgt_vocab_size": v} if self.task == "translation" else {"vocab_size": v}
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:

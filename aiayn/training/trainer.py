@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -312,6 +313,10 @@ class Trainer:
                 signal.signal(s, handler)
             if self.tb is not None:
                 self.tb.close()
+        if dump := os.environ.get("AIAYN_TEST_DUMP_PARAMS"):  # tests compare ranks' weights
+            from safetensors.torch import save_model
+
+            save_model(self.model, os.path.join(dump, f"rank{self.dist.rank}.safetensors"))
         if self.dist.is_main:
             print(f"aiayn train: stopped at step {self.step} ({reason}); best checkpoint "
                   f"{(self.run_dir / 'best').resolve()}", file=sys.stderr)  # fmt: skip

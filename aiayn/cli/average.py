@@ -1,0 +1,30 @@
+"""``aiayn average``: average the last K checkpoints of a run into a model directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "average",
+        help="average the last K checkpoints of a run",
+        epilog="example:\n  aiayn average runs/de-en --last 5 --out runs/de-en/averaged",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", help="a training run directory (with step-* checkpoints)")
+    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
+    p.add_argument("--out", help="output model directory (default RUN_DIR/averaged)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.training.average import average_checkpoints, last_checkpoints
+
+    if args.last < 1:
+        raise ValueError(f"--last={args.last} must be ≥ 1")
+    paths = last_checkpoints(args.run_dir, args.last)
+    out = average_checkpoints(paths, args.out or Path(args.run_dir) / "averaged")
+    print(f"averaged {len(paths)} checkpoints ({paths[0].name} … {paths[-1].name}) into {out}")
+    return 0

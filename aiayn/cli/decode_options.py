@@ -1,0 +1,74 @@
+"""Options that every decoding command shares (``--beam``, ``--sample``, …), and a few helpers.
+
+``add_search_arguments(parser)`` adds them; ``search_config(args)`` turns them into a checked
+``SearchConfig``. ``warn`` prints a one-line warning on stderr; ``write_text_atomic`` writes an
+output file under a temporary name and renames it, so a failed run never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from aiayn.decoding.search import SearchConfig
+from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
+
+
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", required=True, metavar="DIR", help="model directory (config.json, weights, tokenizer)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    d = SearchConfig()
+    g = p.add_argument_group("search")
+    g.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default: {d.beam})")
+    g.add_argument("--nbest", type=int, default=d.nbest, help="hypotheses (or samples) per sentence")
+    g.add_argument("--lenpen", type=float, default=d.lenpen, help=f"length penalty α (default: {d.lenpen})")
+    g.add_argument("--lenpen-kind", choices=["gnmt", "simple"], default=d.lenpen_kind,
+                   help="gnmt: ((5+|Y|)/6)^α; simple: |Y|^α")  # fmt: skip
+    g.add_argument("--max-len", type=int, default=None, help="output tokens at most (default: source + 50)")
+    g.add_argument("--max-len-b", type=int, default=d.max_len_b, help="the + 50 of the default --max-len")
+    g.add_argument("--min-len", type=int, default=0, help="no eos before this many output tokens")
+    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})")  # fmt: skip
+    g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--sample", action="store_true", help="sample instead of beam search")
+    s.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")
+    s.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens")
+    s.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability nucleus")
+    s.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+
+
+def search_config(args: argparse.Namespace) -> SearchConfig:
+    return SearchConfig(
+        beam=args.beam, nbest=args.nbest, lenpen=args.lenpen, lenpen_kind=args.lenpen_kind,
+        max_len=args.max_len, max_len_b=args.max_len_b, min_len=args.min_len, sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        use_cache=not args.no_cache,
+    )  # fmt: skip
+
+
+def warn(message: str) -> None:
+    print(f"aiayn: warning: {message}", file=sys.stderr)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    """Keeps the examples in an epilog as written."""
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)

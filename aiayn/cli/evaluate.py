@@ -1,0 +1,85 @@
+"""``aiayn evaluate``: translate a test set and score it with sacreBLEU (BLEU and chrF)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from aiayn.cli.decode_options import (
+    add_model_argument,
+    add_search_arguments,
+    formatter,
+    search_config,
+    warn,
+    write_text_atomic,
+)
+from aiayn.data.corpus import load_parallel
+from aiayn.decoding.translator import Translator
+from aiayn.models.io import read_config
+
+EXAMPLES = """examples:
+  aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
+  aiayn evaluate --model runs/de-en --split valid --beam 1 --json valid.json
+  aiayn evaluate --model runs/de-en --src newstest.de --ref newstest.en --output newstest.hyp
+
+Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased; the
+signatures printed say exactly how they were computed.
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="translate a test set and score it (BLEU, chrF)", epilog=EXAMPLES,
+                       formatter_class=formatter, description="Translate a test set and score it.")  # fmt: skip
+    add_model_argument(p)
+    p.add_argument("--dataset", default="multi30k", help="bundled dataset name (default: multi30k)")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="default: test")
+    p.add_argument("--src", metavar="FILE", help="source sentences (with --ref: instead of --dataset)")
+    p.add_argument("--ref", metavar="FILE", help="reference translations, line by line")
+    p.add_argument("--src-lang", help="source language (default: the model's, else de)")
+    p.add_argument("--tgt-lang", help="target language (default: the model's, else en)")
+    p.add_argument("--output", metavar="FILE", help="also write the translations to FILE")
+    p.add_argument("--json", metavar="FILE", help="write the scores and settings as JSON to FILE")
+    add_search_arguments(p)
+    p.set_defaults(run=run)
+
+
+def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str, str]]:
+    """Corpus BLEU and chrF, cased and lowercased: ``({name: score}, {name: signature})``."""
+    metrics = {
+        "bleu": BLEU(),
+        "bleu_lc": BLEU(lowercase=True),
+        "chrf": CHRF(),
+        "chrf_lc": CHRF(lowercase=True),
+    }
+    scores = {name: round(m.corpus_score(hyps, [refs]).score, 2) for name, m in metrics.items()}
+    return scores, {name: str(m.get_signature()) for name, m in metrics.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    config = search_config(args)
+    if (args.src is None) != (args.ref is None):
+        raise ValueError("give both --src and --ref (or neither, to use --dataset)")
+    meta = read_config(args.model)
+    src_lang = args.src_lang or meta.get("src_lang", "de")
+    tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
+    source = (args.src, args.ref) if args.src else args.dataset
+    corpus = load_parallel(source, args.split, src_lang, tgt_lang)
+    translator = Translator.from_dir(args.model, args.device)
+    srcs, refs = (list(side) for side in zip(*corpus))
+    hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
+    if args.output:
+        write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
+    scores, signatures = score(hyps, refs)
+    print(f"{corpus.name}: {len(hyps)} sentences, {args.model}")
+    print(f"BLEU  {scores['bleu']:6.2f}   lowercased {scores['bleu_lc']:6.2f}")
+    print(f"chrF  {scores['chrf']:6.2f}   lowercased {scores['chrf_lc']:6.2f}")
+    for name in ("bleu", "chrf"):
+        print(f"{name} signature: {signatures[name]}")
+    if args.json:
+        report = {"corpus": corpus.name, "model": str(args.model), "sentences": len(hyps), **scores,
+                  "signatures": signatures, "search": asdict(config)}  # fmt: skip
+        write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,50 @@
+"""``aiayn generate``: continue a prompt with a language model directory."""
+
+from __future__ import annotations
+
+import argparse
+
+from aiayn.cli.decode_options import add_model_argument, formatter, warn
+from aiayn.decoding.generator import Generator
+from aiayn.decoding.search import SearchConfig
+
+EXAMPLES = """examples:
+  aiayn generate --model runs/shakespeare --prompt "ROMEO:" --max-new-tokens 300
+  aiayn generate --model runs/shakespeare --prompt "ROMEO:" --temperature 0.8 --top-k 40 --seed 1
+  aiayn generate --model runs/shakespeare --num-samples 3 --top-p 0.9
+  aiayn generate --model runs/shakespeare --prompt "To be" --greedy
+
+Each sample is printed as prompt + continuation; samples are separated by a line of dashes.
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="sample text from a language model", epilog=EXAMPLES,
+                       formatter_class=formatter, description="Continue a prompt with a language model.")  # fmt: skip
+    add_model_argument(p)
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
+    p.add_argument("--num-samples", type=int, default=1, help="continuations to draw (default: 1)")
+    p.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability nucleus")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    p.add_argument("--greedy", action="store_true", help="take the most probable token each step")
+    p.add_argument("--stop-at-eos", action="store_true", help="end a sample when the model emits eos")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1 or args.num_samples < 1:
+        raise ValueError("--max-new-tokens and --num-samples must be at least 1")
+    if args.greedy and args.num_samples > 1:
+        raise ValueError("--greedy gives one continuation; drop --num-samples")
+    config = SearchConfig(
+        beam=1, sample=not args.greedy, nbest=args.num_samples, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        min_len=0 if args.stop_at_eos else args.max_new_tokens,
+    )  # fmt: skip
+    generator = Generator.from_dir(args.model, args.device)
+    texts = generator.generate(args.prompt, args.max_new_tokens, config, warn=warn)
+    print("\n---------------\n".join(texts))
+    return 0

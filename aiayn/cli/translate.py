@@ -1,0 +1,90 @@
+"""``aiayn translate``: translate lines of text with a model directory, as a pipe or on files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import BinaryIO
+
+from aiayn.cli.decode_options import (
+    add_model_argument,
+    add_search_arguments,
+    formatter,
+    search_config,
+    warn,
+    write_text_atomic,
+)
+from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
+
+EXAMPLES = """examples:
+  echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
+  aiayn translate --model runs/de-en --input test.de --output test.hyp.en --beam 5 --lenpen 1.0
+  aiayn translate --model runs/de-en --input test.de --nbest 4        # Moses n-best: i ||| text ||| score
+  aiayn translate --model runs/de-en --sample --top-p 0.9 --seed 1 < test.de
+
+Output line i is the translation of input line i; a blank input line gives a blank output line.
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("translate", help="translate text with a trained model", epilog=EXAMPLES,
+                       formatter_class=formatter, description="Translate lines of text, as a pipe or on files.")  # fmt: skip
+    add_model_argument(p)
+    p.add_argument("--input", metavar="FILE", help="read sentences from FILE, one per line (default: stdin)")
+    p.add_argument("--output", metavar="FILE", help="write translations to FILE (default: stdout)")
+    p.add_argument("--max-src-len", type=int, default=None,
+                   help="source tokens at most, eos included; longer lines are truncated (default: the "
+                        f"model's max_len for learned positions, else {DEFAULT_MAX_SRC_LEN})")  # fmt: skip
+    p.add_argument(
+        "--strict", action="store_true", help="a line over --max-src-len is an error, not a warning"
+    )
+    add_search_arguments(p)
+    p.set_defaults(run=run)
+
+
+def read_lines(stream: BinaryIO, name: str) -> list[str]:
+    """The lines of a UTF-8 byte stream, split on "\\n" only (a "\\r" before it is dropped)."""
+    lines = []
+    for i, raw in enumerate(stream.read().split(b"\n"), start=1):
+        try:
+            lines.append(raw.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if lines and lines[-1] == "":  # the newline that ends the last line starts no new line
+        lines.pop()
+    return lines
+
+
+def format_output(nbest: list[list], translator: Translator, n: int) -> str:
+    """One line per input, or with ``n > 1`` Moses n-best lines ``i ||| text ||| score``."""
+    if n == 1:
+        lines = [translator.detokenize(h[0]) if h else "" for h in nbest]
+    else:
+        lines = [
+            f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}" if h else f"{i} |||  ||| 0"
+            for i, hyps in enumerate(nbest)
+            for h in (hyps or [None])
+        ]
+    return "".join(line + "\n" for line in lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = search_config(args)
+    translator = Translator.from_dir(args.model, args.device, args.max_src_len)
+    if args.input:
+        with open(args.input, "rb") as f:
+            lines = read_lines(f, args.input)
+    else:
+        lines = read_lines(sys.stdin.buffer, "<stdin>")
+    sources, cut = translator.encode(lines, strict=args.strict)
+    for i in cut:
+        warn(
+            f"line {i + 1} has more than {translator.max_src_len} source tokens; truncated (see --max-src-len)"
+        )
+    text = format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
+    if args.output:
+        write_text_atomic(args.output, text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return 0

@@ -1,0 +1,49 @@
+"""Checkpoint averaging (paper §6.1: the base model averages the last 5 checkpoints).
+
+The average of K checkpoints' parameters, written as a new model directory (config and tokenizer
+files copied from the newest). Averaging is done in float64 to avoid rounding drift.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from aiayn.models.io import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save_model
+from aiayn.training.checkpoint import STATE_JSON, STATE_TENSORS, step_dirs
+
+
+def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
+    """Average the weights of ``paths`` (same architecture) into ``out_dir``."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    configs = [read_config(p)["config"] for p in paths]
+    if any(c != configs[0] for c in configs):
+        raise ValueError("checkpoints to average must share one model config")
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        for name, tensor in load_file(str(p / WEIGHTS_FILE)).items():
+            total[name] = total.get(name, 0) + tensor.double()
+    model = load_model(paths[-1])
+    model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()}, strict=False)
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(paths[-1], tmp, ignore=shutil.ignore_patterns(
+        CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS))  # fmt: skip
+    save_model(model, tmp, averaged=[str(p) for p in paths])
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    return out_dir
+
+
+def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
+    found = [p for _, p in step_dirs(Path(run_dir))]
+    if not found:
+        raise FileNotFoundError(f"{run_dir} holds no step-* checkpoints")
+    return found[-k:]

@@ -1,0 +1,1 @@
+"""Plots: attention heat-maps (``attention.py``). Uses matplotlib's Agg backend (no display)."""

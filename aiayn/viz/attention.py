@@ -1,0 +1,71 @@
+"""Attention heat-maps: one PNG per layer and attention kind, one panel per head.
+
+Panel (i, j) of head h shows the weight softmax(q_i k_jᵀ / √d_k)_j that query token i (rows)
+gives key token j (columns); each row sums to 1. The weights come from a model's
+``attention_weights(...)``; this module only draws them (matplotlib, Agg backend: no display).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from torch import Tensor  # noqa: E402
+
+KINDS = {  # kind -> (title, which labels are the queries, which the keys)
+    "encoder": ("encoder self-attention", "src", "src"),
+    "decoder_self": ("decoder self-attention", "tgt", "tgt"),
+    "cross": ("cross-attention (decoder → encoder)", "tgt", "src"),
+}
+
+
+def plot_heads(weights: Tensor, queries: list[str], keys: list[str], title: str) -> plt.Figure:
+    """A grid of heat-maps, one per head, with tokens on the axes.
+
+    Shape:
+        weights: (h, T_q, T_k); queries: T_q labels; keys: T_k labels
+    """
+    n_heads, t_q, t_k = weights.shape
+    cols = min(n_heads, 4)
+    rows = math.ceil(n_heads / cols)
+    cell = 0.22  # inches per token
+    w, h = max(2.5, 1.2 + cell * t_k), max(2.5, 1.2 + cell * t_q)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * w, rows * h + 0.6), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= n_heads:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[i].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {i}", fontsize=9)
+        ax.set_xticks(range(t_k), keys, rotation=90, fontsize=7)
+        ax.set_yticks(range(t_q), queries, fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def save_attention_maps(
+    maps: dict[str, list[Tensor]], labels: dict[str, list[str]], out_dir: str | os.PathLike, example: int = 0
+) -> list[Path]:
+    """Write ``{kind}_layer{l}.png`` for every kind and layer of ``maps``; return the paths.
+
+    ``maps`` is a model's ``attention_weights`` output (``{kind: [L × (B, h, T_q, T_k)]}``);
+    ``labels`` maps ``"src"`` / ``"tgt"`` to the token strings; ``example`` picks the batch row.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kind, layers in maps.items():
+        title, q, k = KINDS[kind]
+        for layer, weights in enumerate(layers):
+            fig = plot_heads(weights[example], labels[q], labels[k], f"{title}, layer {layer}")
+            path = out_dir / f"{kind}_layer{layer}.png"
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            paths.append(path)
+    return paths

@@ -1,0 +1,68 @@
+"""Training curves from a run's ``metrics.jsonl``: loss, learning rate and BLEU against step."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is this a training run directory?")
+    records = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}: line {i} is not valid JSON") from None
+    return records
+
+
+def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
+    pts = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write loss.png, lr.png and (for translation) bleu.png; return their paths."""
+    records = read_metrics(run_dir)
+    out = Path(out_dir or (Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent))
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    panels = [
+        ("loss", "loss (per token)", [("train", "loss", "train"), ("valid", "loss", "valid"),
+                                      ("valid", "nll", "valid NLL")]),
+        ("lr", "learning rate", [("train", "lr", "lr")]),
+        ("bleu", "validation BLEU", [("valid", "bleu", "greedy BLEU")]),
+    ]  # fmt: skip
+    for name, ylabel, lines in panels:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = False
+        for split, key, label in lines:
+            x, y = _series(records, split, key)
+            if x:
+                ax.plot(x, y, label=label, marker="o" if split == "valid" else None, markersize=3)
+                drawn = True
+        if drawn:
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend()
+            fig.tight_layout()
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        plt.close(fig)
+    if not written:
+        raise ValueError(f"{run_dir}: metrics hold nothing to plot yet")
+    return written

@@ -1,0 +1,155 @@
+"""The trainer end to end: checkpoints, exact resume after SIGKILL, signals, divergence, bad
+configuration, averaging and plots. Runs use a tiny model on a tiny synthetic corpus."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.models.io import load_model
+from aiayn.training.config import load_recipe
+from aiayn.training.trainer import Trainer, TrainingDiverged
+from tests.training.conftest import tiny_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _train_losses(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+def _spawn(args, env_extra=None) -> subprocess.Popen:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "aiayn", "train", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_train_writes_checkpoints_metrics_and_a_loadable_model(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=12", "eval_every=4", "keep_last=2")]) == 0
+    steps = sorted(p.name for p in run.glob("step-*"))
+    assert steps == ["step-000008", "step-000012"] or "step-000004" in os.readlink(run / "best")
+    assert (run / "best").is_symlink() and (run / "train_config.json").is_file()
+    losses = _train_losses(run)
+    assert sorted(losses) == list(range(1, 13)) and losses[12] < losses[1]
+    valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
+    assert [v["step"] for v in valid] == [4, 8, 12] and all(v["ppl"] > 1 for v in valid)
+    model = load_model(run)  # the run directory resolves to its best checkpoint
+    assert model.config.d_model == 32 and (run / "best" / "src").is_dir()
+    assert not list(run.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_during_checkpoint_write_is_exact(corpus, tmp_path):
+    """A 15-step run equals one killed (while writing its step-10 checkpoint) and resumed."""
+    args = ["max_steps=15", "eval_every=5", "model.dropout=0.3"]
+    ref = tmp_path / "ref"
+    assert main(["train", *tiny_args(corpus, ref, *args)]) == 0
+
+    run = tmp_path / "run"
+    proc = _spawn(tiny_args(corpus, run, *args), {"AIAYN_TEST_CHECKPOINT_DELAY": "10:60"})
+    deadline = time.time() + 120
+    while not list(run.glob(".tmp-step-000010-*/trainer_state.json")):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline, "the run never reached its step-10 checkpoint"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-000005"]  # the torn write left no step-10
+
+    assert main(["train", *tiny_args(corpus, run, *args), "--resume"]) == 0
+    assert not list(run.glob(".tmp-*"))
+    assert _train_losses(run) == _train_losses(ref)  # identical, bit for bit
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(corpus, tmp_path):
+    run = tmp_path / "run"
+    proc = _spawn(tiny_args(corpus, run, "max_steps=100000", "eval_every=100000"))
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "(SIGTERM)" in err
+    saved = list(run.glob("step-*"))
+    assert len(saved) == 1 and (saved[0] / "model.safetensors").is_file()
+    step = int(saved[0].name.split("-")[1])
+    assert step == max(_train_losses(run))
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(corpus, tmp_path):
+    run = tmp_path / "run"
+    trainer = Trainer(load_recipe(None, tiny_args(corpus, run, "max_steps=10", "eval_every=3")))
+    real_loss = trainer.task.loss
+
+    def poisoned(model, batch, smoothing):
+        loss, nll, n = real_loss(model, batch, smoothing)
+        return (loss * float("nan"), nll, n) if trainer.step >= 4 else (loss, nll, n)
+
+    trainer.task.loss = poisoned
+    with pytest.raises(
+        TrainingDiverged, match="loss is nan at step 5; the last good checkpoint is .*step-000003"
+    ):
+        trainer.fit()
+    assert load_model(run / "step-000003").config.d_model == 32
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["lrr=1"], "unknown key 'lrr'"),
+        (["lr=fast"], "lr must be float, got 'fast'"),
+        (["model.d_modle=3"], r"unknown field\(s\) \['d_modle'\]"),
+        (["model.d_model=33"], "d_model=33 must be divisible by n_heads=2"),
+        (["dataset=/nonexistent/corpus"], "corpus.de: no such file"),
+        (["task=poetry"], "task='poetry' is not one of"),
+    ],
+)
+def test_bad_configuration_is_one_line_and_leaves_nothing(corpus, tmp_path, capsys, args, message):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=1"), *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn train: error:") and "\n" not in err
+    assert __import__("re").search(message, err), err
+    assert not run.exists()
+
+
+def test_resume_refuses_an_incompatible_run_and_a_new_run_refuses_an_old_directory(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2")]) == 0
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "model.d_ff=128"), "--resume"]) == 1
+    assert "cannot resume" in capsys.readouterr().err
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4")]) == 1
+    assert "already holds a run: pass --resume" in capsys.readouterr().err
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=2"), "--resume"]) == 0
+    assert max(_train_losses(run)) == 4
+
+
+def test_average_and_plot(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", "eval_every=2", "keep_last=5")]) == 0
+    assert main(["average", str(run), "--last", "3"]) == 0
+    averaged = load_model(run / "averaged")
+    parts = [load_model(run / f"step-00000{i}") for i in (2, 4, 6)]
+    expected = sum(m.encoder.layers[0].ff.w_1.weight for m in parts) / 3
+    torch.testing.assert_close(averaged.encoder.layers[0].ff.w_1.weight, expected)
+    assert (run / "averaged" / "src").is_dir()
+    assert main(["plot", str(run)]) == 0
+    assert (run / "loss.png").stat().st_size > 1000 and (run / "lr.png").is_file()
