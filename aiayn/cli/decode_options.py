@@ -29,13 +29,15 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default: {d.beam})")
     g.add_argument("--nbest", type=int, default=d.nbest, help="hypotheses (or samples) per sentence")
     g.add_argument("--lenpen", type=float, default=d.lenpen, help=f"length penalty α (default: {d.lenpen})")
-    g.add_argument("--lenpen-kind", choices=["gnmt", "simple"], default=d.lenpen_kind,
-                   help="gnmt: ((5+|Y|)/6)^α; simple: |Y|^α")  # fmt: skip
+    kinds = ["gnmt", "simple"]
+    g.add_argument(
+        "--lenpen-kind", choices=kinds, default=d.lenpen_kind, help="gnmt: ((5+|Y|)/6)^α; simple: |Y|^α"
+    )
     g.add_argument("--max-len", type=int, default=None, help="output tokens at most (default: source + 50)")
     g.add_argument("--max-len-b", type=int, default=d.max_len_b, help="the + 50 of the default --max-len")
     g.add_argument("--min-len", type=int, default=0, help="no eos before this many output tokens")
-    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})")  # fmt: skip
+    tokens = f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})"
+    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens)
     g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
     s = p.add_argument_group("sampling")
     s.add_argument("--sample", action="store_true", help="sample instead of beam search")
@@ -47,11 +49,20 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
     return SearchConfig(
-        beam=args.beam, nbest=args.nbest, lenpen=args.lenpen, lenpen_kind=args.lenpen_kind,
-        max_len=args.max_len, max_len_b=args.max_len_b, min_len=args.min_len, sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        beam=args.beam,
+        nbest=args.nbest,
+        lenpen=args.lenpen,
+        lenpen_kind=args.lenpen_kind,
+        max_len=args.max_len,
+        max_len_b=args.max_len_b,
+        min_len=args.min_len,
+        sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
         use_cache=not args.no_cache,
-    )  # fmt: skip
+    )
 
 
 def warn(message: str) -> None:

@@ -31,8 +31,13 @@ signatures printed say exactly how they were computed.
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("evaluate", help="translate a test set and score it (BLEU, chrF)", epilog=EXAMPLES,
-                       formatter_class=formatter, description="Translate a test set and score it.")  # fmt: skip
+    p = sub.add_parser(
+        "evaluate",
+        help="translate a test set and score it (BLEU, chrF)",
+        description="Translate a test set and score it.",
+        epilog=EXAMPLES,
+        formatter_class=formatter,
+    )
     add_model_argument(p)
     p.add_argument("--dataset", default="multi30k", help="bundled dataset name (default: multi30k)")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="default: test")
@@ -79,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
     for name in ("bleu", "chrf"):
         print(f"{name} signature: {signatures[name]}")
     if args.json:
-        report = {"corpus": corpus.name, "model": str(args.model), "sentences": len(hyps), **scores,
-                  "signatures": signatures, "search": asdict(config)}  # fmt: skip
+        report = {
+            "corpus": corpus.name,
+            "model": str(args.model),
+            "sentences": len(hyps),
+            **scores,
+            "signatures": signatures,
+            "search": asdict(config),
+        }
         write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
     return 0

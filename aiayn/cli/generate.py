@@ -19,8 +19,13 @@ Each sample is printed as prompt + continuation; samples are separated by a line
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="sample text from a language model", epilog=EXAMPLES,
-                       formatter_class=formatter, description="Continue a prompt with a language model.")  # fmt: skip
+    p = sub.add_parser(
+        "generate",
+        help="sample text from a language model",
+        description="Continue a prompt with a language model.",
+        epilog=EXAMPLES,
+        formatter_class=formatter,
+    )
     add_model_argument(p)
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
@@ -40,10 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if args.greedy and args.num_samples > 1:
         raise ValueError("--greedy gives one continuation; drop --num-samples")
     config = SearchConfig(
-        beam=1, sample=not args.greedy, nbest=args.num_samples, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        beam=1,
+        sample=not args.greedy,
+        nbest=args.num_samples,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
         min_len=0 if args.stop_at_eos else args.max_new_tokens,
-    )  # fmt: skip
+    )
     generator = Generator.from_dir(args.model, args.device)
     texts = generator.generate(args.prompt, args.max_new_tokens, config, warn=warn)
     print("\n---------------\n".join(texts))

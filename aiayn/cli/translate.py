@@ -27,14 +27,23 @@ Output line i is the translation of input line i; a blank input line gives a bla
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("translate", help="translate text with a trained model", epilog=EXAMPLES,
-                       formatter_class=formatter, description="Translate lines of text, as a pipe or on files.")  # fmt: skip
+    p = sub.add_parser(
+        "translate",
+        help="translate text with a trained model",
+        description="Translate lines of text, as a pipe or on files.",
+        epilog=EXAMPLES,
+        formatter_class=formatter,
+    )
     add_model_argument(p)
     p.add_argument("--input", metavar="FILE", help="read sentences from FILE, one per line (default: stdin)")
     p.add_argument("--output", metavar="FILE", help="write translations to FILE (default: stdout)")
-    p.add_argument("--max-src-len", type=int, default=None,
-                   help="source tokens at most, eos included; longer lines are truncated (default: the "
-                        f"model's max_len for learned positions, else {DEFAULT_MAX_SRC_LEN})")  # fmt: skip
+    p.add_argument(
+        "--max-src-len",
+        type=int,
+        default=None,
+        help="source tokens at most, eos included; longer lines are truncated (default: the "
+        f"model's max_len for learned positions, else {DEFAULT_MAX_SRC_LEN})",
+    )
     p.add_argument(
         "--strict", action="store_true", help="a line over --max-src-len is an error, not a warning"
     )
@@ -78,9 +87,7 @@ def run(args: argparse.Namespace) -> int:
         lines = read_lines(sys.stdin.buffer, "<stdin>")
     sources, cut = translator.encode(lines, strict=args.strict)
     for i in cut:
-        warn(
-            f"line {i + 1} has more than {translator.max_src_len} source tokens; truncated (see --max-src-len)"
-        )
+        warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
     text = format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
     if args.output:
         write_text_atomic(args.output, text)

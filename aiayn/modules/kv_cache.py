@@ -61,7 +61,13 @@ class DecoderCache:
         """Positions decoded so far (the position of the next token)."""
         return len(self.layers[0]["self"]) if self.layers else 0
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, static: bool = True) -> None:
+        """Keep batch rows ``index`` in every cache.
+
+        ``static=False`` leaves the cross-attention caches as they are: right (and cheaper) when
+        ``index[i]`` reads the same source as row ``i``, as when beams of one sentence are reordered.
+        """
         for layer in self.layers:
             for cache in layer.values():
-                cache.reorder(index)
+                if static or not cache.static:
+                    cache.reorder(index)

@@ -1,1 +1,1 @@
-"""Plots: attention heat-maps (``attention.py``). Uses matplotlib's Agg backend (no display)."""
+"""Plots: attention heat-maps (``attention.py``) and training curves (``curves.py``); matplotlib Agg."""

@@ -1,0 +1,91 @@
+"""``aiayn attention``: heat-maps of every layer's and head's attention weights for one sentence."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from aiayn.cli.decode_options import add_model_argument, formatter
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decoding.generator import Generator
+from aiayn.decoding.model_dir import check_kind
+from aiayn.decoding.search import SearchConfig
+from aiayn.decoding.translator import Translator
+from aiayn.viz.attention import save_attention_maps
+
+EXAMPLES = """examples:
+  aiayn attention --model runs/de-en --src "Ein Mann fährt Fahrrad." --out plots/
+  aiayn attention --model runs/de-en --src "Ein Mann fährt Fahrrad." --tgt "A man rides a bike." --out plots/
+  aiayn attention --model runs/shakespeare --src "ROMEO: But soft" --out plots/   # a language model
+
+Writes encoder_layer{l}.png, decoder_self_layer{l}.png and cross_layer{l}.png (a language model:
+decoder_self only), each a grid of heads with query tokens as rows and key tokens as columns.
+Without --tgt the target is the model's greedy translation. The decoder rows are the tokens it
+reads: <s> then the target, each predicting the next.
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="plot attention weights as heat-maps (PNG)",
+        description="Plot attention weights for one sentence.",
+        epilog=EXAMPLES,
+        formatter_class=formatter,
+    )
+    add_model_argument(p)
+    p.add_argument("--src", required=True, help="source sentence (a language model: the text)")
+    p.add_argument("--tgt", help="target sentence (default: the model's greedy translation)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
+    p.set_defaults(run=run)
+
+
+def token_labels(tok: Tokenizer, ids: list[int], config) -> list[str]:
+    """A printable label per id: special ids by name, the others as the text they decode to."""
+    names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # bos wins if = pad
+    visible = {" ": "␣", "\n": "\\n", "\t": "\\t"}
+    return [names.get(i) or visible.get(s := tok.decode([i]), s) or f"<{i}>" for i in ids]
+
+
+def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
+    translator = Translator.from_dir(args.model, args.device)
+    model, c = translator.model, translator.model.config
+    (src,), _ = translator.encode([args.src], strict=True)
+    if not src:
+        raise ValueError("--src is blank; give a sentence")
+    if args.tgt is None:
+        out = translator.search([src], SearchConfig(beam=1))[0][0].tokens
+    else:
+        out = translator.tgt_tokenizer.encode(args.tgt)
+    tgt_in = [c.bos_id] + [t for t in out if t != c.eos_id]
+    src = src + [c.eos_id]
+    with torch.inference_mode():
+        maps = model.attention_weights(
+            torch.tensor([src], device=translator.device), torch.tensor([tgt_in], device=translator.device)
+        )
+    labels = {
+        "src": token_labels(translator.src_tokenizer, src, c),
+        "tgt": token_labels(translator.tgt_tokenizer, tgt_in, c),
+    }
+    return maps, labels
+
+
+def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
+    if args.tgt is not None:
+        raise ValueError("--tgt is for translation models; a language model plots --src only")
+    generator = Generator.from_dir(args.model, args.device)
+    ids = generator.tokenizer.encode(args.src)
+    if not ids:
+        raise ValueError("--src is empty; give some text")
+    with torch.inference_mode():
+        maps = generator.model.attention_weights(torch.tensor([ids], device=generator.device))
+    return maps, {"tgt": token_labels(generator.tokenizer, ids, generator.model.config)}
+
+
+def run(args: argparse.Namespace) -> int:
+    kind = check_kind(args.model, ("transformer", "lm"), "attention")
+    maps, labels = (_translation_maps if kind == "transformer" else _lm_maps)(args)
+    for path in save_attention_maps(maps, labels, args.out):
+        print(path)
+    return 0

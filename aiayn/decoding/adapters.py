@@ -1,0 +1,124 @@
+"""One interface between the search code (greedy, beam, sampling) and every model.
+
+A search works on N decoding *rows* (inputs × beams, or inputs × samples) and asks an adapter for
+four things: ``start(inputs, n)`` prepares ``n`` rows per input and returns their first tokens,
+``step(prefix)`` returns every row's next-token log-probabilities given all its tokens so far,
+``reorder(index)`` follows beams to their parents (rows keep their input), and ``select(index)``
+keeps some rows only (finished inputs leave the batch). A fake model for tests needs just these.
+
+With ``use_cache=True`` an adapter feeds the model only the tokens it has not seen yet: decoder
+self-attention keys and values are appended to a ``DecoderCache`` each step, and cross-attention
+keys and values are projected from the encoder memory once. With ``use_cache=False`` it recomputes
+the whole prefix every step: quadratic, but it is the reference the cached path is tested against.
+Only the last position goes through the output projection and the log-softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aiayn.models.lm import LanguageModel
+from aiayn.models.transformer import Transformer
+from aiayn.modules.kv_cache import DecoderCache
+
+
+class IncrementalDecoder:
+    """What every adapter shares: the cache, the last-position head, reordering.
+
+    Shape:
+        step: prefix (N, t) ids -> log-probs (N, vocab) of token t+1
+    """
+
+    def __init__(self, model: Transformer | LanguageModel, use_cache: bool = True):
+        self.model = model
+        self.use_cache = use_cache
+        self.cache: DecoderCache | None = None
+        c = model.config
+        self.bos_id, self.eos_id, self.pad_id = c.bos_id, c.eos_id, c.pad_id
+
+    def _hidden(self, new: Tensor) -> Tensor:
+        """Decoder states (N, T, d_model) for the ``new`` tokens (all tokens when uncached)."""
+        raise NotImplementedError
+
+    def _select_inputs(self, index: Tensor) -> None:
+        """Keep rows ``index`` of whatever ``start`` prepared besides the cache."""
+
+    def step(self, prefix: Tensor) -> Tensor:
+        new = prefix if self.cache is None else prefix[:, len(self.cache) :]
+        h = self._hidden(new)[:, -1]  # (N, d_model): only the last position is projected
+        return self.model.head(h).float().log_softmax(dim=-1)  # (N, V)
+
+    def reorder(self, index: Tensor) -> None:
+        """Row i continues row ``index[i]``, which read the same input (beam reordering)."""
+        if self.cache is not None:
+            self.cache.reorder(index, static=False)
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index`` (any rows, e.g. those of unfinished inputs), in that order."""
+        if self.cache is not None:
+            self.cache.reorder(index)
+        self._select_inputs(index)
+
+    def _new_cache(self) -> DecoderCache | None:
+        return self.model.new_cache() if self.use_cache else None
+
+
+class Seq2SeqAdapter(IncrementalDecoder):
+    """The encoder–decoder ``Transformer``: encode the source once, decode from ``bos_id``.
+
+    Shape:
+        start: src (B, S) ids, right-padded with ``pad_id`` -> first tokens (B·n, 1), all bos;
+        row ``b·n + j`` decodes sentence ``b``.
+    """
+
+    model: Transformer
+
+    def start(self, src: Tensor, n: int = 1) -> Tensor:
+        src_mask = self.model.src_mask(src)  # (B, 1, 1, S)
+        memory = self.model.encode(src, src_mask)  # (B, S, d_model)
+        if n > 1:
+            memory, src_mask = memory.repeat_interleave(n, 0), src_mask.repeat_interleave(n, 0)
+        self.memory, self.src_mask = memory, src_mask
+        self.cache = self._new_cache()
+        return torch.full((memory.size(0), 1), self.bos_id, dtype=torch.long, device=src.device)
+
+    def _hidden(self, new: Tensor) -> Tensor:
+        return self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
+
+    def _select_inputs(self, index: Tensor) -> None:
+        self.memory, self.src_mask = self.memory[index], self.src_mask[index]
+
+
+class LMAdapter(IncrementalDecoder):
+    """The decoder-only ``LanguageModel``: the prompt is the prefix, prefilled in one pass.
+
+    Prompts in one call must have the same length (there is no padding mask for left-padded
+    prompts; the caller groups prompts by length). An empty prompt is an error: give at least
+    one token (e.g. a newline, or ``bos_id`` for a model trained with one).
+
+    Shape:
+        start: prompt (B, P) ids -> prefix (B·n, P); row ``b·n + j`` continues prompt ``b``.
+    """
+
+    model: LanguageModel
+
+    def start(self, prompt: Tensor, n: int = 1) -> Tensor:
+        if prompt.dim() != 2 or prompt.size(1) == 0:
+            raise ValueError(
+                f"the prompt must be a non-empty (B, P) tensor of ids, got {tuple(prompt.shape)}"
+            )
+        self.cache = self._new_cache()
+        return prompt.repeat_interleave(n, 0) if n > 1 else prompt
+
+    def _hidden(self, new: Tensor) -> Tensor:
+        return self.model.hidden(new, cache=self.cache)[0]
+
+
+def adapter_for(model: Transformer | LanguageModel, use_cache: bool = True) -> IncrementalDecoder:
+    """The adapter that fits ``model``."""
+    if isinstance(model, Transformer):
+        return Seq2SeqAdapter(model, use_cache)
+    if isinstance(model, LanguageModel):
+        return LMAdapter(model, use_cache)
+    raise TypeError(f"no decoding adapter for {type(model).__name__}; expected Transformer or LanguageModel")

@@ -1,0 +1,88 @@
+"""Greedy decoding, and the one-token-per-row loop that sampling shares with it.
+
+    y_t = argmax_y log p(y | y_<t, X)
+
+for every row at once, until the row emits eos or reaches its maximum length. Rows that finish
+leave the batch (``decoder.select``), so a long sentence does not keep short ones computing.
+The model is reached only through an adapter (``adapters.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from aiayn.decoding.adapters import IncrementalDecoder
+from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+
+Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
+
+
+def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
+    """The per-input limit on generated tokens (eos included) as a (n_inputs,) tensor, checked."""
+    limits = torch.as_tensor(max_len, dtype=torch.long).expand(n_inputs).clone()
+    if limits.numel() and int(limits.min()) < 1:
+        raise ValueError(f"max_len must be at least 1 for every input, got {int(limits.min())}")
+    return limits
+
+
+def forbid_eos(log_probs: Tensor, eos_id: int, step: int, min_len: int) -> Tensor:
+    """Outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
+    if step < min_len:
+        log_probs[..., eos_id] = float("-inf")
+    return log_probs
+
+
+def decode_rows(
+    decoder: IncrementalDecoder, inputs: Tensor, n: int, pick: Pick, max_len: int | Tensor, min_len: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Run ``pick`` on every row, one token at a time, ``n`` rows per input.
+
+    Shape:
+        max_len: int or (B,); returns tokens (B·n, L) padded with pad_id, lengths (B·n,),
+        log_probs (B·n,) — the sum of the chosen tokens' log-probabilities
+    """
+    prefix = decoder.start(inputs, n)  # (N, t0)
+    n_rows = prefix.size(0)
+    limit = max_lengths(max_len, n_rows // n).repeat_interleave(n)  # (N,)
+    longest = int(limit.max())
+    tokens = torch.full((n_rows, longest), decoder.pad_id, dtype=torch.long, device=prefix.device)
+    lengths = limit.clone()
+    log_probs = torch.zeros(n_rows, device=prefix.device)
+    rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
+    limit = limit.to(prefix.device)
+    for t in range(longest):
+        lp = forbid_eos(decoder.step(prefix), decoder.eos_id, t, min_len)  # (A, V)
+        choice = pick(lp)  # (A,)
+        tokens[rows, t] = choice
+        log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)
+        prefix = torch.cat([prefix, choice[:, None]], dim=1)
+        done = (choice == decoder.eos_id) | (limit <= t + 1)
+        if done.any():
+            lengths[rows[done]] = t + 1
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            rows, prefix, limit = rows[keep], prefix[keep], limit[keep]
+            decoder.select(keep)
+    return tokens, lengths, log_probs
+
+
+@torch.inference_mode()
+def greedy_search(
+    decoder: IncrementalDecoder,
+    inputs: Tensor,
+    max_len: int | Tensor,
+    min_len: int = 0,
+    lenpen: float = 0.6,
+    lenpen_kind: str = "gnmt",
+) -> list[list[Hypothesis]]:
+    """The most probable next token at every step; one hypothesis per input.
+
+    ``lenpen`` only sets how the returned ``score`` is computed (as in ``beam_search``, so the two
+    are comparable); the search itself ignores it.
+    """
+    tokens, lengths, log_probs = decode_rows(decoder, inputs, 1, lambda lp: lp.argmax(-1), max_len, min_len)
+    return to_hypotheses(tokens, lengths, log_probs, 1, lenpen, lenpen_kind, sort=False)

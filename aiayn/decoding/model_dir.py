@@ -1,0 +1,85 @@
+"""Loading a model directory for inference: the model plus its tokenizer(s), checked together.
+
+A model directory holds what ``aiayn.models.io.save_model`` writes (``config.json`` +
+``model.safetensors``) and the tokenizers the data module saves beside it:
+
+- a translation model (kind ``"transformer"``): ``src/`` and ``tgt/`` tokenizer folders
+  (``aiayn.data.save_translation_tokenizers``; a joint vocabulary is saved in both), or one joint
+  tokenizer in the directory itself (``tokenizer.save(dir)``);
+- a language model (kind ``"lm"``): one tokenizer in the directory itself.
+
+Every problem (no such directory, a corrupt checkpoint, a model of the wrong kind for the command,
+a tokenizer whose vocabulary does not fit the model) is a ``ValueError`` or ``OSError`` whose
+message names the path and says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
+from aiayn.models.io import load_model, read_config
+
+USES = {
+    "transformer": "translation (aiayn translate / evaluate)",
+    "lm": "language modelling (aiayn generate)",
+}
+
+
+def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...], command: str) -> str:
+    """The model kind recorded in ``directory``, or a ValueError if ``command`` cannot use it."""
+    kind = read_config(directory)["kind"]
+    if kind not in kinds:
+        what = USES.get(kind, f"kind {kind!r}")
+        raise ValueError(
+            f"{directory} holds a model for {what}, but '{command}' needs kind "
+            f"{' or '.join(repr(k) for k in kinds)}"
+        )
+    return kind
+
+
+def _check_vocab(directory: Path, tok: Tokenizer, vocab_size: int, eos_id: int, side: str) -> None:
+    if tok.vocab_size != vocab_size or tok.eos_id != eos_id:
+        raise ValueError(
+            f"{directory}: the {side}tokenizer (vocab_size {tok.vocab_size}, eos_id {tok.eos_id}) does not "
+            f"fit the model (vocab_size {vocab_size}, eos_id {eos_id}); save the tokenizer the model was "
+            "trained with into the model directory"
+        )
+
+
+def load_translation_dir(
+    directory: str | os.PathLike, device: str | torch.device = "cpu", command: str = "translate"
+) -> tuple[nn.Module, Tokenizer, Tokenizer]:
+    """``(model, src_tokenizer, tgt_tokenizer)`` of a translation model directory, in eval mode."""
+    directory = Path(directory)
+    check_kind(directory, ("transformer",), command)
+    if (directory / "src" / META_FILE).is_file():
+        src_tok, tgt_tok = load_translation_tokenizers(directory)
+    elif (directory / META_FILE).is_file():
+        src_tok = tgt_tok = load_tokenizer(directory)
+    else:
+        raise FileNotFoundError(
+            f"{directory} has no tokenizer: expected src/{META_FILE} and tgt/{META_FILE} "
+            f"(aiayn.data.save_translation_tokenizers) or a joint {META_FILE}"
+        )
+    model = load_model(directory, device)
+    c = model.config
+    _check_vocab(directory, src_tok, c.src_vocab_size, c.eos_id, "source ")
+    _check_vocab(directory, tgt_tok, c.tgt_vocab_size, c.eos_id, "target ")
+    return model, src_tok, tgt_tok
+
+
+def load_lm_dir(
+    directory: str | os.PathLike, device: str | torch.device = "cpu", command: str = "generate"
+) -> tuple[nn.Module, Tokenizer]:
+    """``(model, tokenizer)`` of a language-model directory, in eval mode."""
+    directory = Path(directory)
+    check_kind(directory, ("lm",), command)
+    tok = load_tokenizer(directory)
+    model = load_model(directory, device)
+    _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
+    return model, tok

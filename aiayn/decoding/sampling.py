@@ -1,0 +1,74 @@
+"""Ancestral sampling with temperature, top-k and top-p (nucleus) filtering, seeded.
+
+    y_t ~ softmax(filter(log p(· | y_<t, X) / T))
+
+``filter`` keeps the ``top_k`` most probable tokens, then the smallest set of tokens whose
+probability sums to at least ``top_p`` (Holtzman et al. 2020); the most probable token always
+survives. Draws come from a ``torch.Generator`` seeded with ``seed``, so a seed fixes the output.
+The returned ``log_prob`` is the model's own (T = 1, unfiltered) log-probability of the sample.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aiayn.decoding.adapters import IncrementalDecoder
+from aiayn.decoding.greedy import decode_rows
+from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (use greedy decoding for T -> 0)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be at least 1 (or None for no top-k filtering)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1] (or None for no nucleus filtering)")
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set every token outside the top-k and outside the top-p nucleus to -inf.
+
+    Shape:
+        logits: (N, V) -> (N, V)
+    """
+    if top_k is not None and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the tokens before it already reach top_p (keeps the first one always)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.inference_mode()
+def sample(
+    decoder: IncrementalDecoder,
+    inputs: Tensor,
+    max_len: int | Tensor,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    min_len: int = 0,
+    lenpen: float = 0.6,
+    lenpen_kind: str = "gnmt",
+) -> list[list[Hypothesis]]:
+    """``n`` samples per input, in the order drawn. ``seed=None`` draws from torch's global RNG."""
+    check_sampling(temperature, top_k, top_p)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=inputs.device).manual_seed(seed)
+
+    def pick(lp: Tensor) -> Tensor:
+        probs = filter_logits(lp / temperature, top_k, top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    tokens, lengths, log_probs = decode_rows(decoder, inputs, n, pick, max_len, min_len)
+    return to_hypotheses(tokens, lengths, log_probs, n, lenpen, lenpen_kind, sort=False)

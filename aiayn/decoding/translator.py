@@ -1,0 +1,132 @@
+"""Sentences in, translations out: tokenize, batch by tokens, search, detokenize, restore order.
+
+``Translator.from_dir(path)`` loads a translation model directory (``model_dir.py``); a training
+loop can build one from the model and tokenizers it holds (``Translator(model, src_tok, tgt_tok)``)
+to translate a validation set. Sources are encoded as the data module batches them for training
+(``ids + [eos]``); the decoder starts from ``config.bos_id``. Blank lines are not decoded: they
+translate to the empty string, so output line i always belongs to input line i.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from aiayn.data.batching import TokenBatchSampler
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decoding.adapters import Seq2SeqAdapter
+from aiayn.decoding.model_dir import load_translation_dir
+from aiayn.decoding.scoring import Hypothesis
+from aiayn.decoding.search import SearchConfig, search
+
+DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models, which have no limit
+DEFAULT_MAX_TOKENS = 4096  # source tokens per batch, padding included
+
+
+class Translator:
+    """A translation model with its tokenizers.
+
+    ``max_src_len`` (tokens, eos included) is ``config.max_len`` for learned positions — the most
+    the model can read — and ``DEFAULT_MAX_SRC_LEN`` (or the argument) for sinusoidal ones.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        max_src_len: int | None = None,
+    ):
+        self.model = model.eval()
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        c = model.config
+        learned = c.positional == "learned"
+        self.max_src_len = min(max_src_len or c.max_len, c.max_len) if learned else max_src_len
+        self.max_src_len = self.max_src_len or DEFAULT_MAX_SRC_LEN
+        self.max_tgt_len = c.max_len if learned else None  # decoder positions: bos + output - 1
+        if self.max_src_len < 2:
+            raise ValueError(f"max_src_len={self.max_src_len} must leave room for a token and eos")
+
+    @classmethod
+    def from_dir(
+        cls, directory: str | os.PathLike, device: str | torch.device = "cpu", max_src_len: int | None = None
+    ) -> Translator:
+        model, src_tok, tgt_tok = load_translation_dir(directory, device)
+        return cls(model, src_tok, tgt_tok, max_src_len)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode(self, lines: Sequence[str], strict: bool = False) -> tuple[list[list[int]], list[int]]:
+        """Source ids per line (``[]`` for a blank line), and the indices of lines cut to fit.
+
+        A line longer than ``max_src_len`` tokens (eos included) is truncated, or is a ValueError
+        naming it (1-based) when ``strict``.
+        """
+        sources, cut = [], []
+        keep = self.max_src_len - 1  # room for eos
+        for i, (line, ids) in enumerate(zip(lines, self.src_tokenizer.encode_batch(list(lines)))):
+            if not line.strip():
+                ids = []
+            elif len(ids) > keep:
+                if strict:
+                    raise ValueError(
+                        f"line {i + 1} has {len(ids) + 1} source tokens, over the maximum of "
+                        f"{self.max_src_len}; shorten it (or drop --strict to truncate it)"
+                    )
+                cut.append(i)
+                ids = ids[:keep]
+            sources.append(ids)
+        return sources, cut
+
+    def search(
+        self, sources: Sequence[list[int]], config: SearchConfig, max_tokens: int = DEFAULT_MAX_TOKENS
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses for encoded sources (``encode``), batched by source tokens; [] for blank ones.
+
+        Sentences are sorted by length so that a batch has little padding; each batch holds at
+        most ``max_tokens`` source tokens, padding included (more for a single longer sentence).
+        """
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        todo = [i for i, s in enumerate(sources) if s]
+        if not todo:
+            return results
+        lengths = [len(sources[i]) for i in todo]  # the sampler adds eos
+        sampler = TokenBatchSampler(lengths, lengths, max(max_tokens, max(lengths) + 1), shuffle=False)
+        c = self.model.config
+        for batch in sampler.global_batches(0):
+            index = [todo[j] for j in batch]
+            rows = [sources[i] + [c.eos_id] for i in index]
+            src = torch.full((len(rows), max(map(len, rows))), c.pad_id, dtype=torch.long)
+            for r, ids in enumerate(rows):
+                src[r, : len(ids)] = torch.tensor(ids)
+            limits = torch.tensor([config.output_limit(len(sources[i])) for i in index])
+            if self.max_tgt_len is not None:
+                limits = limits.clamp(max=self.max_tgt_len)
+            hyps = search(Seq2SeqAdapter(self.model, config.use_cache), src.to(self.device), config, limits)
+            for i, h in zip(index, hyps):
+                results[i] = h
+        return results
+
+    def detokenize(self, hyp: Hypothesis) -> str:
+        return self.tgt_tokenizer.decode(hyp.tokens)
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        config: SearchConfig | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        warn: Callable[[str], None] | None = None,
+    ) -> list[str]:
+        """The best translation of every line (``""`` for a blank line); long lines are truncated
+        with a warning (``warn``, default ``warnings.warn``)."""
+        sources, cut = self.encode(lines)
+        for i in cut:
+            (warn or warnings.warn)(f"line {i + 1} truncated to {self.max_src_len} source tokens")
+        nbest = self.search(sources, config or SearchConfig(), max_tokens)
+        return [self.detokenize(h[0]) if h else "" for h in nbest]

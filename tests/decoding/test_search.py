@@ -1,0 +1,197 @@
+"""Greedy, beam search and sampling: cached = uncached, beam 1 = greedy, beam ≥ greedy, the length
+penalty and the exact stopping rule on hand-built distributions."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn.decoding import (
+    LMAdapter,
+    SearchConfig,
+    Seq2SeqAdapter,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sample,
+    search,
+)
+from tests.decoding.fixtures import FakeDecoder, tiny_lm, tiny_transformer
+from tests.helpers import assert_close
+
+CONFIGS = {
+    "greedy": SearchConfig(beam=1),
+    "beam": SearchConfig(beam=4, nbest=3),
+    "beam-simple-penalty": SearchConfig(beam=3, lenpen=1.0, lenpen_kind="simple"),
+    "sample": SearchConfig(sample=True, nbest=2, temperature=0.8, top_k=20, top_p=0.9, seed=3),
+}
+
+
+def _sources() -> torch.Tensor:
+    src = torch.randint(4, 50, (4, 9), generator=torch.Generator().manual_seed(1))
+    src[1, 5:] = 0  # padding
+    src[3, 2:] = 0
+    return src
+
+
+def _assert_same(name: str, a, b) -> None:
+    assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b], name
+    assert_close(
+        name,
+        torch.tensor([[h.score for h in hs] for hs in a]),
+        torch.tensor([[h.score for h in hs] for hs in b]),
+        atol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_and_uncached_translation_agree(name, norm_first):
+    model = tiny_transformer(eos_bias=4.0, norm_first=norm_first)
+    cfg = CONFIGS[name]
+    runs = [search(Seq2SeqAdapter(model, use_cache), _sources(), cfg, 14) for use_cache in (True, False)]
+    _assert_same(f"cached vs uncached decoding ({name})", *runs)
+    assert len({len(h.tokens) for hs in runs[0] for h in hs}) > 1  # eos_bias: lengths vary
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_cached_and_uncached_lm_agree(name, positional):
+    model = tiny_lm(positional=positional, norm_first=positional == "learned")
+    prompt = torch.randint(4, 40, (2, 5), generator=torch.Generator().manual_seed(2))
+    runs = [search(LMAdapter(model, use_cache), prompt, CONFIGS[name], 10) for use_cache in (True, False)]
+    _assert_same(f"cached vs uncached LM decoding ({name})", *runs)
+
+
+def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
+    model, src = tiny_transformer(eos_bias=4.0), _sources()
+    for cfg in (CONFIGS["greedy"], CONFIGS["beam"]):
+        batched = search(Seq2SeqAdapter(model), src, cfg, 14)
+        for i in range(len(src)):
+            row = src[i : i + 1, : int((src[i] != 0).sum())]
+            _assert_same(
+                "one sentence alone vs in a batch",
+                search(Seq2SeqAdapter(model), row, cfg, 14),
+                batched[i : i + 1],
+            )
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
+def test_beam_size_one_is_greedy(lenpen):
+    model = tiny_transformer(eos_bias=4.0)
+    greedy = greedy_search(Seq2SeqAdapter(model), _sources(), 14, lenpen=lenpen)
+    beam = beam_search(Seq2SeqAdapter(model), _sources(), 1, 14, lenpen=lenpen)
+    _assert_same("beam 1 vs greedy", beam, greedy)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("lenpen", [0.0, 0.6])
+def test_beam_is_never_worse_than_greedy(seed, lenpen):
+    model = tiny_transformer(seed=seed, eos_bias=4.0)
+    src = torch.randint(4, 50, (6, 8), generator=torch.Generator().manual_seed(seed))
+    greedy = greedy_search(Seq2SeqAdapter(model), src, 12, lenpen=lenpen)
+    beam = beam_search(Seq2SeqAdapter(model), src, 5, 12, lenpen=lenpen)
+    for g, b in zip(greedy, beam):
+        assert b[0].score >= g[0].score - 1e-5
+
+
+def test_nbest_lists_are_sorted_distinct_and_consistent():
+    model = tiny_transformer(eos_bias=4.0)
+    for hyps in beam_search(Seq2SeqAdapter(model), _sources(), 4, 14, nbest=4):
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+        for h in hyps:
+            assert h.score == pytest.approx(h.log_prob / length_penalty(len(h.tokens)).item(), rel=1e-5)
+            assert 2 not in h.tokens[:-1]  # eos only at the end
+
+
+def test_length_penalty_values():
+    assert length_penalty(1, 0.6).item() == pytest.approx(1.0)
+    assert length_penalty(7, 0.6).item() == pytest.approx(2**0.6)
+    assert length_penalty(9, 0.5, "simple").item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="not one of"):
+        length_penalty(3, 0.6, "log")
+
+
+def test_max_and_min_length():
+    model = tiny_transformer(eos_bias=4.0)
+    limits = torch.tensor([3, 7, 5, 1])
+    for hyps, limit in zip(beam_search(Seq2SeqAdapter(model), _sources(), 3, limits, nbest=3), limits):
+        assert all(len(h.tokens) <= limit for h in hyps)
+    fixed = beam_search(Seq2SeqAdapter(model), _sources(), 3, 9, min_len=9)  # no eos: fixed length
+    assert all(len(h[0].tokens) == 9 and 2 not in h[0].tokens for h in fixed)
+    for hyps in greedy_search(Seq2SeqAdapter(model), _sources(), 9, min_len=4):
+        assert len(hyps[0].tokens) >= 4 and 2 not in hyps[0].tokens[:3]
+
+
+# -- hand-built distributions (FakeDecoder ids: eos 2, "a" 3, "b" 4) -------------------------------
+
+
+def _short_or_long(generated):
+    """eos now (p 0.5), or "a" (0.45) followed by an almost certain eos: better only with a penalty."""
+    if not generated:
+        return {2: 0.5, 3: 0.45, 4: 0.05}
+    return {2: 0.99, 3: 0.005, 4: 0.005}
+
+
+def test_the_length_penalty_picks_the_longer_hypothesis():
+    one = torch.zeros(1, 1)
+    assert beam_search(FakeDecoder(_short_or_long), one, 2, 10, lenpen=0.0)[0][0].tokens == [2]
+    best = beam_search(FakeDecoder(_short_or_long), one, 2, 10, lenpen=2.0)[0][0]
+    assert best.tokens == [3, 2]
+    raw = math.log(0.45) + math.log(0.99)
+    assert best.log_prob == pytest.approx(raw, rel=1e-5)
+    assert best.score == pytest.approx(raw / (7 / 6) ** 2, rel=1e-5)
+    greedy = greedy_search(FakeDecoder(_short_or_long), one, 10, lenpen=2.0)[0][0]
+    assert greedy.tokens == [2] and best.score > greedy.score
+
+
+def _long_way_round(generated):
+    """eos now (0.6), or "a" (0.4) then eight more near-certain "a"s and eos: length 10 in all."""
+    if not generated:
+        return {2: 0.6, 3: 0.4}
+    if len(generated) < 9:
+        return {3: 0.999, 2: 0.0005, 4: 0.0005}
+    return {2: 0.999, 3: 0.0005, 4: 0.0005}
+
+
+def test_the_stopping_rule_keeps_searching_while_a_live_beam_can_win():
+    """After one step a finished [eos] (score -0.51) beats the live "a" (-0.92 / lp(2) = -0.67 at
+    its current length, the heuristic that would stop here), but "a"×9 + eos scores -0.93 / lp(10)
+    = -0.15 with α = 2: the exact bound s / lp(max_len) says go on, and the search finds it."""
+    one = torch.zeros(1, 1)
+    best = beam_search(FakeDecoder(_long_way_round), one, 2, 20, lenpen=2.0)[0][0]
+    assert best.tokens == [3] * 9 + [2]
+    assert best.score > math.log(0.6)
+
+
+def test_the_stopping_rule_stops_as_soon_as_no_live_beam_can_win():
+    fake = FakeDecoder(_long_way_round)
+    best = beam_search(fake, torch.zeros(1, 1), 2, 20, lenpen=0.0)[0][0]
+    assert best.tokens == [2] and fake.steps == 1  # raw -0.92 (live) can never beat -0.51
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = tiny_lm()
+    prompt = torch.randint(4, 40, (2, 4), generator=torch.Generator().manual_seed(0))
+    draws = [sample(LMAdapter(model), prompt, 12, n=3, seed=7) for _ in range(2)]
+    assert [[h.tokens for h in hs] for hs in draws[0]] == [[h.tokens for h in hs] for hs in draws[1]]
+    other = sample(LMAdapter(model), prompt, 12, n=3, seed=8)
+    assert [[h.tokens for h in hs] for hs in other] != [[h.tokens for h in hs] for hs in draws[0]]
+    top1 = sample(LMAdapter(model), prompt, 12, top_k=1, seed=0)
+    _assert_same("sampling with top_k=1 vs greedy", top1, greedy_search(LMAdapter(model), prompt, 12))
+
+
+def test_search_config_errors_name_the_field():
+    cases = [
+        (dict(beam=0), "beam=0"),
+        (dict(beam=2, nbest=3), "nbest=3"),
+        (dict(sample=True, temperature=0.0), "temperature"),
+        (dict(sample=True, top_p=1.5), "top_p"),
+        (dict(lenpen_kind="x"), "lenpen_kind"),
+        (dict(max_len=0), "max_len=0"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(ValueError, match=match):
+            SearchConfig(**bad)
