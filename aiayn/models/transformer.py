@@ -77,25 +77,35 @@ class Transformer(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers))
 
-    def forward(self, src: Tensor, tgt: Tensor, logits_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        logits_mask: Tensor | None = None,
+        r2l_memory: Tensor | None = None,
+        r2l_mask: Tensor | None = None,
+    ) -> Tensor:
         """Logits for every target position, or with ``logits_mask`` (B, T) bool only where it is
-        True, as (N, V): training skips the output projection of padding positions."""
+        True, as (N, V): training skips the output projection of padding positions.
+        ``r2l_memory`` (B, S', d_model) is the second memory of an ``r2l_memory=True`` decoder."""
         src_mask = self.src_mask(src)
         memory = self.encode(src, src_mask)
-        h = self.decode(tgt, memory, src_mask)
+        h = self.decode(tgt, memory, src_mask, r2l_memory=r2l_memory, r2l_mask=r2l_mask)
         return self.head(h if logits_mask is None else h[logits_mask])
 
-    def attention_weights(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
+    def attention_weights(
+        self, src: Tensor, tgt: Tensor, r2l_memory: Tensor | None = None, r2l_mask: Tensor | None = None
+    ) -> dict[str, list[Tensor]]:
         """Every layer's attention weights, for plotting.
 
         Returns ``{"encoder": [L × (B, h, S, S)], "decoder_self": [L × (B, h, T, T)],
-        "cross": [L × (B, h, T, S)]}``.
+        "cross": [L × (B, h, T, S)]}`` (and ``"cross_r2l"`` with a right-to-left memory).
         """
         src_mask = self.src_mask(src)
         memory, enc_w = self.encoder(self.src_embed(src), src_mask, need_weights=True)
-        _, dec_w = self.decode(tgt, memory, src_mask, need_weights=True)
-        return {
-            "encoder": enc_w,
-            "decoder_self": [w["self"] for w in dec_w],
-            "cross": [w["cross"] for w in dec_w],
-        }
+        _, dec_w = self.decode(tgt, memory, src_mask, None, None, r2l_memory, r2l_mask, need_weights=True)
+        out = {"encoder": enc_w}
+        for key, name in (("self", "decoder_self"), ("cross", "cross"), ("cross_r2l", "cross_r2l")):
+            if key in dec_w[0]:
+                out[name] = [w[key] for w in dec_w]
+        return out

@@ -117,14 +117,15 @@ class TranslationTask:
         """Greedy translations of the validation sources, scored with sacreBLEU."""
         import sacrebleu
 
-        from aiayn.decoding import translate_ids
+        from aiayn.decoding.search import SearchConfig
+        from aiayn.decoding.translator import Translator
 
         n = self.cfg.eval_max_sentences or len(self.valid)
-        sources = [self.valid[i][0] for i in range(n)]
-        hyps = translate_ids(model, sources, max_tokens=self.cfg.max_tokens, device=device)
-        texts = [self.tgt_tok.decode(h) for h in hyps]
-        bleu = sacrebleu.corpus_bleu(texts, [self.valid_refs[:n]])
-        return {"bleu": round(bleu.score, 2)}
+        translator = Translator(model, self.src_tok, self.tgt_tok)
+        sources = [self.valid[i][0].tolist() for i in range(n)]
+        hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
+        texts = [translator.detokenize(h[0]) if h else "" for h in hyps]
+        return {"bleu": round(sacrebleu.corpus_bleu(texts, [self.valid_refs[:n]]).score, 2)}
 
 
 class LMTask:

@@ -133,3 +133,12 @@ def test_xavier_init_and_embedding_init():
     assert w.abs().max() <= (6 / 96) ** 0.5 and w.std() > 0.1
     e = m.src_embed.tokens.weight
     assert abs(e[1:].std().item() - 32**-0.5) < 0.03 and (e[0] == 0).all()
+
+
+def test_right_to_left_memory_through_the_model():
+    m = _transformer(r2l_memory=True)
+    src, tgt, r2l = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5)), torch.randn(2, 6, 32)
+    assert m(src, tgt, r2l_memory=r2l).shape == (2, 5, 50)
+    w = m.attention_weights(src, tgt, r2l_memory=r2l)
+    assert [t.shape for t in w["cross_r2l"]] == [(2, 4, 5, 6)] * 2
+    assert "cross_r2l" not in _transformer().attention_weights(src, tgt)
