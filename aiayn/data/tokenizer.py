@@ -1,0 +1,282 @@
+"""Tokenizers: subword (sentencepiece BPE or unigram) for translation, characters for an LM.
+
+Both share one small interface (``Tokenizer``): ``encode(text) -> list[int]``, ``encode_batch``,
+``decode(ids) -> str``, ``vocab_size``, fixed special ids ``pad_id=0, bos_id=1, eos_id=2,
+unk_id=3`` (so a model config can record them), ``save(dir)`` and ``load_tokenizer(dir)``, which
+reads the kind from ``dir/tokenizer.json``. Files are JSON plus sentencepiece's own model file;
+nothing is pickled. ``encode`` returns content ids only: batching adds bos/eos (``batching.py``).
+``decode`` drops pad/bos/eos and shows unk as ``"\u2047"`` (as sentencepiece prints it).
+
+**Round trip.** Subword models use sentencepiece's ``identity`` normalisation with extra
+whitespace kept and byte fallback on, so ``decode(encode(s)) == s`` for every string ``s``:
+characters never seen in training become UTF-8 byte pieces rather than unk. We chose ``identity``
+over ``nmt_nfkc`` because NFKC changes text (Multi30k's valid split has a no-break space that NFKC
+turns into a space), and a decoded translation should be scored against the raw reference exactly
+as written. Normalise the corpus beforehand if you want NFKC folding.
+
+**Determinism.** Training reads every sentence (no sampling unless ``input_sentence_size`` is set,
+then with ``seed``) with a fixed thread count, so one corpus gives byte-identical model files
+(unigram's result depends on ``num_threads``; keep it fixed to reproduce a vocabulary).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from aiayn.data.corpus import ParallelCorpus
+from aiayn.data.files import DataError
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+N_SPECIAL = 4
+UNK_SURFACE = "\u2047"  # "⁇": what decoding an unknown token shows
+META_FILE = "tokenizer.json"
+SPM_FILE = "spm.model"
+
+
+class Tokenizer:
+    """What every tokenizer offers. Ids ``0..3`` are pad, bos, eos, unk in every vocabulary."""
+
+    kind: str
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def model_bytes(self) -> bytes:
+        """Everything that defines the vocabulary: equal bytes, equal tokenizer (a cache key)."""
+        raise NotImplementedError
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        raise NotImplementedError
+
+    def _meta(self, **extra) -> dict:
+        ids = dict(pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id, unk_id=self.unk_id)
+        return dict(kind=self.kind, vocab_size=self.vocab_size, **ids, **extra)
+
+    def _write_meta(self, directory: str | os.PathLike, **extra) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = json.dumps(self._meta(**extra), ensure_ascii=False, indent=1)
+        (directory / META_FILE).write_text(meta + "\n", encoding="utf-8")
+        return directory
+
+    def _ids(self, ids: Iterable[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return ids
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class _Guarded:
+    """Wraps a sentence iterator for sentencepiece, which would turn our errors into RuntimeError."""
+
+    def __init__(self, sentences: Iterable[str]):
+        self.it, self.error = iter(sentences), None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self.it
+        except Exception as e:  # re-raised after training, with its own type and message
+            self.error = e
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A sentencepiece BPE or unigram model (held in memory as its serialised bytes)."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model: bytes):
+        self.model = model
+        self.sp = spm.SentencePieceProcessor(model_proto=model)
+        got = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
+        if got != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+            raise DataError(
+                f"this sentencepiece model has pad/bos/eos/unk ids {got}, aiayn needs (0, 1, 2, 3);"
+                " train it with SentencePieceTokenizer.train"
+            )
+        self.vocab_size = self.sp.get_piece_size()
+
+    @classmethod
+    def train(
+        cls,
+        sentences: Iterable[str],
+        vocab_size: int = 8000,
+        model_type: str = "bpe",
+        character_coverage: float = 0.9995,  # rarer characters become byte pieces
+        byte_fallback: bool = True,  # no unk for unseen characters; costs 256 ids
+        num_threads: int = 1,  # fixed: unigram's result depends on it
+        seed: int = 0,  # only matters with input_sentence_size > 0
+        input_sentence_size: int = 0,  # 0 = train on every sentence; else a seeded sample
+    ) -> SentencePieceTokenizer:
+        """Train on an iterable of sentences (streamed; sentencepiece keeps them in memory)."""
+        if model_type not in ("bpe", "unigram"):
+            raise ValueError(f"model_type={model_type!r} is not one of bpe, unigram")
+        spm.set_random_generator_seed(seed)
+        guarded, out = _Guarded(sentences), io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(guarded),
+                model_writer=out,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                byte_fallback=byte_fallback,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                num_threads=num_threads,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            if guarded.error is not None:
+                raise guarded.error from None
+            why = str(e).split("]")[-1].strip().rstrip(".") or "no sentences to train on"
+            raise DataError(
+                f"sentencepiece could not train a {model_type} vocabulary of {vocab_size} "
+                f"pieces: {why}. Change vocab_size or train on more text"
+            ) from None
+        if guarded.error is not None:
+            raise guarded.error
+        return cls(out.getvalue())
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode(self._ids(ids))
+
+    def model_bytes(self) -> bytes:
+        return self.model
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        directory = self._write_meta(directory, model_file=SPM_FILE)
+        (directory / SPM_FILE).write_bytes(self.model)
+        return directory
+
+    @classmethod
+    def _load(cls, directory: Path, meta: dict) -> SentencePieceTokenizer:
+        path = directory / meta.get("model_file", SPM_FILE)
+        if not path.is_file():
+            raise DataError(f"{path}: missing; {directory / META_FILE} says the model is there")
+        return cls(path.read_bytes())
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character: the four specials, then the training text's characters, sorted.
+    A character not seen in training encodes to ``unk_id`` and decodes to ``"\u2047"``."""
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]):
+        self.chars = list(chars)
+        if any(len(c) != 1 for c in self.chars) or len(set(self.chars)) != len(self.chars):
+            raise DataError("a character vocabulary needs distinct single characters")
+        self.stoi = {c: i for i, c in enumerate(self.chars, start=N_SPECIAL)}
+        self.surface = ["", "", "", UNK_SURFACE, *self.chars]  # what each id decodes to
+        self.vocab_size = N_SPECIAL + len(self.chars)
+
+    @classmethod
+    def train(cls, text: str | Iterable[str]) -> CharTokenizer:
+        """The vocabulary of a string or of an iterable of strings (e.g. ``TextCorpus.chunks()``)."""
+        chars: set[str] = set()
+        for piece in [text] if isinstance(text, str) else text:
+            chars.update(piece)
+        if not chars:
+            raise DataError("cannot build a character vocabulary from empty text")
+        return cls(sorted(chars))
+
+    def encode(self, text: str) -> list[int]:
+        get = self.stoi.get
+        return [get(c, UNK_ID) for c in text]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join([self.surface[i] for i in self._ids(ids)])
+
+    def model_bytes(self) -> bytes:
+        return json.dumps(self.chars, ensure_ascii=False).encode("utf-8")
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        return self._write_meta(directory, chars=self.chars)
+
+    @classmethod
+    def _load(cls, directory: Path, meta: dict) -> CharTokenizer:
+        chars = meta.get("chars")
+        if not isinstance(chars, list) or not chars:
+            raise DataError(f"{directory / META_FILE}: has no list of characters under 'chars'")
+        return cls(chars)
+
+
+KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, CharTokenizer)}
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+    """The tokenizer saved in ``directory`` (its kind read from ``tokenizer.json``)."""
+    directory = Path(directory)
+    path = directory / META_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: not found; point to a folder written by tokenizer.save(folder)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        cls = KINDS[meta["kind"]]
+    except (ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{path}: not a tokenizer description (needs JSON with kind one of {', '.join(KINDS)})"
+        ) from None
+    tok = cls._load(directory, meta)
+    saved = (meta.get("vocab_size"), meta.get("pad_id"), meta.get("unk_id"))
+    if saved != (tok.vocab_size, PAD_ID, UNK_ID):
+        raise DataError(f"{path}: vocab_size/pad_id/unk_id {saved} do not match the model files")
+    return tok
+
+
+def train_translation_tokenizers(
+    corpus: ParallelCorpus, vocab_size: int = 8000, joint: bool = True, **options
+) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer]:
+    """Subword tokenizers for a translation corpus: one joint vocabulary for both sides (returned
+    twice, the same object, for shared embeddings) or one per side. ``options`` go to ``train``."""
+    if joint:
+        tok = SentencePieceTokenizer.train(corpus.sentences("both"), vocab_size, **options)
+        return tok, tok
+    src = SentencePieceTokenizer.train(corpus.sentences("src"), vocab_size, **options)
+    return src, SentencePieceTokenizer.train(corpus.sentences("tgt"), vocab_size, **options)
+
+
+def save_translation_tokenizers(directory: str | os.PathLike, src: Tokenizer, tgt: Tokenizer) -> Path:
+    """Save into ``directory/src`` and ``directory/tgt`` (a joint vocabulary is written twice)."""
+    directory = Path(directory)
+    src.save(directory / "src")
+    tgt.save(directory / "tgt")
+    return directory
+
+
+def load_translation_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, Tokenizer]:
+    """The pair saved by ``save_translation_tokenizers``; ``src is tgt`` when the vocabulary is
+    joint (identical model files), which is when a model may share its embeddings."""
+    directory = Path(directory)
+    src, tgt = load_tokenizer(directory / "src"), load_tokenizer(directory / "tgt")
+    return (src, src) if src.model_bytes() == tgt.model_bytes() else (src, tgt)

@@ -1,0 +1,129 @@
+import json
+
+import pytest
+
+from aiayn.data import (
+    CharTokenizer,
+    DataError,
+    SentencePieceTokenizer,
+    load_parallel,
+    load_tokenizer,
+    load_translation_tokenizers,
+    save_translation_tokenizers,
+    train_translation_tokenizers,
+)
+
+TEXTS = [
+    "",
+    "A man in an orange hat starring at something.",
+    "Ein Mädchen läuft über die Straße, à côté.",
+    "e\u0301 vs \u00e9, ﬁ ligature, ½, full-width Ａ",  # NFKC would change these; we must not
+    "emoji 😀🇩🇪 and 中文 and русский",
+    "  two  spaces,\ttab, trailing space ",
+    "no\u00a0break",
+]
+CORPUS = [t for t in TEXTS if t] * 20 + list(load_parallel("multi30k", "valid").sentences())
+
+
+@pytest.fixture(scope="module", params=["bpe", "unigram", "char"])
+def tok(request):
+    if request.param == "char":
+        return CharTokenizer.train(CORPUS)
+    return SentencePieceTokenizer.train(CORPUS, vocab_size=400, model_type=request.param)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip_is_lossless(tok, text):
+    ids = tok.encode(text)
+    assert all(tok.unk_id < i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_unseen_characters(tok):
+    text = "never seen: ⛵ ǅ Ω 𝔘"
+    if tok.kind == "char":  # unk, shown as such
+        assert tok.decode(tok.encode(text)) == "never seen: \u2047 \u2047 \u2047 \u2047"
+    else:  # byte fallback: still lossless
+        assert tok.decode(tok.encode(text)) == text and tok.unk_id not in tok.encode(text)
+
+
+def test_special_ids_and_shared_interface(tok):
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+    assert tok.encode_batch(TEXTS[1:3]) == [tok.encode(TEXTS[1]), tok.encode(TEXTS[2])]
+    ids = tok.encode("fox")
+    assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id, tok.pad_id]) == "fox"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([tok.vocab_size])
+
+
+def test_save_and_load(tok, tmp_path):
+    tok.save(tmp_path / "tok")
+    back = load_tokenizer(tmp_path / "tok")
+    assert type(back) is type(tok) and back.model_bytes() == tok.model_bytes()
+    assert back.encode(TEXTS[4]) == tok.encode(TEXTS[4])
+    assert json.loads((tmp_path / "tok" / "tokenizer.json").read_text())["kind"] == tok.kind
+
+
+def test_char_unknown_is_unk_and_decodes_visibly():
+    tok = CharTokenizer.train("abc\n")
+    assert tok.vocab_size == 8 and tok.encode("ab") == [5, 6]
+    assert tok.encode("aZ") == [5, tok.unk_id]
+    assert tok.decode(tok.encode("aZ")) == "a\u2047"
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_multi30k_valid_round_trip(m30k_tok, side):
+    corpus = load_parallel("multi30k", "valid")
+    sentences = list(corpus.sentences(side))
+    assert sum("\u00a0" in s for s in sentences) == (1 if side == "src" else 0)  # the NFKC trap
+    for s, ids in zip(sentences, m30k_tok.encode_batch(sentences), strict=True):
+        assert m30k_tok.decode(ids) == s
+
+
+def test_training_is_deterministic():
+    sentences = list(load_parallel("multi30k", "valid").sentences())
+    for model_type in ("bpe", "unigram"):
+        a = SentencePieceTokenizer.train(sentences, 1000, model_type)
+        b = SentencePieceTokenizer.train(iter(sentences), 1000, model_type)
+        assert a.model_bytes() == b.model_bytes()
+
+
+def test_training_errors_are_actionable():
+    with pytest.raises(DataError, match="vocabulary of 5000 pieces: Vocabulary size too high"):
+        SentencePieceTokenizer.train(CORPUS, vocab_size=5000, model_type="unigram")
+    with pytest.raises(DataError, match="could not train"):
+        SentencePieceTokenizer.train([], vocab_size=300)
+    with pytest.raises(DataError, match="empty text"):
+        CharTokenizer.train("")
+
+
+def test_corpus_errors_while_training_keep_their_type():
+    def sentences():
+        yield from CORPUS
+        raise DataError("x.de: line 9 is not valid UTF-8")
+
+    with pytest.raises(DataError, match="line 9"):
+        SentencePieceTokenizer.train(sentences(), vocab_size=300)
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DataError, match="tokenizer.json: not found"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "wordpiece"}')
+    with pytest.raises(DataError, match="kind one of sentencepiece, char"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "sentencepiece"}')
+    with pytest.raises(DataError, match="spm.model: missing"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_translation_pair_joint_or_per_side(tmp_path, write_lines, joint):
+    pairs = list(load_parallel("multi30k", "valid"))
+    write_lines(tmp_path / "c.de", [de for de, _ in pairs])
+    write_lines(tmp_path / "c.en", [en for _, en in pairs])
+    src, tgt = train_translation_tokenizers(load_parallel(tmp_path / "c"), 500, joint=joint)
+    assert (src is tgt) is joint
+    src2, tgt2 = load_translation_tokenizers(save_translation_tokenizers(tmp_path / "t", src, tgt))
+    assert (src2 is tgt2) is joint
+    assert (src2.model_bytes(), tgt2.model_bytes()) == (src.model_bytes(), tgt.model_bytes())
