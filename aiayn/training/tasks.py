@@ -38,10 +38,23 @@ from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.models import LanguageModel, Transformer
 from aiayn.training.config import TrainConfig
 from aiayn.training.distributed import DistInfo, barrier
-from aiayn.training.loss import label_smoothed_nll_loss
+from aiayn.training.loss import fused_label_smoothed_nll_loss
 
 TOKENIZER_DIR = "tokenizer"
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)
+
+
+def translation_loss(model: nn.Module, batch: tuple[Tensor, ...], smoothing: float):
+    """Summed label-smoothed loss, summed NLL, target tokens; the output projection and the
+    softmax are computed at real target positions only, never at padding.
+
+    Shape:
+        batch: src (B, S), tgt_in (B, T), tgt_out (B, T) -> three scalars
+    """
+    src, tgt_in, tgt_out = batch
+    real = tgt_out != PAD_ID  # (B, T)
+    logits = model(src, tgt_in, logits_mask=real)  # (N, V), N = real target tokens
+    return fused_label_smoothed_nll_loss(logits, tgt_out[real], smoothing, smoothing_exclude=PAD_ID)
 
 
 class TranslationTask:
@@ -97,11 +110,7 @@ class TranslationTask:
                 yield tuple(collate_translation([self.train[i] for i in idx]))
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...], smoothing: float):
-        """Summed label-smoothed loss, summed NLL, target tokens (padding positions skipped)."""
-        src, tgt_in, tgt_out = batch
-        real = tgt_out != PAD_ID  # (B, T)
-        logits = model(src, tgt_in, logits_mask=real)  # (N, V), N = real target tokens
-        return label_smoothed_nll_loss(logits, tgt_out[real], smoothing, smoothing_exclude=PAD_ID)
+        return translation_loss(model, batch, smoothing)
 
     @staticmethod
     def n_targets(batch: tuple[Tensor, ...]) -> int:
@@ -170,7 +179,7 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...], smoothing: float):
         x, y = batch
-        return label_smoothed_nll_loss(model(x), y, smoothing)
+        return fused_label_smoothed_nll_loss(model(x).flatten(0, 1), y.flatten(), smoothing)
 
     @staticmethod
     def n_targets(batch: tuple[Tensor, ...]) -> int:

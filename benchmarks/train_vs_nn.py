@@ -1,0 +1,171 @@
+"""Training throughput: aiayn's training step against the plain recipe a user would write instead.
+
+The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions +
+an untied ``nn.Linear`` head + ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained
+with the same Adam. Both see the same batches (lengths drawn like Multi30k's, bucketed to a token
+budget, padding included), in the same precision, and alternate step by step in one process so
+that machine noise hits both alike. Reported: target tokens/s (median over steps), the ratio, and
+peak memory (RSS growth on CPU / max allocated on CUDA).
+
+    python benchmarks/train_vs_nn.py --size tiny --precision fp32
+    python benchmarks/train_vs_nn.py --size base --precision bf16 --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.modules.embedding import sinusoidal_table
+from aiayn.training.tasks import translation_loss
+
+SIZES = {
+    "tiny": dict(d_model=128, n_heads=4, d_ff=256, layers=4, vocab=10000),
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, layers=6, vocab=37000),
+}
+PAD, BOS, EOS = 0, 1, 2
+
+
+class PlainRecipe(nn.Module):
+    """What a user writes with torch.nn: embeddings, positions, nn.Transformer, a linear head."""
+
+    def __init__(self, d_model, n_heads, d_ff, layers, vocab):
+        super().__init__()
+        self.src_emb, self.tgt_emb = nn.Embedding(vocab, d_model, PAD), nn.Embedding(vocab, d_model, PAD)
+        self.register_buffer("pe", sinusoidal_table(1024, d_model))
+        self.transformer = nn.Transformer(
+            d_model, n_heads, layers, layers, d_ff, dropout=0.1, batch_first=True
+        )
+        self.generator = nn.Linear(d_model, vocab)
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(0.1)
+
+    def embed(self, emb, ids):
+        return self.dropout(emb(ids) * self.scale + self.pe[: ids.size(1)])
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        h = self.transformer(
+            self.embed(self.src_emb, src), self.embed(self.tgt_emb, tgt), tgt_mask=mask,
+            src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
+            memory_key_padding_mask=src == PAD,
+        )  # fmt: skip
+        return self.generator(h)
+
+
+def batches(n: int, vocab: int, max_tokens: int, seed: int = 0):
+    """Token-budget batches with Multi30k-like lengths (mean ≈ 13 subwords, long tail)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(8, 30, (1,), generator=g))
+        b = max_tokens // (length + 1)
+        src_len = (torch.randint(-4, 1, (b,), generator=g) + length).clamp(min=3)
+        tgt_len = (torch.randint(-4, 1, (b,), generator=g) + length).clamp(min=3)
+        src = torch.full((b, length + 1), PAD)
+        tgt_in, tgt_out = torch.full((b, length + 1), PAD), torch.full((b, length + 1), PAD)
+        for i in range(b):
+            s, t = int(src_len[i]), int(tgt_len[i])
+            src[i, :s] = torch.randint(4, vocab, (s,), generator=g)
+            src[i, s] = EOS
+            y = torch.randint(4, vocab, (t,), generator=g)
+            tgt_in[i, 0], tgt_in[i, 1 : t + 1] = BOS, y
+            tgt_out[i, :t], tgt_out[i, t] = y, EOS
+        out.append((src, tgt_in, tgt_out))
+    return out
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=SIZES, default="tiny")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--steps", type=int, default=20, help="measured steps per implementation")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", help="write the figures to this file")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    s, device = SIZES[args.size], torch.device(args.device)
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=s["vocab"], tgt_vocab_size=s["vocab"], d_model=s["d_model"],
+                            n_heads=s["n_heads"], d_ff=s["d_ff"], n_encoder_layers=s["layers"],
+                            n_decoder_layers=s["layers"])  # fmt: skip
+    ours = Transformer(cfg).to(device)
+    plain = PlainRecipe(s["d_model"], s["n_heads"], s["d_ff"], s["layers"], s["vocab"]).to(device)
+    opts = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+            for name, m in (("aiayn", ours), ("nn.Transformer", plain))}  # fmt: skip
+    data = [
+        tuple(t.to(device) for t in b) for b in batches(args.warmup + args.steps, s["vocab"], args.max_tokens)
+    ]
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
+           else contextlib.nullcontext())  # fmt: skip
+
+    def step_aiayn(batch):
+        with amp:
+            loss, _, n = translation_loss(ours, batch, 0.1)
+        (loss / n).backward()
+
+    def step_plain(batch):
+        src, tgt_in, tgt_out = batch
+        with amp:
+            logits = plain(src, tgt_in)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=PAD,
+                                   label_smoothing=0.1)  # fmt: skip
+        loss.backward()
+
+    steps = {"aiayn": step_aiayn, "nn.Transformer": step_plain}
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    peak: dict[str, float] = {}
+    for i, batch in enumerate(data):
+        for name, fn in steps.items():  # alternate, so both see the same machine state
+            before = rss_mb()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(batch)
+            opts[name].step()
+            opts[name].zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated() / 2**20)
+            else:
+                peak[name] = max(peak.get(name, 0), rss_mb() - before)
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    tokens = statistics.median(int((b[2] != PAD).sum()) for b in data)
+    result = {"size": args.size, "precision": args.precision, "device": str(device), "steps": args.steps,
+              "threads": torch.get_num_threads(), "target_tokens_per_step": tokens,
+              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+              "torch": torch.__version__}  # fmt: skip
+    for name, t in times.items():
+        med = statistics.median(t)
+        result[name] = {"tokens_per_s": round(tokens / med), "step_s": round(med, 4),
+                        "peak_mem_growth_mb": round(peak[name], 1)}  # fmt: skip
+    result["speedup"] = round(result["aiayn"]["tokens_per_s"] / result["nn.Transformer"]["tokens_per_s"], 2)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
