@@ -102,11 +102,13 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         autocast(self.device, cfg.precision)  # fail early on an impossible precision
         latest = ckpt.latest_checkpoint(self.run_dir)
+        existing = latest is not None or (self.run_dir / TRAIN_CONFIG).exists()
+        fresh = not self.run_dir.exists()
+        barrier(self.dist)  # every rank looks before rank 0 writes
         if resume:
             check_resume_compatible(self.run_dir, cfg)
-        elif latest is not None or (self.run_dir / TRAIN_CONFIG).exists():
+        elif existing:
             raise ValueError(f"{self.run_dir} already holds a run: pass --resume, or choose another out_dir")
-        fresh = not self.run_dir.exists()
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.clean_temporaries(self.run_dir)
