@@ -119,16 +119,18 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: dict,
     write_extra: Callable[[Path], None] | None = None,
+    model_meta: dict | None = None,
 ) -> Path:
     """Write ``RUN/step-{step}`` atomically; ``state`` is the trainer's JSON-able state.
 
-    ``write_extra(dir)`` writes further files (the tokenizer) into the temporary directory.
+    ``write_extra(dir)`` writes further files (the tokenizer) into the temporary directory;
+    ``model_meta`` goes into ``config.json`` (e.g. the languages of a translation model).
     """
     run_dir = Path(run_dir)
     final = run_dir / f"step-{step:06d}"
     tmp = run_dir / f".tmp-step-{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tmp, step=step)
+    save_model(model, tmp, step=step, **(model_meta or {}))
     if write_extra is not None:
         write_extra(tmp)
     opt_meta, tensors = _split_optimizer(optimizer)

@@ -242,8 +242,11 @@ class Trainer:
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch}  # fmt: skip
+        meta = {"task": self.cfg.task, "dataset": self.cfg.dataset}
+        if self.cfg.task == "translation":
+            meta.update(src_lang=self.cfg.src_lang, tgt_lang=self.cfg.tgt_lang)
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
-                                    self.task.save_tokenizers)  # fmt: skip
+                                    self.task.save_tokenizers, meta)  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
             ckpt.mark_best(self.run_dir, path)
         ckpt.prune(self.run_dir, self.cfg.keep_last)
