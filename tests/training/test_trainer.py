@@ -153,3 +153,9 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     assert (run / "averaged" / "src").is_dir()
     assert main(["plot", str(run)]) == 0
     assert (run / "loss.png").stat().st_size > 1000 and (run / "lr.png").is_file()
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)
+def test_every_recipe_is_valid(recipe):
+    cfg = load_recipe(recipe)
+    assert cfg.out_dir.startswith("runs/")
