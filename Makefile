@@ -33,3 +33,14 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# Issue 6 results: each trains from scratch (tokenizer included) and writes results/NAME.json + PNGs.
+.PHONY: reproduce-multi30k-de-en reproduce-multi30k-en-de reproduce-shakespeare-char
+reproduce-multi30k-de-en: $(STAMP)
+	$(PY) scripts/reproduce.py multi30k-de-en
+
+reproduce-multi30k-en-de: $(STAMP)
+	$(PY) scripts/reproduce.py multi30k-en-de
+
+reproduce-shakespeare-char: $(STAMP)
+	$(PY) scripts/reproduce.py shakespeare-char

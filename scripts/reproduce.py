@@ -1,0 +1,122 @@
+"""Reproduce a result of the README's results table from scratch and write it to results/.
+
+    python scripts/reproduce.py multi30k-de-en      # recipe recipes/multi30k-de-en.toml
+    python scripts/reproduce.py shakespeare-char
+
+Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
+keep whichever of {best, averaged} scores higher BLEU on the *validation* set (never the test set),
+then translate test2016 with beam search and score it with sacreBLEU (cased and lowercased BLEU,
+chrF, signatures). Language model: train, then the validation loss over the whole split.
+Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
+override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiayn.cli.evaluate import score  # noqa: E402
+from aiayn.data.corpus import load_parallel  # noqa: E402
+from aiayn.decoding.search import SearchConfig  # noqa: E402
+from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.models.common import count_parameters  # noqa: E402
+from aiayn.models.io import load_model, write_json_atomic  # noqa: E402
+from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
+from aiayn.training.config import load_recipe, to_dict  # noqa: E402
+from aiayn.training.trainer import Trainer  # noqa: E402
+from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.system()}"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def bleu_of(model_dir: Path, split: str, cfg, beam: int, lenpen: float) -> tuple[dict, dict, list[str]]:
+    corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
+    srcs, refs = (list(side) for side in zip(*corpus))
+    hyps = Translator.from_dir(model_dir).translate(srcs, SearchConfig(beam=beam, lenpen=lenpen))
+    scores, signatures = score(hyps, refs)
+    return scores, signatures, hyps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", help="a recipe name in recipes/ (without .toml)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--average", type=int, default=5, help="checkpoints to average (default 5)")
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--lenpen", type=float, default=0.6)
+    args = ap.parse_args()
+    name = args.recipe + "".join(f"-{o.replace('=', '')}" for o in args.overrides)
+    run_dir = ROOT / "runs" / f"reproduce-{name}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
+    t0 = time.time()
+    result = Trainer(cfg).fit()
+    wall = time.time() - t0
+    out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
+           "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
+           "train_wall_minutes": round(wall / 60, 2), "machine": machine(), "commit": git_commit(),
+           "config": to_dict(cfg)}  # fmt: skip
+    out["parameters"] = count_parameters(load_model(run_dir))
+    valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
+    if cfg.task == "lm":
+        out["valid_loss"] = round(valid[-1]["loss"], 4)
+        out["best_valid_loss"] = round(min(r["loss"] for r in valid), 4)
+    else:
+        candidates = {"best": run_dir / "best"}
+        paths = last_checkpoints(run_dir, args.average)
+        if len(paths) > 1:
+            candidates["averaged"] = average_checkpoints(paths, run_dir / "averaged")
+        choice = {k: bleu_of(p, "valid", cfg, args.beam, args.lenpen)[0]["bleu"]
+                  for k, p in candidates.items()}  # fmt: skip
+        chosen = max(choice, key=choice.get)
+        t1 = time.time()
+        scores, signatures, hyps = bleu_of(candidates[chosen], "test", cfg, args.beam, args.lenpen)
+        out.update(valid_bleu=choice, chosen=chosen, averaged=[p.name for p in paths], beam=args.beam,
+                   lenpen=args.lenpen, test=scores, signatures=signatures,
+                   test_decode_seconds=round(time.time() - t1, 1),
+                   examples=[{"src": s, "hyp": h} for s, h in
+                             zip([x for x, _ in load_parallel("multi30k", "test", cfg.src_lang,
+                                                             cfg.tgt_lang)][:5], hyps[:5])])  # fmt: skip
+    results = ROOT / "results"
+    results.mkdir(exist_ok=True)
+    for png in plot_curves(run_dir, run_dir / "plots"):
+        shutil.copy(png, results / f"{name}-{png.name}")
+    write_json_atomic(results / f"{name}.json", out)
+    print(json.dumps({k: v for k, v in out.items() if k != "config"}, indent=2, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
