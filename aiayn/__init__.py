@@ -19,5 +19,14 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "causal_mask",
+    "from_pretrained",
     "padding_mask",
 ]
+
+
+def __getattr__(name: str):
+    if name == "from_pretrained":  # imported on first use: aiayn.interop needs sentencepiece
+        from aiayn.interop import from_pretrained
+
+        return from_pretrained
+    raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

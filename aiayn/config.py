@@ -30,11 +30,11 @@ class LayerConfig:
     dropout: float = 0.1  # P_drop on sublayer outputs and on embedding + position sums, §5.4
     attn_dropout: float = 0.0  # dropout on attention weights (the paper has none)
     ff_dropout: float = 0.0  # dropout after the feed-forward activation (the paper has none)
-    activation: str = "relu"  # "relu" (paper), "gelu", "gelu_tanh" (GPT-2)
+    activation: str = "relu"  # "relu" (paper), "gelu", "gelu_tanh" (GPT-2), "silu" (OPUS-MT)
     norm_first: bool = False  # False: post-norm LayerNorm(x + Sublayer(x)) as in the paper
     ln_eps: float = 1e-5  # ε inside LayerNorm's square root
     bias: bool = True  # biases in linear layers and LayerNorm
-    positional: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
+    positional: str = "sinusoidal"  # "sinusoidal" (paper), "sinusoidal_halves" (Marian), "learned"
     max_len: int = 1024  # positions precomputed (sinusoidal: grows past it; learned: hard limit)
     emb_scale: str = "emb"  # "emb": embeddings × √d_model (§3.4); "prj": output ÷ √d_model; "none"
     pad_id: int = 0  # special token ids, fixed by the tokenizer
@@ -78,7 +78,7 @@ class LayerConfig:
         self._choice("activation", list(ACTIVATIONS))
         self._choice("positional", POSITIONALS)
         self._choice("emb_scale", EMB_SCALES)
-        if self.positional == "sinusoidal" and self.d_model % 2:
+        if self.positional != "learned" and self.d_model % 2:
             self._fail("d_model", "is odd", "sinusoidal positions need an even d_model")
         if not (isinstance(self.ln_eps, float) and self.ln_eps > 0):
             self._fail("ln_eps", "must be a positive float", "use e.g. 1e-5")

@@ -20,7 +20,7 @@ def test_defaults_are_the_paper_base_model():
         ({"d_ff": 2.5}, r"d_ff=2.5 must be a positive integer"),
         ({"dropout": 1.0}, r"dropout=1.0 must be in \[0, 1\); set dropout"),
         ({"attn_dropout": -0.1}, r"attn_dropout=-0.1 must be in \[0, 1\)"),
-        ({"activation": "swish"}, r"activation='swish' is not one of \('relu', 'gelu', 'gelu_tanh'\)"),
+        ({"activation": "swish"}, r"activation='swish' is not one of \('relu', 'gelu', 'gelu_tanh', 'silu"),
         ({"positional": "rope"}, r"positional='rope' is not one of"),
         ({"emb_scale": "yes"}, r"emb_scale='yes' is not one of"),
         ({"d_model": 9, "n_heads": 3}, r"d_model=9 is odd; sinusoidal positions need an even d_model"),

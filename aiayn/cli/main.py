@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import attention, average, demo, evaluate, generate, plot, train, translate
+from aiayn.cli import attention, average, demo, evaluate, export, generate, plot, train, translate
 
-COMMANDS = [train, average, plot, demo, translate, evaluate, generate, attention]
+COMMANDS = [train, average, plot, demo, translate, evaluate, generate, attention, export]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
+from aiayn.interop import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config
 
 USES = {
@@ -56,6 +57,8 @@ def load_translation_dir(
 ) -> tuple[nn.Module, Tokenizer, Tokenizer]:
     """``(model, src_tokenizer, tgt_tokenizer)`` of a translation model directory, in eval mode."""
     directory = Path(directory)
+    if hf_model_type(directory) == "marian":  # a downloaded OPUS-MT model (docs/interop.md)
+        return load_marian_translation(directory, device)
     check_kind(directory, ("transformer",), command)
     if (directory / "src" / META_FILE).is_file():
         src_tok, tgt_tok = load_translation_tokenizers(directory)
@@ -78,6 +81,8 @@ def load_lm_dir(
 ) -> tuple[nn.Module, Tokenizer]:
     """``(model, tokenizer)`` of a language-model directory, in eval mode."""
     directory = Path(directory)
+    if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md)
+        return load_gpt2_generation(directory, device)
     check_kind(directory, ("lm",), command)
     tok = load_tokenizer(directory)
     model = load_model(directory, device)

@@ -3,6 +3,9 @@
 PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
 PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
 
+``positional="sinusoidal_halves"`` is the same table with its columns permuted as Marian (OPUS-MT)
+lays it out: all sines in dimensions 0 … d_model/2−1, all cosines in the second half.
+
 Embeddings are multiplied by √d_model (§3.4) so that they are not drowned by the positional
 encoding; ``scale="prj"`` instead divides the (tied) output projection by √d_model, and ``"none"``
 does neither. Dropout is applied to the sum of embedding and position (§5.4).
@@ -16,13 +19,15 @@ import torch
 from torch import Tensor, nn
 
 EMB_SCALES = ("emb", "prj", "none")
-POSITIONALS = ("sinusoidal", "learned")
+POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned")
 
 
-def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+def sinusoidal_table(n_positions: int, d_model: int, halves: bool = False) -> Tensor:
     """The paper's table, sin on even and cos on odd dimensions (interleaved, not concatenated).
 
-    Computed in float64 so that large positions are exact to float32 precision.
+    ``halves=True`` gives Marian's layout instead: [sin(angles) | cos(angles)], as built by HF's
+    ``MarianSinusoidalPositionalEmbedding`` (positions start at 0 in both). Computed in float64 so
+    that large positions are exact to float32 precision.
 
     Shape:
         returns: (n_positions, d_model) float32
@@ -32,6 +37,8 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(1e4) / d_model))
     angles = pos * inv_freq  # (P, d_model/2): pos / 10000^(2i/d_model)
+    if halves:
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
     table = torch.empty(n_positions, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
@@ -48,16 +55,17 @@ class PositionalEncoding(nn.Module):
         x: (B, T, d_model) -> (B, T, d_model)
     """
 
-    def __init__(self, d_model: int, max_len: int = 1024):
+    def __init__(self, d_model: int, max_len: int = 1024, halves: bool = False):
         super().__init__()
         self.d_model = d_model
-        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        self.halves = halves  # Marian's [sin | cos] layout instead of the paper's interleaving
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model, halves), persistent=False)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         end = start + x.size(1)
         if end > self.pe.size(0):
             n = max(end, 2 * self.pe.size(0))
-            self.pe = sinusoidal_table(n, self.d_model).to(self.pe.device)
+            self.pe = sinusoidal_table(n, self.d_model, self.halves).to(self.pe.device)
         return x + self.pe[start:end]
 
 
@@ -129,8 +137,10 @@ class TransformerEmbedding(nn.Module):
         if positional not in POSITIONALS:
             raise ValueError(f"positional={positional!r} is not one of {POSITIONALS}")
         self.tokens = TokenEmbedding(vocab_size, d_model, pad_id, scale)
-        pos_cls = PositionalEncoding if positional == "sinusoidal" else LearnedPositionalEmbedding
-        self.positions = pos_cls(d_model, max_len)
+        if positional == "learned":
+            self.positions = LearnedPositionalEmbedding(d_model, max_len)
+        else:
+            self.positions = PositionalEncoding(d_model, max_len, halves=positional == "sinusoidal_halves")
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:

@@ -1,8 +1,8 @@
 """Position-wise feed-forward network (paper §3.3).
 
 FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately and identically.
-GELU (used by GPT-2 and BERT) is an option; dropout after the activation is optional (0 by default,
-as in the paper).
+GELU (GPT-2, BERT) and SiLU (x·σ(x), "swish", OPUS-MT's Marian models) are options; dropout
+after the activation is optional (0 by default, as in the paper).
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
 
 
 class FeedForward(nn.Module):

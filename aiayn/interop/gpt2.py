@@ -1,0 +1,170 @@
+"""GPT-2 checkpoints (``GPT2LMHeadModel``) as aiayn ``LanguageModel``s, and back.
+
+GPT-2 is a decoder-only stack of our ``EncoderLayer`` under the look-ahead mask, with named
+options: pre-norm (``norm_first=True``) and a final LayerNorm (``ln_f``), learned positions,
+``gelu_new`` (= ``activation="gelu_tanh"``), no embedding scaling (``emb_scale="none"``) and the
+output projection tied to the token embedding. Its ``Conv1D`` layers store weights as (in, out),
+the transpose of ``nn.Linear``; ``c_attn`` already stacks [q | k | v] in our ``w_qkv`` order.
+
+**Padding.** GPT-2 has no padding token (bos = eos = 50256) and aiayn needs one distinct from eos.
+The model never reads it: it only names the embedding row that ``nn.Embedding(padding_idx=…)``
+keeps out of gradients and the id that batching pads with and the loss ignores. So we take the
+config's ``pad_token_id`` if it differs from eos, else the highest id that is not a special token
+(50255 in GPT-2: its last and so rarest BPE merge), or whatever ``pad_id`` the caller passes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from torch import Tensor
+
+from aiayn.config import LMConfig
+from aiayn.interop import hf
+from aiayn.models.lm import LanguageModel
+from aiayn.modules.embedding import sinusoidal_table
+
+# GPT2Config's defaults, for fields a config.json leaves out
+DEFAULTS = dict(
+    vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+    activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5,
+    scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False,
+    bos_token_id=50256, eos_token_id=50256, pad_token_id=None, tie_word_embeddings=True,
+)  # fmt: skip
+BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers that old checkpoints stored
+
+
+def default_pad_id(vocab_size: int, specials: set[int]) -> int:
+    """The highest id that is not a special token (see the module docstring)."""
+    return next(i for i in range(vocab_size - 1, -1, -1) if i not in specials)
+
+
+def config_from_gpt2(hf_config: dict, pad_id: int | None = None) -> LMConfig:
+    hf_config = {**DEFAULTS, **{k: v for k, v in hf_config.items() if v is not None}}
+    if not hf_config["scale_attn_weights"] or hf_config["scale_attn_by_inverse_layer_idx"]:
+        raise ValueError("this GPT-2 scales attention other than by 1/√d_k; aiayn cannot load it")
+    if hf_config["add_cross_attention"]:
+        raise ValueError("this GPT-2 has cross-attention (add_cross_attention=True); aiayn cannot load it")
+    bos, eos, vocab = hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["vocab_size"]
+    if pad_id is None:
+        pad = hf_config["pad_token_id"]
+        pad_id = pad if pad is not None and pad != eos else default_pad_id(vocab, {bos, eos})
+    return LMConfig(
+        d_model=hf_config["n_embd"],
+        n_heads=hf_config["n_head"],
+        d_ff=hf_config["n_inner"] or 4 * hf_config["n_embd"],
+        dropout=float(hf_config["resid_pdrop"]),  # one rate for embeddings and sublayers (HF: embd_pdrop too)
+        attn_dropout=float(hf_config["attn_pdrop"]),
+        activation=hf.activation_from_hf(hf_config["activation_function"]),
+        norm_first=True,
+        ln_eps=float(hf_config["layer_norm_epsilon"]),
+        positional="learned",
+        max_len=hf_config["n_positions"],
+        emb_scale="none",
+        pad_id=pad_id,
+        bos_id=bos,
+        eos_id=eos,
+        unk_id=eos,  # GPT-2's unk token is <|endoftext|> too; byte-level BPE never needs it
+        vocab_size=vocab,
+        n_layers=hf_config["n_layer"],
+        tie_output=hf_config["tie_word_embeddings"],
+    )
+
+
+def name_map(c: LMConfig, tie: bool | None = None) -> hf.NameMap:
+    m = hf.NameMap()
+    m.add("embed.tokens.embedding.weight", "transformer.wte.weight")
+    m.add("embed.positions.weight", "transformer.wpe.weight")
+    tie = c.tie_output if tie is None else tie
+    m.add("head.proj.weight", "transformer.wte.weight" if tie else "lm_head.weight")
+    for i in range(c.n_layers):
+        ours, theirs = f"layers.layers.{i}", f"transformer.h.{i}"
+        m.linear(f"{ours}.self_attn_res.norm", f"{theirs}.ln_1")
+        m.linear(f"{ours}.self_attn.w_qkv", f"{theirs}.attn.c_attn", conv1d=True)
+        m.linear(f"{ours}.self_attn.w_o", f"{theirs}.attn.c_proj", conv1d=True)
+        m.linear(f"{ours}.ff_res.norm", f"{theirs}.ln_2")
+        m.linear(f"{ours}.ff.w_1", f"{theirs}.mlp.c_fc", conv1d=True)
+        m.linear(f"{ours}.ff.w_2", f"{theirs}.mlp.c_proj", conv1d=True)
+    m.linear("layers.norm", "transformer.ln_f")
+    return m
+
+
+def _canonical(state: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
+    """Names as ``GPT2LMHeadModel.save_pretrained`` writes them: the ``transformer.`` prefix that
+    the original checkpoints lack added, mask buffers dropped, a tied ``lm_head`` folded into wte."""
+    state = {
+        (k if k.startswith("transformer.") or k == "lm_head.weight" else f"transformer.{k}"): v
+        for k, v in state.items()
+        if not k.endswith(BUFFERS)
+    }
+    if c.tie_output:
+        wte = hf.take_alias(state, ("transformer.wte.weight", "lm_head.weight"), "tie_word_embeddings")
+        if wte is not None:
+            state["transformer.wte.weight"] = wte
+    return state
+
+
+def load_gpt2(directory: str | os.PathLike, pad_id: int | None = None) -> LanguageModel:
+    """A GPT2LMHeadModel directory as an aiayn ``LanguageModel`` (float32, CPU, eval mode)."""
+    directory = Path(directory)
+    cfg = config_from_gpt2(hf.read_hf_config(directory), pad_id)
+    state = _canonical(hf.read_hf_weights(directory), cfg)
+    model = LanguageModel(cfg)
+    model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
+    return model.eval()
+
+
+def check_exportable(c: LMConfig) -> None:
+    problems = []
+    if not c.norm_first:
+        problems.append("it is post-norm (norm_first=False) and GPT-2 is pre-norm")
+    head = c.d_model // c.n_heads
+    if c.d_model % c.n_heads or (c.d_k or head) != head or (c.d_v or head) != head:
+        problems.append(f"its heads are not d_model/n_heads wide (d_k={c.d_k}, d_v={c.d_v})")
+    if problems:
+        raise ValueError("cannot export as GPT-2: " + "; ".join(problems))
+
+
+def export_gpt2(model: LanguageModel, directory: str | os.PathLike) -> Path:
+    """Write ``model`` as a GPT2LMHeadModel directory that HF loads.
+
+    Sinusoidal positions become GPT-2's learned table (its ``max_len`` rows: a hard limit in HF).
+    Embedding scaling, which GPT-2 lacks, is folded into untied matrices: ``"emb"`` writes
+    wte = E·√d_model with lm_head = E; ``"prj"`` writes lm_head = E/√d_model.
+    """
+    c = model.config
+    check_exportable(c)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    if c.positional != "learned":
+        table = sinusoidal_table(c.max_len, c.d_model, halves=c.positional == "sinusoidal_halves")
+        state["embed.positions.weight"] = table.to(state["embed.tokens.embedding.weight"])
+    root = math.sqrt(c.d_model)
+    if c.emb_scale == "emb":
+        state["embed.tokens.embedding.weight"] = state["embed.tokens.embedding.weight"] * root
+    elif c.emb_scale == "prj" and c.tie_output:
+        state["head.proj.weight"] = state["head.proj.weight"] / root
+    tie = c.tie_output and c.emb_scale == "none"
+    tensors = name_map(c, tie).to_hf(state)
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.max_len,
+        "n_embd": c.d_model,
+        "n_layer": c.n_layers,
+        "n_head": c.n_heads,
+        "n_inner": c.d_ff,
+        "activation_function": hf.ACTIVATIONS_TO_HF[c.activation],
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.attn_dropout,
+        "layer_norm_epsilon": c.ln_eps,
+        "bos_token_id": c.bos_id,
+        "eos_token_id": c.eos_id,
+        "pad_token_id": c.pad_id,
+        "tie_word_embeddings": tie,
+        "dtype": str(state["head.proj.weight"].dtype).removeprefix("torch."),
+    }
+    return hf.write_hf_directory(directory, config, tensors)

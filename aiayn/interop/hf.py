@@ -1,0 +1,194 @@
+"""Reading and writing Hugging Face model directories, and the name map between their weights and ours.
+
+An HF directory holds ``config.json`` (with ``model_type``) and weights as ``model.safetensors``,
+``pytorch_model.bin`` or a sharded ``*.index.json`` of either. ``.bin`` files are unpickled with
+``torch.load(weights_only=True)``, which refuses anything but tensors and plain containers.
+
+A ``NameMap`` lists, for every aiayn tensor, the HF tensors it is made of: several are stacked
+along dim 0 (HF's ``q_proj``, ``k_proj``, ``v_proj`` make our ``w_qkv``), and GPT-2's ``Conv1D``
+weights are stored transposed. The same map loads (``to_aiayn``) and exports (``to_hf``), and
+loading is strict: every aiayn tensor must be filled with the right shape and every HF tensor used.
+This module knows no architecture; ``marian.py`` and ``gpt2.py`` build the maps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+HF_CONFIG = "config.json"
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+PICKLE, PICKLE_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+
+# HF activation_function -> ours, and back (HF "gelu_new" is the tanh approximation of GELU)
+ACTIVATIONS_FROM_HF = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+}
+ACTIVATIONS_TO_HF = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "swish"}
+
+
+def activation_from_hf(name: str) -> str:
+    if name not in ACTIVATIONS_FROM_HF:
+        raise ValueError(
+            f"activation_function={name!r} has no aiayn equivalent ({sorted(ACTIVATIONS_FROM_HF)})"
+        )
+    return ACTIVATIONS_FROM_HF[name]
+
+
+def read_json(path: Path, missing: str) -> dict:
+    """A JSON object from ``path``; ``missing`` says what its absence means."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: {missing}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def read_hf_config(directory: str | os.PathLike) -> dict:
+    return read_json(Path(directory) / HF_CONFIG, f"{directory} is not a model directory")
+
+
+def _load_one(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is corrupt or not a plain tensor file ({first})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"{path} does not hold a flat name -> tensor dictionary")
+    return state
+
+
+def read_hf_weights(directory: str | os.PathLike) -> dict[str, Tensor]:
+    """Every tensor of an HF directory, by name; safetensors preferred over pickle."""
+    directory = Path(directory)
+    for single, index in ((SAFETENSORS, SAFETENSORS_INDEX), (PICKLE, PICKLE_INDEX)):
+        if (directory / single).is_file():
+            return _load_one(directory / single)
+        if (directory / index).is_file():
+            weight_map = read_json(directory / index, "").get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{directory / index} has no 'weight_map' of tensor names to shard files")
+            state: dict[str, Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                state.update(_load_one(directory / shard))
+            return state
+    raise FileNotFoundError(f"{directory} has no {SAFETENSORS}, {PICKLE} or sharded index of either")
+
+
+def take_alias(state: dict[str, Tensor], names: tuple[str, ...], what: str) -> Tensor | None:
+    """Remove ``names`` from ``state`` and return their one value (None if none is there).
+
+    Checkpoints may store a tied matrix under several names (e.g. ``model.shared.weight`` and
+    ``lm_head.weight``); they must agree, or the config's tying would silently drop one of them.
+    """
+    found = [(n, state.pop(n)) for n in names if n in state]
+    for name, t in found[1:]:
+        if t.shape != found[0][1].shape or not torch.equal(t, found[0][1]):
+            raise ValueError(
+                f"{found[0][0]} and {name} differ, but the config ties them ({what}); "
+                "this checkpoint does not match its config.json"
+            )
+    return found[0][1] if found else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One aiayn tensor = the HF tensors ``hf`` stacked along dim 0 (each transposed if ``conv1d``)."""
+
+    ours: str
+    hf: tuple[str, ...]
+    conv1d: bool = False
+
+
+@dataclass
+class NameMap:
+    entries: list[Entry] = field(default_factory=list)
+
+    def add(self, ours: str, *hf: str, conv1d: bool = False) -> None:
+        self.entries.append(Entry(ours, hf, conv1d))
+
+    def linear(self, ours: str, *hf: str, conv1d: bool = False) -> None:
+        """``ours.weight``/``ours.bias`` from the ``.weight``/``.bias`` of each HF module in ``hf``."""
+        for p in ("weight", "bias"):
+            self.add(f"{ours}.{p}", *(f"{h}.{p}" for h in hf), conv1d=conv1d and p == "weight")
+
+    def to_aiayn(self, hf_state: dict[str, Tensor], expected: dict[str, Tensor], source: str) -> dict:
+        """aiayn's state dict from HF tensors; ``expected`` (our model's state dict) gives the shapes.
+
+        Strict: a missing HF tensor, a shape that does not match the config, an aiayn tensor with no
+        entry, or an HF tensor that no entry uses is an error naming the tensor.
+        """
+        out: dict[str, Tensor] = {}
+        for e in self.entries:
+            missing = [h for h in e.hf if h not in hf_state]
+            if missing:
+                raise ValueError(f"{source}: tensor {missing[0]} is missing")
+            parts = [hf_state[h].t() if e.conv1d else hf_state[h] for h in e.hf]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            want = expected[e.ours].shape
+            if t.shape != want:
+                names = " + ".join(e.hf)
+                raise ValueError(
+                    f"{source}: {names} has shape {tuple(t.shape)}, config.json implies {tuple(want)}"
+                )
+            out[e.ours] = t
+        unfilled = sorted(set(expected) - set(out))
+        unused = sorted(set(hf_state) - {h for e in self.entries for h in e.hf})
+        if unfilled:
+            raise ValueError(f"{source}: no weights for {unfilled[:3]} (an aiayn tensor the map lacks)")
+        if unused:
+            raise ValueError(f"{source}: unexpected tensors {unused[:3]}{' …' if len(unused) > 3 else ''}")
+        return out
+
+    def to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """HF tensors from aiayn's state dict: stacked entries are split into equal parts.
+
+        A bias the aiayn model lacks (built with ``bias=False``) is written as zeros, since HF's
+        layers always have one; a name two entries share (tied matrices) must get one value.
+        """
+        out: dict[str, Tensor] = {}
+        for e in self.entries:
+            t = state.get(e.ours)
+            if t is None and e.ours.endswith(".bias"):
+                weight = state[e.ours.removesuffix("bias") + "weight"]
+                t = weight.new_zeros(weight.size(0))
+            for name, part in zip(e.hf, t.chunk(len(e.hf), dim=0)):
+                part = (part.t() if e.conv1d else part).contiguous()
+                if name in out and not torch.equal(out[name], part):
+                    raise ValueError(f"{name} would get two different values (a tie the config lacks)")
+                out[name] = part
+        return out
+
+
+def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:
+    """``config.json`` + ``model.safetensors`` (each tensor its own copy: safetensors refuses aliases)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+    tmp = directory / (SAFETENSORS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, directory / SAFETENSORS)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    (directory / (HF_CONFIG + ".tmp")).write_text(text, encoding="utf-8")
+    os.replace(directory / (HF_CONFIG + ".tmp"), directory / HF_CONFIG)
+    return directory

@@ -1,0 +1,101 @@
+"""One entry point for local model directories, aiayn's own or Hugging Face's, and one for export.
+
+``from_pretrained(path)`` reads ``path/config.json``: with aiayn's ``kind`` field it is
+``aiayn.models.io.load_model``; with HF's ``model_type`` it is ``"marian"`` (OPUS-MT, as a
+``Transformer``) or ``"gpt2"`` (as a ``LanguageModel``). Nothing is downloaded: fetch a model first
+(``huggingface-cli download Helsinki-NLP/opus-mt-de-en --local-dir opus-mt-de-en``).
+``export_hf(model, out)`` writes the HF directory of a ``Transformer`` (MarianMT) or
+``LanguageModel`` (GPT-2), refusing, with the reason, what those architectures cannot express.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.interop.gpt2 import export_gpt2, load_gpt2
+from aiayn.interop.hf import HF_CONFIG, read_hf_config
+from aiayn.interop.marian import export_marian, load_marian
+from aiayn.interop.tokenizers import (
+    GPT2Tokenizer,
+    MarianTokenizer,
+    load_gpt2_tokenizer,
+    load_marian_tokenizers,
+)
+from aiayn.models.io import load_model
+from aiayn.models.lm import LanguageModel
+from aiayn.models.transformer import Transformer
+
+
+def hf_model_type(path: str | os.PathLike) -> str | None:
+    """HF's ``model_type`` of a directory, or None for anything else (an aiayn directory, say)."""
+    if not (Path(path) / HF_CONFIG).is_file():
+        return None
+    return read_hf_config(path).get("model_type")
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    pad_id: int | None = None,
+) -> nn.Module:
+    """The model in a local directory, in eval mode.
+
+    ``pad_id`` only matters for GPT-2, which has no padding token (see ``aiayn.interop.gpt2``).
+    """
+    model_type = hf_model_type(path)
+    if model_type is None:
+        model = load_model(path)
+    elif model_type == "marian":
+        model = load_marian(path)
+    elif model_type == "gpt2":
+        model = load_gpt2(path, pad_id)
+    else:
+        raise ValueError(
+            f"{Path(path) / HF_CONFIG}: model_type {model_type!r} is not supported; "
+            "aiayn reads marian (OPUS-MT), gpt2 and its own model directories"
+        )
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _check_fit(directory, side: str, tok, size: int, eos_id: int, pad_id: int) -> None:
+    if (tok.eos_id, tok.pad_id) != (eos_id, pad_id) or tok.vocab_size > size:
+        raise ValueError(
+            f"{directory}: the {side}vocabulary (size {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}) "
+            f"does not fit config.json (size {size}, eos {eos_id}, pad {pad_id})"
+        )
+
+
+def load_gpt2_generation(
+    directory: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[LanguageModel, GPT2Tokenizer]:
+    """``(model, tokenizer)`` of a GPT-2 directory (what ``aiayn generate --model DIR`` runs)."""
+    model = from_pretrained(directory, device)
+    tok = load_gpt2_tokenizer(directory, pad_id=model.config.pad_id)
+    _check_fit(directory, "", tok, model.config.vocab_size, model.config.eos_id, model.config.pad_id)
+    return model, tok
+
+
+def load_marian_translation(
+    directory: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[Transformer, MarianTokenizer, MarianTokenizer]:
+    """``(model, source tokenizer, target tokenizer)`` of an OPUS-MT directory, checked together
+    (what ``aiayn translate --model DIR`` runs for a Marian directory)."""
+    model, (src, tgt) = from_pretrained(directory, device), load_marian_tokenizers(directory)
+    c = model.config
+    _check_fit(directory, "source ", src, c.src_vocab_size, c.eos_id, c.pad_id)
+    _check_fit(directory, "target ", tgt, c.tgt_vocab_size, c.eos_id, c.pad_id)
+    return model, src, tgt
+
+
+def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Write ``model`` as an HF directory: MarianMT for a ``Transformer``, GPT-2 for a ``LanguageModel``."""
+    if isinstance(model, Transformer):
+        return export_marian(model, directory)
+    if isinstance(model, LanguageModel):
+        return export_gpt2(model, directory)
+    raise ValueError(f"cannot export a {type(model).__name__} to HF: only Transformer and LanguageModel map")

@@ -1,0 +1,175 @@
+"""OPUS-MT's tokenization behind aiayn's tokenizer interface (``aiayn.data.tokenizer.Tokenizer``).
+
+A Marian directory has two sentencepiece models, ``source.spm`` and ``target.spm``, and a
+``vocab.json`` mapping their pieces to the model's ids (which are *not* sentencepiece's ids; a
+piece missing from vocab.json is ``<unk>``). ``tokenizer_config.json`` may say
+``separate_vocabs: true``, and then the target side maps through ``target_vocab.json``.
+
+``encode`` does what HF's ``MarianTokenizer`` does short of the final ``</s>``: a leading language
+code such as ``>>fra<<`` becomes its own token, the rest goes through sentencepiece. The ``</s>``
+Marian appends is added by aiayn's batching, which ends every source with eos, as for any aiayn
+tokenizer (``encode`` returns content ids only). ``decode`` matches
+``MarianTokenizer.decode(ids, skip_special_tokens=True)``: pad, eos and unk are dropped.
+
+A GPT-2 directory has ``vocab.json`` and ``merges.txt``: byte-level BPE. ``GPT2Tokenizer`` splits
+text with GPT-2's pattern (which needs the ``regex`` package, a dependency of transformers), maps
+each piece's UTF-8 bytes to printable characters and applies the merges by rank, as HF's
+``GPT2Tokenizer`` does. ``decode`` drops ``<|endoftext|>`` only: GPT-2's aiayn ``pad_id`` is a real
+token (``aiayn/interop/gpt2.py``), which a decoded continuation must keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+import sentencepiece as spm
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.interop.hf import read_json
+
+SPIECE_UNDERLINE = "\u2581"
+
+
+class MarianTokenizer(Tokenizer):
+    """One side (source or target) of a Marian model's tokenization.
+
+    ``vocab`` maps pieces to ids; ``eos``, ``pad`` and ``unk`` name the special pieces in it. The
+    decoder of a Marian model starts from pad, so ``bos_id == pad_id``.
+    """
+
+    kind = "marian"
+
+    def __init__(self, model: bytes, vocab: dict[str, int], eos="</s>", pad="<pad>", unk="<unk>"):
+        missing = [p for p in (eos, pad, unk) if p not in vocab]
+        if missing:
+            raise ValueError(f"vocab.json lacks the special piece(s) {missing}")
+        self.model, self.vocab = model, vocab
+        self.sp = spm.SentencePieceProcessor(model_proto=model)
+        self.pieces = {i: p for p, i in vocab.items()}
+        self.eos_id, self.pad_id, self.unk_id = vocab[eos], vocab[pad], vocab[unk]
+        self.bos_id = self.pad_id
+        self.vocab_size = len(vocab)
+        self.skip = {self.eos_id, self.pad_id, self.unk_id}
+
+    def encode(self, text: str) -> list[int]:
+        code = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:  # a target-language token
+            code, text = [text[: end + 2]], text[end + 2 :]
+        unk, vocab = self.unk_id, self.vocab
+        return [vocab.get(p, unk) for p in code + self.sp.encode(text, out_type=str)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        pieces = [self.pieces.get(i) or self.sp.id_to_piece(i) for i in self._ids(ids) if i not in self.skip]
+        return self.sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
+
+    def model_bytes(self) -> bytes:
+        return self.model + json.dumps(self.vocab, sort_keys=True).encode("utf-8")
+
+
+def load_marian_tokenizers(directory: str | os.PathLike) -> tuple[MarianTokenizer, MarianTokenizer]:
+    """The (source, target) tokenizers of a Marian directory."""
+    directory = Path(directory)
+    incomplete = "not a complete Marian (OPUS-MT) directory"
+    config = directory / "tokenizer_config.json"
+    options = read_json(config, "") if config.is_file() else {}
+    specials = {
+        k: options[f"{k}_token"] for k in ("eos", "pad", "unk") if isinstance(options.get(f"{k}_token"), str)
+    }
+    vocab = read_json(directory / "vocab.json", incomplete)
+    tgt_vocab = (
+        read_json(directory / "target_vocab.json", incomplete) if options.get("separate_vocabs") else vocab
+    )
+    sides = []
+    for name, v in (("source.spm", vocab), ("target.spm", tgt_vocab)):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} is missing: {incomplete}")
+        sides.append(MarianTokenizer((directory / name).read_bytes(), v, **specials))
+    return sides[0], sides[1]
+
+
+# GPT-2's pre-tokenizer: contractions, letters, digits, other symbols, each with one leading space
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@lru_cache
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> character map: printable bytes map to themselves, the others to
+    characters from U+0100 up, so that every BPE piece is a printable string."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = (b for b in range(256) if b not in keep)
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
+
+
+class GPT2Tokenizer(Tokenizer):
+    """GPT-2's byte-level BPE (``vocab.json`` + ``merges.txt``); ``eos`` names the end-of-text token."""
+
+    kind = "gpt2"
+
+    def __init__(
+        self, vocab: dict[str, int], merges: list[tuple[str, str]], eos="<|endoftext|>", pad_id=None
+    ):
+        try:
+            import regex
+        except ImportError:
+            raise ImportError("GPT-2's tokenizer needs the regex package: pip install regex") from None
+        self.pattern = regex.compile(GPT2_PATTERN)
+        self.vocab, self.ranks = vocab, {pair: i for i, pair in enumerate(merges)}
+        self.pieces = {i: p for p, i in vocab.items()}
+        self.eos_id = self.bos_id = self.unk_id = vocab[eos]
+        self.pad_id = self.eos_id if pad_id is None else pad_id  # set to the model's (gpt2.py)
+        self.vocab_size = len(vocab)
+        self.byte_to_char = bytes_to_unicode()
+        self.char_to_byte = {c: b for b, c in self.byte_to_char.items()}
+        self.cache: dict[str, list[str]] = {}
+
+    def _bpe(self, word: str) -> list[str]:
+        """Merge the characters of ``word`` pairwise, lowest merge rank first, until none applies."""
+        if word in self.cache:
+            return self.cache[word]
+        parts, never = list(word), len(self.ranks)
+        while len(parts) > 1:
+            rank, i = min((self.ranks.get(pair, never), i) for i, pair in enumerate(zip(parts, parts[1:])))
+            if rank == never:
+                break
+            pair, merged, i = (parts[i], parts[i + 1]), [], 0
+            while i < len(parts):  # every occurrence of the pair, left to right
+                if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
+                    merged.append(pair[0] + pair[1])
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        self.cache[word] = parts
+        return parts
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for word in self.pattern.findall(text):
+            chars = "".join(self.byte_to_char[b] for b in word.encode("utf-8"))
+            ids += [self.vocab[p] for p in self._bpe(chars)]
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        text = "".join(self.pieces[i] for i in self._ids(ids) if i != self.eos_id)
+        return bytes(self.char_to_byte[c] for c in text).decode("utf-8", errors="replace")
+
+    def model_bytes(self) -> bytes:
+        return json.dumps([self.vocab, sorted(self.ranks, key=self.ranks.get)], sort_keys=True).encode(
+            "utf-8"
+        )
+
+
+def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None) -> GPT2Tokenizer:
+    directory = Path(directory)
+    vocab = read_json(directory / "vocab.json", "not a complete GPT-2 directory")
+    path = directory / "merges.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: not a complete GPT-2 directory")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    return GPT2Tokenizer(vocab, merges, pad_id=pad_id)

@@ -1,0 +1,108 @@
+"""aiayn models written as HF directories: transformers loads them and computes the same logits."""
+
+import pytest
+import torch
+
+from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transformer, TransformerConfig
+from aiayn.cli.main import main
+from aiayn.interop import export_hf, from_pretrained
+from aiayn.models.io import save_model
+from tests.helpers import assert_close
+from tests.interop.hf_builders import marian, padded_ids, randomise_, transformers
+
+SMALL = dict(d_model=32, n_heads=4, d_ff=48, dropout=0.0)
+TRANSFORMERS = {
+    "paper-interleaved": {},  # exported through the d_model permutation
+    "halves-silu-untied": dict(positional="sinusoidal_halves", activation="silu", tie_output=False),
+    "prj-scaled-no-bias": dict(emb_scale="prj", bias=False, n_encoder_layers=1),
+    "separate-vocabs-gelu": dict(share_embeddings=False, tgt_vocab_size=40, activation="gelu"),
+    "shared-untied-gelu-tanh": dict(tie_output=False, activation="gelu_tanh", output_bias=True),
+}
+LMS = {
+    "gpt2-shaped": dict(norm_first=True, positional="learned", activation="gelu_tanh", emb_scale="none"),
+    "pre-norm-sinusoidal-emb-scaled": dict(norm_first=True),
+    "pre-norm-prj-untied-no-bias": dict(norm_first=True, emb_scale="prj", tie_output=False, bias=False),
+}
+
+
+def random_transformer(**kw) -> Transformer:
+    torch.manual_seed(0)
+    base = dict(src_vocab_size=50, tgt_vocab_size=50, n_encoder_layers=2, n_decoder_layers=2,
+                output_bias=True, max_len=64, **SMALL)  # fmt: skip
+    cfg = TransformerConfig(**{**base, **kw})
+    return randomise_(Transformer(cfg))
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_transformer_exports_as_marian(tmp_path, name):
+    ours = random_transformer(**TRANSFORMERS[name])
+    export_hf(ours, tmp_path)
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
+    c = ours.config
+    src, src_mask = padded_ids([6, 9, 3], 4, c.src_vocab_size, c.pad_id)
+    tgt = torch.randint(4, c.tgt_vocab_size, (3, 5))
+    tgt[:, 0] = c.bos_id
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+        assert_close(f"export Marian[{name}] logits in transformers", ours(src, tgt), ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(LMS))
+def test_language_model_exports_as_gpt2(tmp_path, name):
+    torch.manual_seed(0)
+    ours = randomise_(
+        LanguageModel(LMConfig(vocab_size=40, n_layers=2, max_len=32, **{**SMALL, **LMS[name]}))
+    )
+    export_hf(ours, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 40, (2, 11))
+    with torch.no_grad():
+        assert_close(f"export GPT-2[{name}] logits in transformers", ours(ids), hf(ids).logits, atol=1e-4)
+
+
+def test_marian_round_trip_writes_the_same_tensors(tmp_path):
+    hf = marian(tmp_path / "hf")
+    export_hf(from_pretrained(tmp_path / "hf"), tmp_path / "again")
+    back = transformers.MarianMTModel.from_pretrained(tmp_path / "again")
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert theirs.keys() == ours.keys()
+    for k in theirs:
+        assert torch.equal(theirs[k], ours[k]), k
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            lambda: random_transformer(norm_first=True),
+            r"pre-norm \(norm_first=True\) and Marian is post-norm",
+        ),
+        (lambda: random_transformer(positional="learned"), "learned and Marian's are fixed sinusoids"),
+        (lambda: random_transformer(r2l_memory=True), "right-to-left memory"),
+        (lambda: random_transformer(d_k=4, d_v=4), "not d_model/n_heads wide"),
+        (lambda: random_transformer(ln_eps=1e-6), "LayerNorm ε is 1e-06"),
+        (
+            lambda: LanguageModel(LMConfig(vocab_size=20, n_layers=1, **SMALL)),
+            "post-norm .* GPT-2 is pre-norm",
+        ),
+        (
+            lambda: EncoderModel(EncoderConfig(vocab_size=20, n_layers=1, **SMALL)),
+            "cannot export a EncoderModel",
+        ),
+    ],
+)
+def test_refuses_what_the_target_cannot_express(tmp_path, model, message):
+    with pytest.raises(ValueError, match=message):
+        export_hf(model(), tmp_path)
+
+
+def test_cli_export_and_its_one_line_errors(tmp_path, capsys):
+    save_model(random_transformer(), tmp_path / "model")
+    assert main(["export", "--model", str(tmp_path / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    assert "wrote Transformer" in capsys.readouterr().out
+    assert transformers.MarianMTModel.from_pretrained(tmp_path / "hf").config.d_model == 32
+    capsys.readouterr()
+    save_model(random_transformer(norm_first=True), tmp_path / "pre")
+    assert main(["export", "--model", str(tmp_path / "pre"), str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn export: error: cannot export as MarianMT") and err.count("\n") == 1

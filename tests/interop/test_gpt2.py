@@ -1,0 +1,58 @@
+"""GPT-2 checkpoints loaded into aiayn's LanguageModel give HF's logits."""
+
+import pytest
+import torch
+
+from aiayn import LanguageModel
+from aiayn.interop import from_pretrained
+from tests.helpers import assert_close
+from tests.interop.hf_builders import gpt2, padded_ids
+
+CONFIGS = {
+    "gpt2-like": {},
+    "relu-n_inner-3-layers": dict(n_embd=48, n_head=6, n_layer=3, n_inner=80, activation_function="relu"),
+    "gelu-1-head-untied": dict(n_embd=24, n_head=1, n_layer=1, activation_function="gelu",
+                               tie_word_embeddings=False, layer_norm_epsilon=1e-6),
+}  # fmt: skip
+
+
+def logits_pair(hf, ours):
+    """Right-padded batch: HF gets the attention mask, and real positions are compared (aiayn's
+    causal mask already keeps a real position from seeing the padding after it)."""
+    ids, mask = padded_ids([9, 5, 7], 0, hf.config.vocab_size, pad=ours.config.pad_id)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        got = ours(ids)
+    real = mask.bool()
+    return got[real], ref[real]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(tmp_path, name):
+    hf = gpt2(tmp_path, **CONFIGS[name])
+    ours = from_pretrained(tmp_path)
+    assert isinstance(ours, LanguageModel)
+    assert_close(f"GPT-2[{name}] logits vs transformers", *logits_pair(hf, ours), atol=1e-4)
+
+
+def test_original_hub_layout_without_prefix_and_with_mask_buffers(tmp_path):
+    hf = gpt2(tmp_path, fmt="original")
+    ours = from_pretrained(tmp_path)
+    assert_close("GPT-2[original .bin layout] logits vs transformers", *logits_pair(hf, ours), atol=1e-4)
+
+
+def test_config_and_padding_choice(tmp_path):
+    gpt2(tmp_path)
+    c = from_pretrained(tmp_path).config
+    assert (c.norm_first, c.positional, c.activation, c.emb_scale, c.tie_output) == (
+        True, "learned", "gelu_tanh", "none", True)  # fmt: skip
+    assert (c.bos_id, c.eos_id, c.pad_id) == (52, 52, 51)  # highest id that is not bos/eos
+    assert from_pretrained(tmp_path, pad_id=7).config.pad_id == 7
+    gpt2(tmp_path, pad_token_id=3)
+    assert from_pretrained(tmp_path).config.pad_id == 3
+
+
+def test_refuses_what_aiayn_cannot_run(tmp_path):
+    gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True)
+    with pytest.raises(ValueError, match="scales attention other than"):
+        from_pretrained(tmp_path)

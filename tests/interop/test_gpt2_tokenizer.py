@@ -1,0 +1,56 @@
+"""GPT-2's byte-level BPE behind aiayn's tokenizer interface, and ``aiayn generate`` on a GPT-2 directory."""
+
+import json
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.interop import GPT2Tokenizer, load_gpt2_tokenizer
+from tests.interop.hf_builders import gpt2, transformers
+
+tokenizers = pytest.importorskip("tokenizers")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's 2024, isn't it?",
+    "Hello world! Hello, GPT-2 tokenizer: byte-level BPE with 50,000 merges.",
+    "   leading spaces, trailing spaces   ",
+    "Ünïcödé, emoji 🙂 and 漢字 become bytes first.",
+]
+TEXTS = [*CORPUS, "", " ", "unseen words: xylophone zebra\n\nnew lines\ttabs", "they'll we've I'm"]
+
+
+@pytest.fixture
+def gpt2_files(tmp_path):
+    """vocab.json + merges.txt of a 320-piece byte-level BPE trained here (id 0 = <|endoftext|>)."""
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 5, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(tmp_path))
+    return tmp_path, json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_and_decode_match_transformers(gpt2_files, text):
+    directory, _ = gpt2_files
+    ours = load_gpt2_tokenizer(directory)
+    hf = transformers.GPT2Tokenizer.from_pretrained(directory)
+    ids = ours.encode(text)
+    assert ids == hf(text).input_ids
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True) == text
+    assert isinstance(ours, GPT2Tokenizer) and ours.decode([*ids, ours.eos_id]) == text
+
+
+def test_generate_command_matches_transformers(gpt2_files, capsys):
+    directory, vocab = gpt2_files
+    eos = vocab["<|endoftext|>"]
+    hf = gpt2(directory, vocab_size=len(vocab), bos_token_id=eos, eos_token_id=eos, n_positions=64)
+    prompt = "The quick brown fox"
+    assert (
+        main(["generate", "--model", str(directory), "--prompt", prompt, "--greedy", "--max-new-tokens", "9"])
+        == 0
+    )
+    tok = transformers.GPT2Tokenizer.from_pretrained(directory)
+    ids = torch.tensor([tok(prompt).input_ids])
+    fixed = dict(max_new_tokens=9, min_new_tokens=9)
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=eos, **fixed)
+    assert capsys.readouterr().out == prompt + tok.decode(out[0, ids.size(1) :]) + "\n"

@@ -1,0 +1,99 @@
+"""OPUS-MT (MarianMT) checkpoints loaded into aiayn's Transformer give HF's logits."""
+
+import pytest
+import torch
+
+from aiayn import Transformer
+from aiayn.interop import from_pretrained
+from tests.helpers import assert_close
+from tests.interop.hf_builders import marian, padded_ids
+
+CONFIGS = {
+    "opus-mt-like": {},
+    "gelu-unscaled-1-layer": dict(d_model=48, encoder_attention_heads=3, decoder_attention_heads=3,
+                                  encoder_layers=1, decoder_layers=1, activation_function="gelu",
+                                  scale_embedding=False),
+    "relu-8-heads-3+1-layers": dict(d_model=64, encoder_attention_heads=8, decoder_attention_heads=8,
+                                    encoder_layers=3, decoder_layers=1, encoder_ffn_dim=96,
+                                    decoder_ffn_dim=96, activation_function="relu"),
+    "separate-vocabs": dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=45, pad_token_id=44,
+                            decoder_start_token_id=44),
+    "untied-gelu-new": dict(tie_word_embeddings=False, activation_function="gelu_new"),
+}  # fmt: skip
+
+
+def logits_pair(hf, ours, seed=1):
+    c = hf.config
+    src, src_mask = padded_ids([7, 4, 9], 1, c.pad_token_id, c.pad_token_id, seed)
+    tgt = torch.randint(1, c.decoder_vocab_size - 1, (3, 6), generator=torch.Generator().manual_seed(seed))
+    tgt[:, 0] = c.decoder_start_token_id
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+        return ours(src, tgt), ref
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(tmp_path, name):
+    hf = marian(tmp_path, **CONFIGS[name])
+    ours = from_pretrained(tmp_path)
+    assert isinstance(ours, Transformer) and not ours.training
+    assert_close(f"Marian[{name}] logits vs transformers", *logits_pair(hf, ours), atol=1e-4)
+
+
+def test_pytorch_model_bin_with_every_alias_and_position_table(tmp_path):
+    hf = marian(tmp_path, fmt="bin")
+    assert not (tmp_path / "model.safetensors").exists()
+    ours = from_pretrained(tmp_path)
+    assert_close("Marian[pytorch_model.bin] logits vs transformers", *logits_pair(hf, ours), atol=1e-4)
+
+
+def test_config_maps_marian_conventions(tmp_path):
+    marian(tmp_path)
+    c = from_pretrained(tmp_path).config
+    assert (c.positional, c.activation, c.emb_scale, c.norm_first) == (
+        "sinusoidal_halves",
+        "silu",
+        "emb",
+        False,
+    )
+    assert (c.pad_id, c.bos_id, c.eos_id, c.output_bias, c.share_embeddings) == (60, 60, 0, True, True)
+
+
+def test_strict_loading_names_the_problem(tmp_path):
+    hf = marian(tmp_path, fmt="bin")
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    state["model.encoder.layers.0.extra.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"unexpected tensors \['model.encoder.layers.0.extra.weight'\]"):
+        from_pretrained(tmp_path)
+    del state["model.encoder.layers.0.extra.weight"], state["model.decoder.layers.1.fc2.bias"]
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="tensor model.decoder.layers.1.fc2.bias is missing"):
+        from_pretrained(tmp_path)
+    state = dict(hf.state_dict())
+    state["lm_head.weight"] = state["lm_head.weight"] + 1
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="differ, but the config ties them"):
+        from_pretrained(tmp_path)
+    state["lm_head.weight"] = torch.zeros(5, 32)
+    state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"] = torch.zeros(5, 32)
+    state["model.decoder.embed_tokens.weight"] = torch.zeros(5, 32)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"has shape \(5, 32\), config.json implies \(61, 32\)"):
+        from_pretrained(tmp_path)
+
+
+def test_unsupported_and_broken_directories(tmp_path):
+    marian(tmp_path, encoder_attention_heads=2)
+    with pytest.raises(ValueError, match="encoder_attention_heads=2 but decoder_attention_heads=4"):
+        from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+        from_pretrained(tmp_path)
+    marian(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="model.safetensors is corrupt"):
+        from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has no model.safetensors, pytorch_model.bin"):
+        from_pretrained(tmp_path)
