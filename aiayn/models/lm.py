@@ -45,9 +45,17 @@ class LanguageModel(nn.Module):
             mask = causal_mask(ids.size(1), start + ids.size(1), ids.device)
         return self.layers(self.embed(ids, start), mask, need_weights, cache)
 
-    def forward(self, ids: Tensor, mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
-        """``mask`` defaults to the look-ahead mask; with a cache, only new positions are given."""
-        return self.head(self.hidden(ids, mask, cache)[0])
+    def forward(
+        self,
+        ids: Tensor,
+        mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        features_only: bool = False,
+    ) -> Tensor:
+        """``mask`` defaults to the look-ahead mask; with a cache, only new positions are given.
+        ``features_only`` returns the final states instead of logits."""
+        h = self.hidden(ids, mask, cache)[0]
+        return h if features_only else self.head(h)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers.layers))

@@ -84,14 +84,18 @@ class Transformer(nn.Module):
         logits_mask: Tensor | None = None,
         r2l_memory: Tensor | None = None,
         r2l_mask: Tensor | None = None,
+        features_only: bool = False,
     ) -> Tensor:
         """Logits for every target position, or with ``logits_mask`` (B, T) bool only where it is
         True, as (N, V): training skips the output projection of padding positions.
-        ``r2l_memory`` (B, S', d_model) is the second memory of an ``r2l_memory=True`` decoder."""
+        ``features_only`` returns the decoder states instead of logits (for a loss that applies
+        ``self.head`` itself). ``r2l_memory`` (B, S', d_model) is the second memory of an
+        ``r2l_memory=True`` decoder."""
         src_mask = self.src_mask(src)
         memory = self.encode(src, src_mask)
         h = self.decode(tgt, memory, src_mask, r2l_memory=r2l_memory, r2l_mask=r2l_mask)
-        return self.head(h if logits_mask is None else h[logits_mask])
+        h = h if logits_mask is None else h[logits_mask]
+        return h if features_only else self.head(h)
 
     def attention_weights(
         self, src: Tensor, tgt: Tensor, r2l_memory: Tensor | None = None, r2l_mask: Tensor | None = None

@@ -38,7 +38,7 @@ from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.models import LanguageModel, Transformer
 from aiayn.training.config import TrainConfig
 from aiayn.training.distributed import DistInfo, barrier
-from aiayn.training.loss import fused_label_smoothed_nll_loss
+from aiayn.training.loss import linear_label_smoothed_nll_loss
 
 TOKENIZER_DIR = "tokenizer"
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)
@@ -53,8 +53,16 @@ def translation_loss(model: nn.Module, batch: tuple[Tensor, ...], smoothing: flo
     """
     src, tgt_in, tgt_out = batch
     real = tgt_out != PAD_ID  # (B, T)
-    logits = model(src, tgt_in, logits_mask=real)  # (N, V), N = real target tokens
-    return fused_label_smoothed_nll_loss(logits, tgt_out[real], smoothing, smoothing_exclude=PAD_ID)
+    h = model(src, tgt_in, logits_mask=real, features_only=True)  # (N, d_model), N = real targets
+    return head_loss(model, h, tgt_out[real], smoothing, smoothing_exclude=PAD_ID)
+
+
+def head_loss(model: nn.Module, h: Tensor, target: Tensor, smoothing: float, **kw):
+    """The model's output projection and the label-smoothed loss, fused (``linear_label_…``)."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):  # DDP / torch.compile wrappers
+        model = getattr(model, "module", None) or model._orig_mod
+    head = model.head
+    return linear_label_smoothed_nll_loss(h, head.proj.weight, target, smoothing, head.bias, head.scale, **kw)
 
 
 class TranslationTask:
@@ -179,7 +187,7 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...], smoothing: float):
         x, y = batch
-        return fused_label_smoothed_nll_loss(model(x).flatten(0, 1), y.flatten(), smoothing)
+        return head_loss(model, model(x, features_only=True).flatten(0, 1), y.flatten(), smoothing)
 
     @staticmethod
     def n_targets(batch: tuple[Tensor, ...]) -> int:

@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.training.loss import fused_label_smoothed_nll_loss, label_smoothed_nll_loss
+from aiayn.training.loss import (
+    fused_label_smoothed_nll_loss,
+    label_smoothed_nll_loss,
+    linear_label_smoothed_nll_loss,
+)
 from tests.helpers import assert_close
 
 
@@ -77,3 +81,25 @@ def test_fused_loss_gradcheck():
         return loss + 0.5 * nll
 
     assert torch.autograd.gradcheck(f, (logits,))
+
+
+@pytest.mark.parametrize(("bias", "scale", "chunk_bytes"), [(False, 1.0, 4 << 20), (True, 0.25, 200)])
+def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_bytes):
+    torch.manual_seed(1)
+    h = torch.randn(53, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(19, 8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(19, dtype=torch.float64, requires_grad=True) if bias else None
+    target = torch.randint(0, 19, (53,))
+    target[::7] = 0
+    logits = h @ w.T * scale + (b if bias else 0)
+    ref = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, smoothing_exclude=0)
+    ours = linear_label_smoothed_nll_loss(h, w, target, 0.1, b, scale, ignore_index=0, smoothing_exclude=0,
+                                          chunk_bytes=chunk_bytes)  # fmt: skip
+    for a, r, name in zip(ours, ref, ("loss", "nll", "count")):
+        assert_close(f"linear label-smoothed {name} vs projection + reference", a.double(), r.double(), 1e-4)
+    inputs = (h, w, b) if bias else (h, w)
+    for combo in ((1.0, 0.0), (0.5, 2.0)):
+        g_ref = torch.autograd.grad(combo[0] * ref[0] + combo[1] * ref[1], inputs, retain_graph=True)
+        g_ours = torch.autograd.grad(combo[0] * ours[0] + combo[1] * ours[1], inputs, retain_graph=True)
+        for a, r, name in zip(g_ours, g_ref, ("h", "W", "b")):
+            assert_close(f"linear label-smoothed ∂{name} vs autograd of the reference", a, r, 1e-4)
