@@ -54,67 +54,6 @@ def label_smoothed_nll_loss(
     )
 
 
-class _FusedLabelSmoothedCE(torch.autograd.Function):
-    """The same loss with its gradient written out, so that no (N, V) log-probabilities, one-hot
-    targets or per-term gradients are materialised: the backward allocates one (N, V) tensor.
-
-    With z the logits, lse = log Σ_v exp(z_v) and q the smoothed target distribution,
-        loss_i = lse_i − Σ_v q_iv z_iv = lse_i − (1 − ε) z_iy − (ε / V') (Σ_v z_iv − z_i,pad)
-        ∂loss_i / ∂z_iv = softmax(z_i)_v − q_iv
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, epsilon: float, exclude: int | None):
-        z = _at_least_float32(logits)
-        lse = torch.logsumexp(z, dim=-1)  # (N,)
-        z_y = z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        n_classes = z.size(-1) - (exclude is not None)
-        z_sum = z.sum(-1) - (z[:, exclude] if exclude is not None else 0.0)
-        nll = lse - z_y
-        loss = nll + epsilon * (z_y - z_sum / n_classes)  # = lse − (1−ε) z_y − (ε/V') Σ' z
-        ctx.save_for_backward(logits, lse, target, keep)
-        ctx.epsilon, ctx.exclude, ctx.n_classes = epsilon, exclude, n_classes
-        keep_f = keep.to(loss.dtype)
-        return (loss * keep_f).sum(), (nll * keep_f).sum()
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
-        logits, lse, target, keep = ctx.saved_tensors
-        eps, exclude, n_classes = ctx.epsilon, ctx.exclude, ctx.n_classes
-        grad = (_at_least_float32(logits) - lse.unsqueeze(-1)).exp_()  # softmax(z): the only (N, V) tensor
-        grad.sub_(eps / n_classes)  # − q: ε/V' everywhere …
-        if exclude is not None:
-            grad[:, exclude] += eps / n_classes  # … but not on the padding id …
-        rows = torch.arange(grad.size(0), device=grad.device)
-        grad[rows, target] -= 1.0 - eps  # … and 1 − ε more on the target
-        keep_f = keep.to(grad.dtype)
-        grad.mul_((keep_f * grad_loss).unsqueeze(-1))
-        if bool((grad_nll != 0).any()):  # only if the summed NLL was back-propagated too
-            nll_grad = (_at_least_float32(logits) - lse.unsqueeze(-1)).exp_()  # softmax − onehot
-            nll_grad[rows, target] -= 1.0
-            grad.add_(nll_grad.mul_((keep_f * grad_nll).unsqueeze(-1)))
-        return grad.to(logits.dtype), None, None, None, None
-
-
-def fused_label_smoothed_nll_loss(
-    logits: Tensor,
-    target: Tensor,
-    epsilon: float,
-    ignore_index: int | None = None,
-    smoothing_exclude: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``label_smoothed_nll_loss`` (same arguments and results) with a hand-written backward:
-    less memory and time for large vocabularies. The summed NLL is for logging; back-propagating
-    through it is supported but costs a second (N, V) tensor.
-
-    Shape:
-        logits: (N, V), target: (N,) -> three scalars
-    """
-    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
-    loss, nll = _FusedLabelSmoothedCE.apply(logits, target.clamp(min=0), keep, epsilon, smoothing_exclude)
-    return loss, nll, keep.sum()
-
-
 class _LinearLabelSmoothedCE(torch.autograd.Function):
     """Output projection and label-smoothed loss together, over chunks of rows.
 

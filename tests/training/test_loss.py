@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.training.loss import (
-    fused_label_smoothed_nll_loss,
     label_smoothed_nll_loss,
     linear_label_smoothed_nll_loss,
 )
@@ -53,34 +52,6 @@ def test_bf16_logits_are_scored_in_float32():
     a = label_smoothed_nll_loss(logits.bfloat16(), target, 0.1)[0]
     assert a.dtype == torch.float32
     assert abs(a.item() - label_smoothed_nll_loss(logits.bfloat16().float(), target, 0.1)[0].item()) < 1e-5
-
-
-@pytest.mark.parametrize("exclude", [None, 0])
-def test_fused_loss_and_gradient_equal_the_reference(exclude):
-    logits = torch.randn(37, 23, dtype=torch.float64, requires_grad=True)
-    target = torch.randint(0, 23, (37,))
-    target[:5] = 0  # padding targets
-    ref = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, smoothing_exclude=exclude)
-    fused = fused_label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, smoothing_exclude=exclude)
-    for a, b, name in zip(fused, ref, ("loss", "nll", "count")):
-        assert_close(f"fused label-smoothed {name} vs reference", a, b, atol=1e-10)
-    (g_ref,) = torch.autograd.grad(ref[0] * 0.7, logits, retain_graph=True)
-    (g_fused,) = torch.autograd.grad(fused[0] * 0.7, logits, retain_graph=True)
-    assert_close("fused label-smoothed gradient vs autograd of the reference", g_fused, g_ref, atol=1e-10)
-    (g_ref,) = torch.autograd.grad(ref[0] + 2 * ref[1], logits)
-    (g_fused,) = torch.autograd.grad(fused[0] + 2 * fused[1], logits)
-    assert_close("fused label-smoothed gradient (loss + nll) vs reference", g_fused, g_ref, atol=1e-10)
-
-
-def test_fused_loss_gradcheck():
-    logits = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
-    target = torch.tensor([1, 2, 0, 4, 3, 1])
-
-    def f(z):
-        loss, nll, _ = fused_label_smoothed_nll_loss(z, target, 0.2, ignore_index=0, smoothing_exclude=0)
-        return loss + 0.5 * nll
-
-    assert torch.autograd.gradcheck(f, (logits,))
 
 
 @pytest.mark.parametrize(("bias", "scale", "chunk_bytes"), [(False, 1.0, 4 << 20), (True, 0.25, 200)])
