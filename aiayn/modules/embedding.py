@@ -65,7 +65,7 @@ class PositionalEncoding(nn.Module):
         end = start + x.size(1)
         if end > self.pe.size(0):
             n = max(end, 2 * self.pe.size(0))
-            self.pe = sinusoidal_table(n, self.d_model, self.halves).to(self.pe.device)
+            self.pe = sinusoidal_table(n, self.d_model, self.halves).to(self.pe.device, self.pe.dtype)
         return x + self.pe[start:end]
 
 

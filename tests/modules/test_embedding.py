@@ -73,3 +73,9 @@ def test_transformer_embedding_is_scaled_tokens_plus_positions():
     ids = torch.tensor([[4, 5, 6]])
     expected = emb.tokens.weight[ids] * math.sqrt(8) + sinusoidal_table(3, 8)
     assert_close("TransformerEmbedding vs E·√d + PE by hand", emb(ids), expected)
+
+
+def test_grown_table_keeps_the_module_dtype():
+    pe = PositionalEncoding(8, max_len=4).to(torch.bfloat16)
+    assert pe(torch.zeros(1, 10, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert pe.pe.dtype == torch.bfloat16 and pe.pe.size(0) >= 10
