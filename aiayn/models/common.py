@@ -31,8 +31,10 @@ def init_weights(model: nn.Module, d_model: int) -> None:
     """Xavier-uniform linear weights with zero biases; token embeddings N(0, d_model^-0.5).
 
     Embeddings are scaled by √d_model on the way in, so that init gives them unit variance
-    (tensor2tensor, fairseq). The padding row is zero. Call before tying the output projection,
-    so that a tied matrix keeps the embedding's initialisation.
+    (tensor2tensor, fairseq). The padding row starts at zero (``padding_idx`` keeps the lookup
+    from training it; with a tied output projection the softmax still moves it, which is harmless:
+    padding is masked as a key and never a target). Call before tying the output projection, so
+    that a tied matrix keeps the embedding's initialisation.
     """
     for m in model.modules():
         if isinstance(m, nn.Linear):
