@@ -84,6 +84,9 @@ def main() -> int:
     t0 = time.time()
     result = Trainer(cfg).fit()
     wall = time.time() - t0
+    if result["reason"] in ("SIGINT", "SIGTERM"):
+        print(f"interrupted ({result['reason']}): no results written", file=sys.stderr)
+        return 1
     out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
            "train_wall_minutes": round(wall / 60, 2), "machine": machine(), "commit": git_commit(),
