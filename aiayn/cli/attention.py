@@ -84,7 +84,7 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    kind = check_kind(args.model, ("transformer", "lm"), "attention")
+    kind = check_kind(args.model, ("transformer", "lm"))
     maps, labels = (_translation_maps if kind == "transformer" else _lm_maps)(args)
     for path in save_attention_maps(maps, labels, args.out):
         print(path)

@@ -17,8 +17,8 @@ from aiayn.cli.decode_options import (
     write_text_atomic,
 )
 from aiayn.data.corpus import load_parallel
+from aiayn.decoding.model_dir import model_meta
 from aiayn.decoding.translator import Translator
-from aiayn.models.io import read_config
 
 EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     if (args.src is None) != (args.ref is None):
         raise ValueError("give both --src and --ref (or neither, to use --dataset)")
-    meta = read_config(args.model)
+    meta = model_meta(args.model)
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
-from aiayn.decoding.greedy import forbid_eos, max_lengths
+from aiayn.decoding.greedy import max_lengths, restrict
 from aiayn.decoding.scoring import Hypothesis, length_penalty, to_hypotheses
+from aiayn.decoding.topk import topk
 
 NEG_INF = float("-inf")
 
@@ -41,11 +42,11 @@ class _Finished:
         self.scores = torch.full((n_inputs, beam), NEG_INF, device=device)
         self.count = torch.zeros(n_inputs, dtype=torch.long, device=device)
 
-    def add(self, finishing: Tensor, sentence: Tensor, cand: Tensor, tokens: Tensor, t: int, lp: Tensor):
+    def add(self, finishing: Tensor, sentence: Tensor, cand: Tensor, tokens: Tensor, t: int, penalty: Tensor):
         """Store the candidates where ``finishing`` (A, K) is True, in each sentence's next free slots.
 
         ``sentence`` (A,) maps active to input index; ``cand`` (A, K) raw scores; ``tokens``
-        (A, K, t + 1) generated ids; ``lp`` = lp(t + 1).
+        (A, K, t + 1) generated ids; ``penalty`` = lp(t + 1).
         """
         a, j = finishing.nonzero(as_tuple=True)
         slot = (self.count[sentence][:, None] + finishing.cumsum(1) - 1)[a, j]
@@ -53,7 +54,7 @@ class _Finished:
         self.tokens[b, slot, : t + 1] = tokens[a, j]
         self.lengths[b, slot] = t + 1
         self.log_probs[b, slot] = cand[a, j]
-        self.scores[b, slot] = cand[a, j] / lp
+        self.scores[b, slot] = cand[a, j] / penalty
         self.count[sentence] += finishing.sum(1)
 
     def nth_best(self, sentence: Tensor, n: int) -> Tensor:
@@ -94,10 +95,11 @@ def beam_search(
     lp_max = length_penalty(limit, lenpen, lenpen_kind)  # (B,)
     for t in range(longest):
         n_active = active.numel()
-        lp = forbid_eos(decoder.step(prefix), decoder.eos_id, t, min_len)  # (A·K, V)
-        vocab = lp.size(-1)
-        cand, index = (scores[:, :, None] + lp.view(n_active, k, vocab)).view(n_active, -1).topk(k, dim=1)
-        parent, token = index // vocab, index % vocab  # (A, K) each
+        lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A·K, V)
+        # the K best of the K·V extensions come from the K best tokens of each hypothesis
+        best_lp, best_token = topk(lp, k)  # (A·K, K)
+        cand, index = (scores.view(-1, 1) + best_lp).view(n_active, k * k).topk(k, dim=1)  # (A, K)
+        parent, token = index // k, best_token.view(n_active, k * k).gather(1, index)
         kept = (slots < k - finished.count[active][:, None]) & (cand > NEG_INF)
         ends = (token == decoder.eos_id) | (limit[active] <= t + 1)[:, None]
         finishing = kept & ends
@@ -107,7 +109,7 @@ def beam_search(
         if finishing.any():
             generated = prefix[:, t0:].view(n_active, k, t + 1)
             finished.add(finishing, active, cand, generated, t, length_penalty(t + 1, lenpen, lenpen_kind))
-        best_live = scores.max(dim=1).values  # (A,), -inf when nothing is live
+        best_live = scores.amax(dim=1)  # (A,), -inf when nothing is live
         lp_bound = torch.maximum(lp_max[active], length_penalty(t + 2, lenpen, lenpen_kind))
         done = best_live / lp_bound <= finished.nth_best(active, nbest)  # -inf <= -inf: no live left
         if not done.any():

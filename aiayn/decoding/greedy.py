@@ -16,6 +16,7 @@ from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
 from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+from aiayn.decoding.topk import topk
 
 Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
 
@@ -28,10 +29,12 @@ def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
     return limits
 
 
-def forbid_eos(log_probs: Tensor, eos_id: int, step: int, min_len: int) -> Tensor:
-    """Outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
+def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
+    """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), and
+    outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
+    log_probs[..., decoder.pad_id] = float("-inf")
     if step < min_len:
-        log_probs[..., eos_id] = float("-inf")
+        log_probs[..., decoder.eos_id] = float("-inf")
     return log_probs
 
 
@@ -54,7 +57,7 @@ def decode_rows(
     rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
     limit = limit.to(prefix.device)
     for t in range(longest):
-        lp = forbid_eos(decoder.step(prefix), decoder.eos_id, t, min_len)  # (A, V)
+        lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
         choice = pick(lp)  # (A,)
         tokens[rows, t] = choice
         log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)
@@ -84,5 +87,7 @@ def greedy_search(
     ``lenpen`` only sets how the returned ``score`` is computed (as in ``beam_search``, so the two
     are comparable); the search itself ignores it.
     """
-    tokens, lengths, log_probs = decode_rows(decoder, inputs, 1, lambda lp: lp.argmax(-1), max_len, min_len)
+    tokens, lengths, log_probs = decode_rows(
+        decoder, inputs, 1, lambda lp: topk(lp, 1)[1][:, 0], max_len, min_len
+    )
     return to_hypotheses(tokens, lengths, log_probs, 1, lenpen, lenpen_kind, sort=False)

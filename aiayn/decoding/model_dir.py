@@ -25,20 +25,32 @@ from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_tran
 from aiayn.interop import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config
 
-USES = {
-    "transformer": "translation (aiayn translate / evaluate)",
-    "lm": "language modelling (aiayn generate)",
+KIND_NAMES = {
+    "transformer": "translation model (kind 'transformer')",
+    "lm": "language model (kind 'lm')",
+    "encoder": "encoder-only model (kind 'encoder')",
 }
 
 
-def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...], command: str) -> str:
-    """The model kind recorded in ``directory``, or a ValueError if ``command`` cannot use it."""
-    kind = read_config(directory)["kind"]
+HF_KINDS = {"marian": "transformer", "gpt2": "lm"}  # HF model_type -> the aiayn kind it loads as
+
+
+def model_meta(directory: str | os.PathLike) -> dict:
+    """``config.json`` of an aiayn directory (``kind``, ``config``, extras such as ``src_lang``), or
+    ``{"kind": ...}`` alone for a Hugging Face directory that aiayn can load."""
+    hf_type = hf_model_type(directory)
+    if hf_type in HF_KINDS:
+        return {"kind": HF_KINDS[hf_type]}
+    return read_config(directory)
+
+
+def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...]) -> str:
+    """The model kind of ``directory``; a ValueError if it is not one of ``kinds``."""
+    kind = model_meta(directory)["kind"]
     if kind not in kinds:
-        what = USES.get(kind, f"kind {kind!r}")
+        name = KIND_NAMES.get(kind, f"model of kind {kind!r}")
         raise ValueError(
-            f"{directory} holds a model for {what}, but '{command}' needs kind "
-            f"{' or '.join(repr(k) for k in kinds)}"
+            f"{directory} holds a {name}; this command needs a {' or a '.join(KIND_NAMES[k] for k in kinds)}"
         )
     return kind
 
@@ -53,13 +65,13 @@ def _check_vocab(directory: Path, tok: Tokenizer, vocab_size: int, eos_id: int, 
 
 
 def load_translation_dir(
-    directory: str | os.PathLike, device: str | torch.device = "cpu", command: str = "translate"
+    directory: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer, Tokenizer]:
     """``(model, src_tokenizer, tgt_tokenizer)`` of a translation model directory, in eval mode."""
     directory = Path(directory)
     if hf_model_type(directory) == "marian":  # a downloaded OPUS-MT model (docs/interop.md)
         return load_marian_translation(directory, device)
-    check_kind(directory, ("transformer",), command)
+    check_kind(directory, ("transformer",))
     if (directory / "src" / META_FILE).is_file():
         src_tok, tgt_tok = load_translation_tokenizers(directory)
     elif (directory / META_FILE).is_file():
@@ -77,13 +89,13 @@ def load_translation_dir(
 
 
 def load_lm_dir(
-    directory: str | os.PathLike, device: str | torch.device = "cpu", command: str = "generate"
+    directory: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer]:
     """``(model, tokenizer)`` of a language-model directory, in eval mode."""
     directory = Path(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md)
         return load_gpt2_generation(directory, device)
-    check_kind(directory, ("lm",), command)
+    check_kind(directory, ("lm",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)
     _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")

@@ -16,6 +16,7 @@ from torch import Tensor
 from aiayn.decoding.adapters import IncrementalDecoder
 from aiayn.decoding.greedy import decode_rows
 from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+from aiayn.decoding.topk import topk
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -34,13 +35,13 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
         logits: (N, V) -> (N, V)
     """
     if top_k is not None and top_k < logits.size(-1):
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        kth = topk(logits, top_k)[0][:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+        probs = sorted_logits.softmax(-1)
         # drop a token when the tokens before it already reach top_p (keeps the first one always)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

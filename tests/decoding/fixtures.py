@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from aiayn import LanguageModel, LMConfig, Transformer, TransformerConfig
@@ -53,6 +54,17 @@ def lm_dir(path: Path, **kw) -> Path:
     save_model(tiny_lm(tok.vocab_size, **kw), path)
     tok.save(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Translation directories in both tokenizer layouts (eos made likely: outputs vary) and an LM."""
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "joint": translation_dir(root / "joint", eos_bias=4.0),
+        "src-tgt": translation_dir(root / "src-tgt", layout="src-tgt", eos_bias=4.0),
+        "lm": lm_dir(root / "lm"),
+    }
 
 
 class FakeDecoder:

@@ -195,3 +195,12 @@ def test_search_config_errors_name_the_field():
     for bad, match in cases:
         with pytest.raises(ValueError, match=match):
             SearchConfig(**bad)
+
+
+def test_padding_is_never_generated():
+    model = tiny_transformer(eos_bias=1.0)
+    with torch.no_grad():
+        model.head.bias[model.config.pad_id] = 50.0  # the model wants padding everywhere
+    for cfg in (CONFIGS["greedy"], CONFIGS["beam"], CONFIGS["sample"]):
+        for hyps in search(Seq2SeqAdapter(model), _sources(), cfg, 6):
+            assert all(0 not in h.tokens for h in hyps)

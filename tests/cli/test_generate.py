@@ -1,0 +1,27 @@
+"""``aiayn generate``: seeded samples from a language model, greedy, errors."""
+
+from aiayn.cli.main import main
+
+
+def test_seeded_samples(model_dirs, capsys):
+    args = ["generate", "--model", str(model_dirs["lm"]), "--prompt", "Ein ", "--max-new-tokens", "20"]
+    outs = []
+    for _ in range(2):
+        assert (
+            main([*args, "--num-samples", "2", "--seed", "4", "--top-k", "10", "--temperature", "0.8"]) == 0
+        )
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    samples = outs[0].rstrip("\n").split("\n---------------\n")
+    assert len(samples) == 2 and all(s.startswith("Ein ") and len(s) == 24 for s in samples)
+    assert main([*args, "--greedy"]) == 0
+    assert capsys.readouterr().out.startswith("Ein ")
+
+
+def test_errors(model_dirs, capsys):
+    assert main(["generate", "--model", str(model_dirs["joint"])]) == 1
+    assert "this command needs a language model" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model_dirs["lm"]), "--prompt", ""]) == 1
+    assert "prompt is empty" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model_dirs["lm"]), "--top-p", "2"]) == 1
+    assert "top_p=2.0 must be in (0, 1]" in capsys.readouterr().err

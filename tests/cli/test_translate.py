@@ -1,0 +1,87 @@
+"""``aiayn translate`` end to end: pipe and files, line alignment, n-best, sampling, errors."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from aiayn.cli.main import main
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_stdin_to_stdout_keeps_line_alignment(model_dirs, monkeypatch, capsys):
+    _stdin(monkeypatch, "Ein Mann fährt Fahrrad.\n\nZwei Hunde\r\n   \nA".encode())
+    assert main(["translate", "--model", str(model_dirs["joint"]), "--beam", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n")
+    lines = out[:-1].split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[3] == ""
+
+
+def test_files_nbest_and_sampling(model_dirs, tmp_path, capsys):
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann\nZwei Hunde spielen\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    base = ["translate", "--model", str(model_dirs["src-tgt"]), "--input", str(src)]
+    assert main([*base, "--output", str(out), "--beam", "1"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    assert not list(tmp_path.glob("*.tmp")) and capsys.readouterr().out == ""
+    assert main([*base, "--beam", "3", "--nbest", "3"]) == 0
+    nbest = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in nbest] == ["0"] * 3 + ["1"] * 3
+    scores = [float(line.split(" ||| ")[2]) for line in nbest[:3]]
+    assert scores == sorted(scores, reverse=True)
+    runs = []
+    for _ in range(2):
+        assert main([*base, "--sample", "--top-p", "0.9", "--temperature", "0.7", "--seed", "3"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1]
+
+
+def test_truncation_warns_and_strict_refuses(model_dirs, tmp_path, capsys):
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\nZwei\n", encoding="utf-8")
+    base = ["translate", "--model", str(model_dirs["joint"]), "--input", str(src), "--max-src-len", "8"]
+    assert main([*base, "--beam", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "line 1 is over 8 source tokens; truncated" in err and "line 2" not in err
+    assert main([*base, "--strict"]) == 1
+    assert "line 1 has 24 source tokens, over the maximum of 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "does not exist"),
+        ("lm", "holds a language model (kind 'lm')"),
+        ("corrupt", "model.safetensors is corrupt"),
+        ("bad-utf8", "<stdin>: line 2 is not valid UTF-8"),
+    ],
+)
+def test_errors_are_one_line(case, message, model_dirs, tmp_path, monkeypatch, capsys):
+    model = {"missing": tmp_path / "nope", "lm": model_dirs["lm"]}.get(case, model_dirs["joint"])
+    if case == "corrupt":
+        model = tmp_path / "corrupt"
+        model.mkdir()
+        for f in model_dirs["joint"].iterdir():
+            (model / f.name).write_bytes(f.read_bytes())
+        (model / "model.safetensors").write_bytes(b"\x00garbage")
+    _stdin(monkeypatch, b"Ein Mann\nfa\xe4hrt\n")
+    assert main(["translate", "--model", str(model)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("aiayn translate: error:")
+
+
+def test_works_as_a_pipe(model_dirs):
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--model", str(model_dirs["joint"]), "--beam", "1"],
+        input="Ein Mann fährt Fahrrad.\n".encode(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(proc.stdout.decode().splitlines()) == 1

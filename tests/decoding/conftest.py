@@ -1,0 +1,3 @@
+"""Fixtures of the decoding tests (see fixtures.py)."""
+
+from tests.decoding.fixtures import model_dirs as model_dirs

@@ -1,0 +1,99 @@
+"""Model directories, Translator and Generator: layouts, order, blank lines, limits and errors."""
+
+import pytest
+import torch
+
+from aiayn.data.tokenizer import CharTokenizer
+from aiayn.decoding import Generator, SearchConfig, Translator
+from aiayn.decoding.adapters import Seq2SeqAdapter
+from aiayn.modules.kv_cache import DecoderCache
+from tests.decoding.fixtures import char_tokenizer, tiny_transformer, translation_dir
+
+LINES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde", "A", "   ", "spielen im Schnee!"]
+
+
+def test_both_tokenizer_layouts_load_and_translate_alike(model_dirs):
+    out = [
+        Translator.from_dir(model_dirs[k]).translate(LINES, SearchConfig(beam=2))
+        for k in ("joint", "src-tgt")
+    ]
+    assert out[0] == out[1]
+    assert len(out[0]) == len(LINES)
+    assert out[0][1] == "" and out[0][4] == ""  # blank lines stay blank
+
+
+def test_batching_by_tokens_restores_the_input_order(model_dirs):
+    translator = Translator.from_dir(model_dirs["joint"])
+    lines = LINES * 3
+    one_batch = translator.translate(lines, SearchConfig(beam=3), max_tokens=10_000)
+    many_batches = translator.translate(lines, SearchConfig(beam=3), max_tokens=8)
+    assert one_batch == many_batches
+    alone = [translator.translate([line], SearchConfig(beam=3))[0] for line in LINES]
+    assert one_batch[: len(LINES)] == alone
+
+
+def test_default_output_limit_is_source_length_plus_50(model_dirs):
+    translator = Translator.from_dir(model_dirs["joint"])
+    sources, _ = translator.encode(["Zwei Hunde"])
+    hyp = translator.search(sources, SearchConfig(beam=1, min_len=10_000))[0][0]  # eos never allowed
+    assert len(hyp.tokens) == len("Zwei Hunde") + 50
+
+
+def test_long_lines_are_truncated_or_refused(model_dirs):
+    translator = Translator.from_dir(model_dirs["joint"], max_src_len=6)
+    sources, cut = translator.encode(LINES)
+    assert cut == [0, 2, 5] and all(len(s) <= 5 for s in sources)
+    with pytest.warns(UserWarning, match="line 1 truncated"):
+        translator.translate(LINES[:1], SearchConfig(beam=1))
+    with pytest.raises(ValueError, match="line 2 has 11 source tokens, over the maximum of 6"):
+        translator.encode(LINES[1:], strict=True)
+
+
+def test_learned_positions_bound_source_and_output(tmp_path):
+    translator = Translator.from_dir(translation_dir(tmp_path / "m", positional="learned", max_len=12))
+    assert translator.max_src_len == 12
+    sources, cut = translator.encode(["Ein Mann fährt Fahrrad."])
+    assert cut == [0]
+    hyp = translator.search(sources, SearchConfig(beam=2, min_len=10_000))[0][0]
+    assert len(hyp.tokens) == 12  # bos + 11 fed tokens: every position the decoder has
+
+
+def test_generator_samples_reproducibly(model_dirs):
+    gen = Generator.from_dir(model_dirs["lm"])
+    cfg = SearchConfig(beam=1, sample=True, nbest=2, seed=5, top_k=10, min_len=15)
+    a, b = gen.generate("Ein ", 15, cfg), gen.generate("Ein ", 15, cfg)
+    assert a == b and len(a) == 2 and all(t.startswith("Ein ") and len(t) == 4 + 15 for t in a)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        gen.generate("", 5)
+
+
+def test_directory_errors_say_what_is_wrong(model_dirs, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Translator.from_dir(tmp_path / "nope")
+    with pytest.raises(
+        ValueError, match="holds a language model .kind 'lm'.; this command needs a translation model"
+    ):
+        Translator.from_dir(model_dirs["lm"])
+    with pytest.raises(ValueError, match="holds a translation model .*; this command needs a language model"):
+        Generator.from_dir(model_dirs["joint"])
+    no_tok = translation_dir(tmp_path / "no-tok")
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no tokenizer"):
+        Translator.from_dir(no_tok)
+    other = translation_dir(tmp_path / "other")
+    CharTokenizer.train("xyz").save(other)
+    with pytest.raises(ValueError, match="source tokenizer .vocab_size 7.* does not fit the model"):
+        Translator.from_dir(other)
+
+
+def test_beam_reorder_leaves_cross_attention_caches_alone():
+    model = tiny_transformer(vocab=char_tokenizer().vocab_size)
+    adapter = Seq2SeqAdapter(model)
+    adapter.step(adapter.start(torch.randint(4, 20, (2, 5)), n=2))
+    cache: DecoderCache = adapter.cache
+    cross, own = cache.layers[0]["cross"].k, cache.layers[0]["self"].k
+    cache.reorder(torch.tensor([1, 0, 3, 2]), static=False)
+    assert cache.layers[0]["cross"].k is cross
+    torch.testing.assert_close(cache.layers[0]["self"].k, own[[1, 0, 3, 2]])
+    cache.reorder(torch.tensor([3, 2]))
+    torch.testing.assert_close(cache.layers[0]["cross"].k, cross[[3, 2]])
