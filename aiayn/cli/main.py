@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from aiayn import __version__
 from aiayn.cli import attention, average, demo, evaluate, export, generate, plot, train, translate
 
-COMMANDS = [train, average, plot, demo, translate, evaluate, generate, attention, export]
+COMMANDS = [train, translate, evaluate, generate, attention, average, plot, export, demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
