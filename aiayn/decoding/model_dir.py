@@ -23,7 +23,7 @@ from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.interop import hf_model_type, load_gpt2_generation, load_marian_translation
-from aiayn.models.io import load_model, read_config
+from aiayn.models.io import load_model, read_config, resolve_model_dir
 
 KIND_NAMES = {
     "transformer": "translation model (kind 'transformer')",
@@ -67,8 +67,9 @@ def _check_vocab(directory: Path, tok: Tokenizer, vocab_size: int, eos_id: int, 
 def load_translation_dir(
     directory: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer, Tokenizer]:
-    """``(model, src_tokenizer, tgt_tokenizer)`` of a translation model directory, in eval mode."""
-    directory = Path(directory)
+    """``(model, src_tokenizer, tgt_tokenizer)`` of a translation model directory (or of a training
+    run: its best checkpoint), in eval mode."""
+    directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "marian":  # a downloaded OPUS-MT model (docs/interop.md)
         return load_marian_translation(directory, device)
     check_kind(directory, ("transformer",))
@@ -91,8 +92,9 @@ def load_translation_dir(
 def load_lm_dir(
     directory: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer]:
-    """``(model, tokenizer)`` of a language-model directory, in eval mode."""
-    directory = Path(directory)
+    """``(model, tokenizer)`` of a language-model directory (or of a training run: its best
+    checkpoint), in eval mode."""
+    directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md)
         return load_gpt2_generation(directory, device)
     check_kind(directory, ("lm",))

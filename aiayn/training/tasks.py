@@ -177,7 +177,7 @@ class LMTask:
         return LanguageModel(LMConfig.from_dict({**fields, "vocab_size": self.tok.vocab_size, **SPECIAL_IDS}))
 
     def save_tokenizers(self, directory: Path) -> None:
-        self.tok.save(directory / TOKENIZER_DIR)
+        self.tok.save(directory)  # beside config.json, where aiayn generate looks for it
 
     epoch = 0
 

@@ -159,3 +159,33 @@ def test_average_and_plot(corpus, tmp_path, capsys):
 def test_every_recipe_is_valid(recipe):
     cfg = load_recipe(recipe)
     assert cfg.out_dir.startswith("runs/")
+
+
+def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=4")]) == 0
+    src = tmp_path / "in.de"
+    src.write_text("hund läuft\n\nkatze sitzt\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--model", str(run), "--input", str(src), "--beam", "2", "--max-len", "5"]) == 0
+    assert len(capsys.readouterr().out.split("\n")) == 4  # three lines in, three lines out
+    meta = json.loads((run / "best" / "config.json").read_text())
+    assert (meta["src_lang"], meta["tgt_lang"], meta["task"]) == ("de", "en", "translation")
+
+
+def test_a_language_model_run_generates(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 40, encoding="utf-8")
+    run = tmp_path / "lm"
+    args = ["task=lm", f"dataset={text}", "tokenizer=char", f"out_dir={run}", "max_steps=3", "eval_every=3",
+            "batch_size=4", "block_size=16", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+            "model.n_layers=1", "schedule=constant", "lr=0.003", "warmup=1", "progress=false", "threads=1"]  # fmt: skip
+    assert main(["train", *args]) == 0
+    valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
+    assert valid and valid[-1]["ppl"] > 1
+    capsys.readouterr()
+    assert (
+        main(["generate", "--model", str(run), "--prompt", "to be", "--max-new-tokens", "8", "--seed", "1"])
+        == 0
+    )
+    assert capsys.readouterr().out.startswith("to be")
