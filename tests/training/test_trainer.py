@@ -177,9 +177,11 @@ def test_a_language_model_run_generates(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be, that is the question.\n" * 40, encoding="utf-8")
     run = tmp_path / "lm"
-    args = ["task=lm", f"dataset={text}", "tokenizer=char", f"out_dir={run}", "max_steps=3", "eval_every=3",
-            "batch_size=4", "block_size=16", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
-            "model.n_layers=1", "schedule=constant", "lr=0.003", "warmup=1", "progress=false", "threads=1"]  # fmt: skip
+    args = [
+        "task=lm", f"dataset={text}", "tokenizer=char", f"out_dir={run}", "max_steps=3", "eval_every=3",
+        "batch_size=4", "block_size=16", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+        "model.n_layers=1", "schedule=constant", "lr=0.003", "warmup=1", "progress=false", "threads=1",
+    ]  # fmt: skip
     assert main(["train", *args]) == 0
     valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
     assert valid and valid[-1]["ppl"] > 1
