@@ -76,7 +76,10 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
     args = ap.parse_args()
-    name = args.recipe + "".join(f"-{o.replace('=', '')}" for o in args.overrides)
+    cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
+    name = args.recipe + "".join(
+        f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
+    )
     run_dir = ROOT / "runs" / f"reproduce-{name}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
