@@ -21,12 +21,12 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check aiayn tests benchmarks
-	$(VENV)/bin/ruff format --check aiayn tests benchmarks
+	$(VENV)/bin/ruff check aiayn tests benchmarks scripts
+	$(VENV)/bin/ruff format --check aiayn tests benchmarks scripts
 
 format: $(STAMP)
-	$(VENV)/bin/ruff check --fix aiayn tests benchmarks
-	$(VENV)/bin/ruff format aiayn tests benchmarks
+	$(VENV)/bin/ruff check --fix aiayn tests benchmarks scripts
+	$(VENV)/bin/ruff format aiayn tests benchmarks scripts
 
 demo: $(STAMP)
 	$(PY) -m aiayn demo
