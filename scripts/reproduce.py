@@ -60,12 +60,12 @@ def git_commit() -> str:
         return "unknown"
 
 
-def bleu_of(model_dir: Path, split: str, cfg, beam: int, lenpen: float) -> tuple[dict, dict, list[str]]:
+def bleu_of(model_dir: Path, split: str, cfg, beam: int, lenpen: float) -> tuple[dict, dict, list, list]:
     corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = Translator.from_dir(model_dir).translate(srcs, SearchConfig(beam=beam, lenpen=lenpen))
     scores, signatures = score(hyps, refs)
-    return scores, signatures, hyps
+    return scores, signatures, srcs, hyps
 
 
 def main() -> int:
@@ -108,13 +108,11 @@ def main() -> int:
                   for k, p in candidates.items()}  # fmt: skip
         chosen = max(choice, key=choice.get)
         t1 = time.time()
-        scores, signatures, hyps = bleu_of(candidates[chosen], "test", cfg, args.beam, args.lenpen)
+        scores, signatures, srcs, hyps = bleu_of(candidates[chosen], "test", cfg, args.beam, args.lenpen)
         out.update(valid_bleu=choice, chosen=chosen, averaged=[p.name for p in paths], beam=args.beam,
                    lenpen=args.lenpen, test=scores, signatures=signatures,
                    test_decode_seconds=round(time.time() - t1, 1),
-                   examples=[{"src": s, "hyp": h} for s, h in
-                             zip([x for x, _ in load_parallel("multi30k", "test", cfg.src_lang,
-                                                             cfg.tgt_lang)][:5], hyps[:5])])  # fmt: skip
+                   examples=[{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])])  # fmt: skip
     results = ROOT / "results"
     results.mkdir(exist_ok=True)
     for png in plot_curves(run_dir, run_dir / "plots"):

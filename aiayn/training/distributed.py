@@ -7,10 +7,14 @@ them everything here is a no-op and the run is a single process. Only rank 0 wri
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ def init_distributed(device: torch.device) -> DistInfo:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def main_first(info: DistInfo, build: Callable[[], T]) -> T:
+    """Rank 0 runs ``build`` (e.g. filling an on-disk cache), then the other ranks do (a cache hit)."""
+    result = build() if info.is_main else None
+    barrier(info)
+    return build() if not info.is_main else result
 
 
 def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:

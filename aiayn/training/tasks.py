@@ -37,7 +37,7 @@ from aiayn.data import (
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.models import LanguageModel, Transformer
 from aiayn.training.config import TrainConfig
-from aiayn.training.distributed import DistInfo, barrier
+from aiayn.training.distributed import DistInfo, barrier, main_first
 from aiayn.training.loss import linear_label_smoothed_nll_loss
 
 TOKENIZER_DIR = "tokenizer"
@@ -82,10 +82,7 @@ class TranslationTask:
             save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
         barrier(dist)
         self.src_tok, self.tgt_tok = load_translation_tokenizers(tok_dir)
-        if dist.is_main:  # build the encoded caches once, then every rank maps them
-            self._encode(train, valid)
-        barrier(dist)
-        self.train, self.valid = self._encode(train, valid)
+        self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
         self.valid_refs = [tgt for _, tgt in valid]
         self.sampler = TokenBatchSampler(
             self.train.src.lengths, self.train.tgt.lengths, cfg.max_tokens,
@@ -164,11 +161,8 @@ class LMTask:
             tok.save(tok_dir)
         barrier(dist)
         self.tok = load_tokenizer(tok_dir)
-        if dist.is_main:
-            encode_text(train, self.tok), encode_text(valid, self.tok)
-        barrier(dist)
-        self.train = np.asarray(encode_text(train, self.tok).tokens)
-        self.valid = np.asarray(encode_text(valid, self.tok).tokens)
+        encoded = main_first(dist, lambda: (encode_text(train, self.tok), encode_text(valid, self.tok)))
+        self.train, self.valid = (np.asarray(e.tokens) for e in encoded)
         self.sampler = WindowSampler(len(self.train), cfg.block_size, cfg.batch_size, seed=cfg.seed,
                                      rank=dist.rank, world_size=dist.world_size)  # fmt: skip
 
