@@ -37,7 +37,7 @@ from aiayn.data import (
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.models import LanguageModel, Transformer
 from aiayn.training.config import TrainConfig
-from aiayn.training.distributed import DistInfo, barrier, main_first
+from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.loss import linear_label_smoothed_nll_loss
 
 TOKENIZER_DIR = "tokenizer"
@@ -73,15 +73,18 @@ class TranslationTask:
         train = load_parallel(cfg.dataset, "train", cfg.src_lang, cfg.tgt_lang)
         valid = load_parallel(cfg.valid_dataset or cfg.dataset, "valid", cfg.src_lang, cfg.tgt_lang)
         tok_dir = run_dir / TOKENIZER_DIR
-        if dist.is_main and not (tok_dir / "tgt").is_dir():
-            if cfg.tokenizer == "char":
-                raise ValueError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
-            src_tok, tgt_tok = train_translation_tokenizers(
-                train, cfg.vocab_size, joint=cfg.joint_vocab, model_type=cfg.tokenizer
-            )
-            save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
-        barrier(dist)
-        self.src_tok, self.tgt_tok = load_translation_tokenizers(tok_dir)
+
+        def tokenizers():  # trained once (rank 0), then read back by every rank
+            if not (tok_dir / "tgt").is_dir():
+                if cfg.tokenizer == "char":
+                    raise ValueError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
+                src_tok, tgt_tok = train_translation_tokenizers(
+                    train, cfg.vocab_size, joint=cfg.joint_vocab, model_type=cfg.tokenizer
+                )
+                save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
+            return load_translation_tokenizers(tok_dir)
+
+        self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
         self.valid_refs = [tgt for _, tgt in valid]
         self.sampler = TokenBatchSampler(
@@ -152,15 +155,18 @@ class LMTask:
         else:
             train, valid = load_text(cfg.dataset, "train"), load_text(cfg.dataset, "valid")
         tok_dir = run_dir / TOKENIZER_DIR
-        if dist.is_main and not tok_dir.is_dir():
-            if cfg.tokenizer == "char":
-                tok = CharTokenizer.train(train.chunks())
-            else:
-                lines = (line for chunk in train.chunks() for line in chunk.splitlines())
-                tok = SentencePieceTokenizer.train(lines, cfg.vocab_size, model_type=cfg.tokenizer)
-            tok.save(tok_dir)
-        barrier(dist)
-        self.tok = load_tokenizer(tok_dir)
+
+        def tokenizer():  # trained once (rank 0), then read back by every rank
+            if not tok_dir.is_dir():
+                if cfg.tokenizer == "char":
+                    tok = CharTokenizer.train(train.chunks())
+                else:
+                    lines = (line for chunk in train.chunks() for line in chunk.splitlines())
+                    tok = SentencePieceTokenizer.train(lines, cfg.vocab_size, model_type=cfg.tokenizer)
+                tok.save(tok_dir)
+            return load_tokenizer(tok_dir)
+
+        self.tok = main_first(dist, tokenizer)
         encoded = main_first(dist, lambda: (encode_text(train, self.tok), encode_text(valid, self.tok)))
         self.train, self.valid = (np.asarray(e.tokens) for e in encoded)
         self.sampler = WindowSampler(len(self.train), cfg.block_size, cfg.batch_size, seed=cfg.seed,
