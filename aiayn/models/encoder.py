@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from aiayn.config import EncoderConfig
 from aiayn.masks import padding_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
+from aiayn.modules.dropout import Dropout
 from aiayn.modules.layers import Encoder
 
 
@@ -27,7 +28,7 @@ class EncoderModel(nn.Module):
         self.embed = make_embedding(c, c.vocab_size)
         self.encoder = Encoder(c, c.n_layers)
         self.classifier = (
-            nn.Sequential(nn.Dropout(c.dropout), nn.Linear(c.d_model, c.n_classes)) if c.n_classes else None
+            nn.Sequential(Dropout(c.dropout), nn.Linear(c.d_model, c.n_classes)) if c.n_classes else None
         )
         init_weights(self, c.d_model)
         self.head = make_head(c, c.vocab_size, self.embed if c.tie_output else None)

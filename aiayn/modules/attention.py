@@ -16,6 +16,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.modules.dropout import dropout
 from aiayn.modules.kv_cache import KVCache
 
 
@@ -58,7 +59,7 @@ def scaled_dot_product_attention(
         weights = scores.softmax(dim=-1)
         if row_ok is not None:
             weights = weights.masked_fill(~row_ok, 0.0)
-        out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
+        out = dropout(weights, dropout_p) @ v
         return out, weights
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if row_ok is not None:

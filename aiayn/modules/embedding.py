@@ -18,6 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.modules.dropout import Dropout
+
 EMB_SCALES = ("emb", "prj", "none")
 POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned")
 
@@ -141,7 +143,7 @@ class TransformerEmbedding(nn.Module):
             self.positions = LearnedPositionalEmbedding(d_model, max_len)
         else:
             self.positions = PositionalEncoding(d_model, max_len, halves=positional == "sinusoidal_halves")
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
         return self.dropout(self.positions(self.tokens(ids), start))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 
 from aiayn.modules.attention import MultiHeadAttention
+from aiayn.modules.dropout import Dropout
 from aiayn.modules.feed_forward import FeedForward
 from aiayn.modules.kv_cache import DecoderCache
 from aiayn.modules.norm import LayerNorm
@@ -37,7 +38,7 @@ class Residual(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def normed(self, x: Tensor) -> Tensor:
         """The sublayer's input: LayerNorm(x) for pre-norm, x itself for post-norm."""

@@ -1,0 +1,88 @@
+"""Dropout: the CPU uniform-mask path keeps nn.Dropout's semantics (§5.4)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.modules.dropout import Dropout, dropout
+
+P = 0.3
+
+
+def test_survivors_are_scaled_and_the_keep_rate_is_one_minus_p():
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1000) + 0.5  # no zeros of its own
+    y = dropout(x, P)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / (1 - P), rtol=1e-6, atol=0)
+    # 10^6 Bernoulli(0.7) draws: standard deviation of the rate ≈ 4.6e-4
+    assert abs(kept.float().mean().item() - (1 - P)) < 3e-3
+    # the expected value is unchanged, as with F.dropout
+    ref = F.dropout(x, P, training=True)
+    assert abs(y.mean().item() - x.mean().item()) < 5e-3
+    assert abs(ref.mean().item() - x.mean().item()) < 5e-3
+
+
+def test_masks_are_independent_across_calls_and_elements():
+    torch.manual_seed(0)
+    x = torch.ones(200_000)
+    a, b = dropout(x, P) != 0, dropout(x, P) != 0
+    assert not torch.equal(a, b)
+    both = (a & b).float().mean().item()  # P(keep twice) = 0.49 if independent
+    assert abs(both - (1 - P) ** 2) < 5e-3
+
+
+def test_backward_is_the_same_mask_and_scale():
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, requires_grad=True)
+    g = torch.randn(64, 33)
+    y = dropout(x, P)
+    y.backward(g)
+    keep = (y != 0).float()
+    torch.testing.assert_close(x.grad, g * keep / (1 - P))
+
+
+def test_gradcheck_with_a_fixed_mask():
+    x = torch.randn(5, 7, dtype=torch.double, requires_grad=True)
+
+    def fixed(t):
+        torch.manual_seed(3)  # the same mask on every call
+        return dropout(t, P)
+
+    assert torch.autograd.gradcheck(fixed, (x,))
+
+
+def test_eval_mode_and_p_zero_are_the_identity():
+    x = torch.randn(4, 5)
+    m = Dropout(P).eval()
+    assert m(x) is x
+    assert dropout(x, 0.0) is x
+    assert dropout(x, P, training=False) is x
+
+
+def test_p_one_drops_everything():
+    assert torch.count_nonzero(dropout(torch.randn(10, 10), 1.0)) == 0
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_invalid_probability_is_rejected(p):
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\]"):
+        Dropout(p)
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\]"):
+        dropout(torch.ones(2), p)
+
+
+def test_bf16_input_keeps_its_dtype_and_the_exact_rate():
+    torch.manual_seed(0)
+    y = dropout(torch.ones(500_000, dtype=torch.bfloat16), P)
+    assert y.dtype == torch.bfloat16
+    # a bf16 uniform would round p = 0.3 to 0.30078; the float32 mask does not
+    assert abs((y != 0).float().mean().item() - (1 - P)) < 3e-3
+
+
+def test_module_is_a_drop_in_for_nn_dropout():
+    m, ref = Dropout(P), nn.Dropout(P)
+    assert m.state_dict() == ref.state_dict() == {}
+    assert repr(m) == "Dropout(p=0.3)"
+    assert m.training and not m.eval().training
