@@ -6,8 +6,9 @@ the expected output equals the input; in evaluation dropout is the identity.
 Why not ``nn.Dropout`` everywhere: on the CPU PyTorch draws the mask with ``bernoulli_``, which is
 about 3× slower than drawing uniform numbers and comparing them with p (measured on the 2-core
 machine of the README: 6.7 ms against 3.3 ms forward + backward for a (160, 26, 128) batch). A
-Transformer-tiny training step runs 22 dropouts, so the faster mask makes the whole step ≈ 13%
-faster (``benchmarks/train_vs_nn.py``). Other devices keep PyTorch's fused kernel.
+Transformer-tiny training step runs 22 dropouts (21% of the step under ``torch.profiler``); with the
+faster mask the Multi30k recipe trains 1.95 instead of 1.71 updates/s. Other devices keep PyTorch's
+fused kernel.
 """
 
 from __future__ import annotations
