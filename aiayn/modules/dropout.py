@@ -35,15 +35,23 @@ class _UniformMaskDropout(torch.autograd.Function):
         return grad * keep * ctx.scale, None
 
 
-def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """``F.dropout(x, p, training)``, with the uniform-mask kernel on the CPU."""
+def _check(p: float) -> None:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+
+
+def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if not training or p == 0.0:
         return x
     if p == 1.0 or x.device.type != "cpu":
         return F.dropout(x, p, training)
     return _UniformMaskDropout.apply(x, p)
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """``F.dropout(x, p, training)``, with the uniform-mask kernel on the CPU."""
+    _check(p)
+    return _dropout(x, p, training)
 
 
 class Dropout(nn.Module):
@@ -55,12 +63,11 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        _check(p)  # once here, not on every call
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p, self.training)
+        return _dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
