@@ -2,6 +2,7 @@
 
     python scripts/reproduce.py multi30k-de-en      # recipe recipes/multi30k-de-en.toml
     python scripts/reproduce.py shakespeare-char
+    torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en threads=1  # DDP
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
 keep whichever of {best, averaged} scores higher BLEU on the *validation* set (never the test set),
@@ -9,6 +10,7 @@ then translate test2016 with beam search and score it with sacreBLEU (cased and 
 chrF, signatures). Language model: train, then the validation loss over the whole split.
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
+Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from aiayn.models.common import count_parameters  # noqa: E402
 from aiayn.models.io import load_model, write_json_atomic  # noqa: E402
 from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
 from aiayn.training.config import load_recipe, to_dict  # noqa: E402
+from aiayn.training.distributed import barrier, init_distributed, resolve_device  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
 
@@ -81,19 +84,23 @@ def main() -> int:
         f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
     )
     run_dir = ROOT / "runs" / f"reproduce-{name}"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
+    dist = init_distributed(resolve_device(cfg.device))  # under torchrun: every rank trains
+    if dist.is_main and run_dir.exists():
+        shutil.rmtree(run_dir)
+    barrier(dist)
     t0 = time.time()
     result = Trainer(cfg).fit()
     wall = time.time() - t0
+    if not dist.is_main:
+        return 0  # rank 0 evaluates and writes the results
     if result["reason"] in ("SIGINT", "SIGTERM"):
         print(f"interrupted ({result['reason']}): no results written", file=sys.stderr)
         return 1
     out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
-           "train_wall_minutes": round(wall / 60, 2), "machine": machine(), "commit": git_commit(),
-           "config": to_dict(cfg)}  # fmt: skip
+           "train_wall_minutes": round(wall / 60, 2), "processes": dist.world_size,
+           "machine": machine(), "commit": git_commit(), "config": to_dict(cfg)}  # fmt: skip
     out["parameters"] = count_parameters(load_model(run_dir))
     valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
     if cfg.task == "lm":
