@@ -65,9 +65,9 @@ def main() -> None:
     ap.add_argument("--layouts", default="threads,ddp,ddp-big")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    import tomllib
+    from aiayn.training.config import load_recipe
 
-    max_tokens = tomllib.loads(Path(args.recipe).read_text())["max_tokens"]
+    max_tokens = load_recipe(args.recipe).max_tokens
     c = args.cores
     layouts = {"threads": (1, c, max_tokens), "ddp": (c, 1, max_tokens // c), "ddp-big": (c, 1, max_tokens)}
     rows = []  # a layout may be listed twice (e.g. threads,ddp,threads) to see the noise
