@@ -2,7 +2,7 @@
 
     python scripts/reproduce.py multi30k-de-en      # recipe recipes/multi30k-de-en.toml
     python scripts/reproduce.py shakespeare-char
-    torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en threads=1  # DDP
+    torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en  # 2 DDP processes
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
 keep whichever of {best, averaged} scores higher BLEU on the *validation* set (never the test set),
