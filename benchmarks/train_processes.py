@@ -8,7 +8,7 @@ on a real recipe for a few updates in each layout, one after the other, and repo
 (median over the logged windows after the first ``--skip`` updates), updates/s and tokens per update.
 
     python benchmarks/train_processes.py                       # Multi30k recipe, 2 cores
-    python benchmarks/train_processes.py --steps 200 --cores 2 --json results/bench-processes.json
+    python benchmarks/train_processes.py --steps 200 --cores 2 --json results/bench-train-processes.json
 
 Layouts (``--cores`` = C):
     threads   1 process × C threads, max_tokens per update as in the recipe
@@ -42,9 +42,8 @@ def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: i
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={procs}", "-m", "aiayn", "train", *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    try:
-        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:  # threads=… sets each process's torch threads (torchrun's OMP_NUM_THREADS=1 agrees)
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
