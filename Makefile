@@ -36,13 +36,13 @@ clean:
 
 # Issue 6 results: each trains from scratch (tokenizer included) and writes results/NAME.json + PNGs.
 .PHONY: reproduce-multi30k-de-en reproduce-multi30k-en-de reproduce-shakespeare-char
-# de→en trains as two one-thread processes (the recipe says why); the others as one process.
+# The translation recipes train as two one-thread processes (the recipes say why); the LM as one.
 TORCHRUN := $(PY) -m torch.distributed.run --standalone --nproc_per_node=2
 reproduce-multi30k-de-en: $(STAMP)
 	$(TORCHRUN) scripts/reproduce.py multi30k-de-en
 
 reproduce-multi30k-en-de: $(STAMP)
-	$(PY) scripts/reproduce.py multi30k-en-de
+	$(TORCHRUN) scripts/reproduce.py multi30k-en-de
 
 reproduce-shakespeare-char: $(STAMP)
 	$(PY) scripts/reproduce.py shakespeare-char
