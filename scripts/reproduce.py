@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
     args = ap.parse_args()
+    started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
     name = args.recipe + "".join(
         f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
@@ -100,7 +101,7 @@ def main() -> int:
     out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
            "train_wall_minutes": round(wall / 60, 2), "processes": dist.world_size,
-           "machine": machine(), "commit": git_commit(), "config": to_dict(cfg)}  # fmt: skip
+           "machine": machine(), "commit": commit, "config": to_dict(cfg)}  # fmt: skip
     out["parameters"] = count_parameters(load_model(run_dir))
     valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
     if cfg.task == "lm":
@@ -122,6 +123,7 @@ def main() -> int:
                    examples=[{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])])  # fmt: skip
     results = ROOT / "results"
     results.mkdir(exist_ok=True)
+    out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)  # tokenizer to test score
     for png in plot_curves(run_dir, run_dir / "plots"):
         shutil.copy(png, results / f"{name}-{png.name}")
     write_json_atomic(results / f"{name}.json", out)
