@@ -4,11 +4,11 @@ Mask convention (everywhere in this package): a mask is a bool tensor broadcasta
 attention scores (B, h, T_q, T_k); True means "may attend". Combine masks with ``&``.
 """
 
-from aiayn.config import EncoderConfig, LayerConfig, LMConfig, TransformerConfig
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.models import EncoderModel, LanguageModel, Transformer
-
-__version__ = "0.1.0"
+from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
+from aiayn.modules.config import LayerConfig
+from aiayn.version import __version__
 
 __all__ = [
     "EncoderConfig",
@@ -18,6 +18,7 @@ __all__ = [
     "LayerConfig",
     "Transformer",
     "TransformerConfig",
+    "__version__",
     "causal_mask",
     "from_pretrained",
     "padding_mask",

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from aiayn.decoding import Seq2SeqAdapter, beam_search, greedy_search
+from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
 
 OPUS_MT_DE_EN = dict(
@@ -75,9 +75,10 @@ def run_ours(model, data, beam: int, out_len: int, alpha: float) -> list[list[in
     out = []
     for src in data:
         if beam == 1:
-            hyps = greedy_search(Seq2SeqAdapter(model), src, out_len, min_len=out_len)
+            hyps = greedy_search(Seq2SeqAdapter(model), src, out_len, SearchConfig(beam=1, min_len=out_len))
         else:
-            hyps = beam_search(Seq2SeqAdapter(model), src, beam, out_len, 1, alpha, "simple", min_len=out_len)
+            config = SearchConfig(beam=beam, lenpen=alpha, lenpen_kind="simple", min_len=out_len)
+            hyps = beam_search(Seq2SeqAdapter(model), src, out_len, config)
         out += [h[0].tokens for h in hyps]
     return out
 

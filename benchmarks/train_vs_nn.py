@@ -31,7 +31,6 @@ from torch import nn
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.modules.embedding import sinusoidal_table
-from aiayn.training.tasks import translation_loss
 
 SIZES = {
     "tiny": dict(d_model=128, n_heads=4, d_ff=256, layers=4, vocab=10000),
@@ -141,7 +140,8 @@ def main() -> None:
 
     def step_aiayn(batch):
         with amp:
-            loss, _, n = translation_loss(ours, batch, 0.1)
+            src, tgt_in, tgt_out = batch
+            loss, _, n = ours(src, tgt_in, targets=tgt_out, label_smoothing=0.1)
         (loss / n).backward()
 
     def step_plain(batch):

@@ -28,12 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.evaluate import score  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
-from aiayn.decoding.search import SearchConfig  # noqa: E402
+from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
-from aiayn.models.io import load_model, write_json_atomic  # noqa: E402
+from aiayn.models.io import load_model  # noqa: E402
 from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
 from aiayn.training.config import load_recipe, to_dict  # noqa: E402
 from aiayn.training.distributed import barrier, init_distributed, resolve_device  # noqa: E402
@@ -126,7 +127,7 @@ def main() -> int:
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)  # tokenizer to test score
     for png in plot_curves(run_dir, run_dir / "plots"):
         shutil.copy(png, results / f"{name}-{png.name}")
-    write_json_atomic(results / f"{name}.json", out)
+    write_json(results / f"{name}.json", out)
     print(json.dumps({k: v for k, v in out.items() if k != "config"}, indent=2, ensure_ascii=False))
     return 0
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from aiayn.config import EncoderConfig, LMConfig, TransformerConfig
+from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 
 
 def test_defaults_are_the_paper_base_model():

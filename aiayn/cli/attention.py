@@ -9,9 +9,9 @@ import torch
 from aiayn.cli.decode_options import add_model_argument, formatter
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.generator import Generator
-from aiayn.decoding.model_dir import check_kind
-from aiayn.decoding.search import SearchConfig
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
+from aiayn.interop.model_dir import check_kind
 from aiayn.viz.attention import save_attention_maps
 
 EXAMPLES = """examples:

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from aiayn.decoding.search import SearchConfig
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
 
 

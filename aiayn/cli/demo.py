@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiayn.cli.evaluate import score
     from aiayn.data.corpus import load_parallel
-    from aiayn.decoding.search import SearchConfig
+    from aiayn.decoding.options import SearchConfig
     from aiayn.decoding.translator import Translator
     from aiayn.training.config import load_recipe
     from aiayn.training.trainer import Trainer

@@ -17,8 +17,8 @@ from aiayn.cli.decode_options import (
     write_text_atomic,
 )
 from aiayn.data.corpus import load_parallel
-from aiayn.decoding.model_dir import model_meta
 from aiayn.decoding.translator import Translator
+from aiayn.interop.model_dir import model_meta
 
 EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)

@@ -6,7 +6,7 @@ import argparse
 
 from aiayn.cli.decode_options import add_model_argument, formatter, warn
 from aiayn.decoding.generator import Generator
-from aiayn.decoding.search import SearchConfig
+from aiayn.decoding.options import SearchConfig
 
 EXAMPLES = """examples:
   aiayn generate --model runs/shakespeare --prompt "ROMEO:" --max-new-tokens 300

@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from aiayn import __version__
 from aiayn.cli import attention, average, demo, evaluate, export, generate, plot, train, translate
+from aiayn.version import __version__
 
 COMMANDS = [train, translate, evaluate, generate, attention, average, plot, export, demo]
 

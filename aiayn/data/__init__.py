@@ -6,6 +6,7 @@
 """
 
 from aiayn.data.batching import (
+    LMBatch,
     TokenBatchSampler,
     TranslationBatch,
     WindowSampler,
@@ -56,6 +57,7 @@ __all__ = [
     "TextCorpus",
     "TokenBatchSampler",
     "Tokenizer",
+    "LMBatch",
     "TranslationBatch",
     "WindowSampler",
     "cache_dir",

@@ -243,11 +243,21 @@ def sequential_windows(n_tokens: int, block_size: int, batch_size: int) -> Itera
         yield starts[i : i + batch_size]
 
 
-def lm_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[Tensor, Tensor]:
-    """Windows of ``tokens`` at ``starts`` as inputs ``x`` and next-token targets ``y``.
+class LMBatch(NamedTuple):
+    """Language-model windows and their next-token targets."""
+
+    ids: Tensor  # (B, block_size) the model's input
+    targets: Tensor  # (B, block_size) targets[:, i] == ids[:, i + 1] within a window
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> LMBatch:
+        return LMBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+def lm_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> LMBatch:
+    """Windows of ``tokens`` at ``starts`` as inputs and next-token targets.
 
     Shape:
-        x, y: (B, block_size) LongTensors, y[:, i] == x[:, i + 1] within a window
+        ids, targets: (B, block_size) LongTensors, targets[:, i] == ids[:, i + 1] within a window
     """
     window = tokens[np.asarray(starts)[:, None] + np.arange(block_size + 1)].astype(np.int64)
-    return torch.from_numpy(window[:, :-1].copy()), torch.from_numpy(window[:, 1:].copy())
+    return LMBatch(torch.from_numpy(window[:, :-1].copy()), torch.from_numpy(window[:, 1:].copy()))

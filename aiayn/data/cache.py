@@ -15,19 +15,17 @@ otherwise; delete it at any time. This module does not batch; see ``batching.py`
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from aiayn.atomic import atomic_dir
 from aiayn.data.corpus import CorpusFilter, FilterStats, ParallelCorpus, TextCorpus
 from aiayn.data.files import DataError, cache_dir
 from aiayn.data.tokenizer import Tokenizer
@@ -156,24 +154,6 @@ def _cached(final: Path, cls: type):
         return None
 
 
-@contextlib.contextmanager
-def _building(final: Path, cls: type) -> Iterator[Path]:
-    """A private temporary folder, renamed to ``final`` when the block succeeds."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        yield tmp
-        try:
-            os.replace(tmp, final)
-        except OSError:  # final exists: a concurrent run's (keep it) or a broken one (replace it)
-            if _cached(final, cls) is None:
-                shutil.rmtree(final)
-                os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _write_meta(directory: Path, kind: str, name: str, origin: dict, dtype: np.dtype, **info):
     meta = dict(format=FORMAT, kind=kind, name=name, **origin, dtype=dtype.str, **info)
     (directory / META_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
@@ -204,7 +184,7 @@ def encode_parallel(
         return hit
     dtype = _dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
     stats = FilterStats()
-    with _building(final, EncodedParallel) as tmp:
+    with atomic_dir(final) as tmp:
         src_out, tgt_out = _RaggedWriter(tmp, "src", dtype), _RaggedWriter(tmp, "tgt", dtype)
         for chunk in _batched(corpus, chunk_pairs):
             srcs, tgts = zip(*chunk)
@@ -238,7 +218,7 @@ def encode_text(corpus: TextCorpus, tok: Tokenizer, cache: str | os.PathLike | N
     if (hit := _cached(final, EncodedText)) is not None:
         return hit
     dtype, n = _dtype(tok.vocab_size), 0
-    with _building(final, EncodedText) as tmp:
+    with atomic_dir(final) as tmp:
         with open(tmp / "tokens.ids", "wb") as f:
             for piece in corpus.chunks():
                 ids = np.asarray(tok.encode(piece), dtype=dtype)

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from aiayn.errors import DataError
+
 BLOCK = 1 << 20  # bytes read at a time: memory stays flat whatever the file size
 GZIP_MAGIC = b"\x1f\x8b"
-
-
-class DataError(ValueError):
-    """Bad data or data files. The message names the file(s) and says what to do; the CLI prints it
-    as one line and exits 1."""
 
 
 def repo_root() -> Path:

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from aiayn.atomic import write_bytes, write_text
 from aiayn.data.corpus import ParallelCorpus
 from aiayn.data.files import DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)  # model-config fields
 N_SPECIAL = 4
 UNK_SURFACE = "\u2047"  # "⁇": what decoding an unknown token shows
 META_FILE = "tokenizer.json"
@@ -70,7 +72,7 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(self._meta(**extra), ensure_ascii=False, indent=1)
-        (directory / META_FILE).write_text(meta + "\n", encoding="utf-8")
+        write_text(directory / META_FILE, meta + "\n")
         return directory
 
     def _ids(self, ids: Iterable[int]) -> list[int]:
@@ -175,7 +177,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def save(self, directory: str | os.PathLike) -> Path:
         directory = self._write_meta(directory, model_file=SPM_FILE)
-        (directory / SPM_FILE).write_bytes(self.model)
+        write_bytes(directory / SPM_FILE, self.model)
         return directory
 
     @classmethod

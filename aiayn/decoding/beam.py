@@ -21,9 +21,12 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
-from aiayn.decoding.greedy import max_lengths, restrict
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty, to_hypotheses
+from aiayn.decoding.steps import max_lengths, restrict
 from aiayn.decoding.topk import topk
+
+BEAM = SearchConfig()  # the paper's: beam 4, α = 0.6
 
 NEG_INF = float("-inf")
 
@@ -66,22 +69,18 @@ class _Finished:
 def beam_search(
     decoder: IncrementalDecoder,
     inputs: Tensor,
-    beam: int,
     max_len: int | Tensor,
-    nbest: int = 1,
-    lenpen: float = 0.6,
-    lenpen_kind: str = "gnmt",
-    min_len: int = 0,
+    config: SearchConfig = BEAM,
 ) -> list[list[Hypothesis]]:
-    """The ``nbest`` best-scoring hypotheses per input (best first), found with ``beam`` slots.
+    """The ``config.nbest`` best-scoring hypotheses per input (best first), found with
+    ``config.beam`` slots and ranked with ``config``'s length penalty.
 
     ``max_len`` (int or one per input) bounds the generated tokens, eos included; a hypothesis that
-    reaches it without eos is finished as it stands. ``min_len`` forbids eos before that many
-    tokens (``min_len = max_len`` gives outputs of fixed length, e.g. for benchmarks).
+    reaches it without eos is finished as it stands. ``config.min_len`` forbids eos before that
+    many tokens (``min_len = max_len`` gives outputs of fixed length, e.g. for benchmarks).
     """
-    if not 1 <= nbest <= beam:
-        raise ValueError(f"nbest={nbest} must be between 1 and the beam size {beam}")
-    k = beam
+    k, nbest, min_len = config.beam, config.nbest, config.min_len
+    lenpen, lenpen_kind = config.lenpen, config.lenpen_kind
     prefix = decoder.start(inputs, k)  # (B·K, t0)
     t0, device = prefix.size(1), prefix.device
     n_inputs = prefix.size(0) // k

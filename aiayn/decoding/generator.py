@@ -16,9 +16,10 @@ from torch import nn
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.adapters import LMAdapter
-from aiayn.decoding.model_dir import load_lm_dir
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
-from aiayn.decoding.search import SearchConfig, search
+from aiayn.decoding.search import search
+from aiayn.interop.model_dir import load_lm_dir
 
 
 class Generator:

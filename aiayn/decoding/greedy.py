@@ -1,93 +1,37 @@
-"""Greedy decoding, and the one-token-per-row loop that sampling shares with it.
+"""Greedy decoding.
 
     y_t = argmax_y log p(y | y_<t, X)
 
 for every row at once, until the row emits eos or reaches its maximum length. Rows that finish
-leave the batch (``decoder.select``), so a long sentence does not keep short ones computing.
-The model is reached only through an adapter (``adapters.py``).
+leave the batch (``decoder.select``, in ``steps.decode_rows``), so a long sentence does not keep
+short ones computing. The model is reached only through an adapter (``adapters.py``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+from aiayn.decoding.steps import decode_rows
 from aiayn.decoding.topk import topk
 
-Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
-
-
-def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
-    """The per-input limit on generated tokens (eos included) as a (n_inputs,) tensor, checked."""
-    limits = torch.as_tensor(max_len, dtype=torch.long).expand(n_inputs).clone()
-    if limits.numel() and int(limits.min()) < 1:
-        raise ValueError(f"max_len must be at least 1 for every input, got {int(limits.min())}")
-    return limits
-
-
-def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
-    """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), and
-    outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
-    log_probs[..., decoder.pad_id] = float("-inf")
-    if step < min_len:
-        log_probs[..., decoder.eos_id] = float("-inf")
-    return log_probs
-
-
-def decode_rows(
-    decoder: IncrementalDecoder, inputs: Tensor, n: int, pick: Pick, max_len: int | Tensor, min_len: int = 0
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Run ``pick`` on every row, one token at a time, ``n`` rows per input.
-
-    Shape:
-        max_len: int or (B,); returns tokens (B·n, L) padded with pad_id, lengths (B·n,),
-        log_probs (B·n,) — the sum of the chosen tokens' log-probabilities
-    """
-    prefix = decoder.start(inputs, n)  # (N, t0)
-    n_rows = prefix.size(0)
-    limit = max_lengths(max_len, n_rows // n).repeat_interleave(n)  # (N,)
-    longest = int(limit.max())
-    tokens = torch.full((n_rows, longest), decoder.pad_id, dtype=torch.long, device=prefix.device)
-    lengths = limit.clone()
-    log_probs = torch.zeros(n_rows, device=prefix.device)
-    rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
-    limit = limit.to(prefix.device)
-    for t in range(longest):
-        lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
-        choice = pick(lp)  # (A,)
-        tokens[rows, t] = choice
-        log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)
-        prefix = torch.cat([prefix, choice[:, None]], dim=1)
-        done = (choice == decoder.eos_id) | (limit <= t + 1)
-        if done.any():
-            lengths[rows[done]] = t + 1
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            rows, prefix, limit = rows[keep], prefix[keep], limit[keep]
-            decoder.select(keep)
-    return tokens, lengths, log_probs
+GREEDY = SearchConfig(beam=1)
 
 
 @torch.inference_mode()
 def greedy_search(
-    decoder: IncrementalDecoder,
-    inputs: Tensor,
-    max_len: int | Tensor,
-    min_len: int = 0,
-    lenpen: float = 0.6,
-    lenpen_kind: str = "gnmt",
+    decoder: IncrementalDecoder, inputs: Tensor, max_len: int | Tensor, config: SearchConfig = GREEDY
 ) -> list[list[Hypothesis]]:
     """The most probable next token at every step; one hypothesis per input.
 
-    ``lenpen`` only sets how the returned ``score`` is computed (as in ``beam_search``, so the two
-    are comparable); the search itself ignores it.
+    ``max_len`` (int or one per input) bounds the generated tokens, eos included. Of ``config``,
+    ``min_len`` applies; ``lenpen`` only sets how the returned ``score`` is computed (as in
+    ``beam_search``, so the two are comparable).
     """
     tokens, lengths, log_probs = decode_rows(
-        decoder, inputs, 1, lambda lp: topk(lp, 1)[1][:, 0], max_len, min_len
+        decoder, inputs, 1, lambda lp: topk(lp, 1)[1][:, 0], max_len, config.min_len
     )
-    return to_hypotheses(tokens, lengths, log_probs, 1, lenpen, lenpen_kind, sort=False)
+    return to_hypotheses(tokens, lengths, log_probs, 1, config.lenpen, config.lenpen_kind, sort=False)

@@ -14,9 +14,12 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
-from aiayn.decoding.greedy import decode_rows
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, to_hypotheses
+from aiayn.decoding.steps import decode_rows
 from aiayn.decoding.topk import topk
+
+SAMPLING = SearchConfig(sample=True)
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -49,27 +52,18 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 @torch.inference_mode()
 def sample(
-    decoder: IncrementalDecoder,
-    inputs: Tensor,
-    max_len: int | Tensor,
-    n: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    min_len: int = 0,
-    lenpen: float = 0.6,
-    lenpen_kind: str = "gnmt",
+    decoder: IncrementalDecoder, inputs: Tensor, max_len: int | Tensor, config: SearchConfig = SAMPLING
 ) -> list[list[Hypothesis]]:
-    """``n`` samples per input, in the order drawn. ``seed=None`` draws from torch's global RNG."""
-    check_sampling(temperature, top_k, top_p)
+    """``config.nbest`` samples per input, in the order drawn, with ``config``'s temperature, top-k,
+    top-p, seed (None draws from torch's global RNG) and min_len."""
+    c = config
     generator = None
-    if seed is not None:
-        generator = torch.Generator(device=inputs.device).manual_seed(seed)
+    if c.seed is not None:
+        generator = torch.Generator(device=inputs.device).manual_seed(c.seed)
 
     def pick(lp: Tensor) -> Tensor:
-        probs = filter_logits(lp / temperature, top_k, top_p).softmax(-1)
+        probs = filter_logits(lp / c.temperature, c.top_k, c.top_p).softmax(-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
-    tokens, lengths, log_probs = decode_rows(decoder, inputs, n, pick, max_len, min_len)
-    return to_hypotheses(tokens, lengths, log_probs, n, lenpen, lenpen_kind, sort=False)
+    tokens, lengths, log_probs = decode_rows(decoder, inputs, c.nbest, pick, max_len, c.min_len)
+    return to_hypotheses(tokens, lengths, log_probs, c.nbest, c.lenpen, c.lenpen_kind, sort=False)

@@ -19,9 +19,10 @@ from torch import nn
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.adapters import Seq2SeqAdapter
-from aiayn.decoding.model_dir import load_translation_dir
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
-from aiayn.decoding.search import SearchConfig, search
+from aiayn.decoding.search import search
+from aiayn.interop.model_dir import load_translation_dir
 
 DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models, which have no limit
 DEFAULT_MAX_TOKENS = 4096  # source tokens per batch, padding included

@@ -8,6 +8,7 @@ GPT-2's tokenization behind aiayn's tokenizer interface, so that ``aiayn transla
 rounding (``tests/interop``); see docs/interop.md.
 """
 
+from aiayn.interop.model_dir import load_lm_dir, load_translation_dir
 from aiayn.interop.pretrained import (
     export_hf,
     from_pretrained,
@@ -31,5 +32,7 @@ __all__ = [
     "load_gpt2_generation",
     "load_gpt2_tokenizer",
     "load_marian_tokenizers",
+    "load_lm_dir",
     "load_marian_translation",
+    "load_translation_dir",
 ]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from aiayn.config import LMConfig
 from aiayn.interop import hf
+from aiayn.models.config import LMConfig
 from aiayn.models.lm import LanguageModel
 from aiayn.modules.embedding import sinusoidal_table
 

@@ -24,6 +24,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from aiayn.atomic import atomic_path, write_json
+
 HF_CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE, PICKLE_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -185,10 +187,7 @@ def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
-    tmp = directory / (SAFETENSORS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, directory / SAFETENSORS)
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    (directory / (HF_CONFIG + ".tmp")).write_text(text, encoding="utf-8")
-    os.replace(directory / (HF_CONFIG + ".tmp"), directory / HF_CONFIG)
+    with atomic_path(directory / SAFETENSORS) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_json(directory / HF_CONFIG, config)
     return directory

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.config import TransformerConfig
 from aiayn.interop import hf
+from aiayn.models.config import TransformerConfig
 from aiayn.models.transformer import Transformer
 from aiayn.modules.embedding import sinusoidal_table
 

@@ -6,7 +6,7 @@ import math
 
 from torch import nn
 
-from aiayn.config import LayerConfig
+from aiayn.modules.config import LayerConfig
 from aiayn.modules.embedding import OutputProjection, TransformerEmbedding
 
 

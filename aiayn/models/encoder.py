@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.config import EncoderConfig
 from aiayn.masks import padding_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
+from aiayn.models.config import EncoderConfig
 from aiayn.modules.dropout import Dropout
 from aiayn.modules.layers import Encoder
 

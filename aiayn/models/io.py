@@ -18,11 +18,13 @@ from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 from torch import nn
 
-from aiayn import __version__
-from aiayn.config import EncoderConfig, LayerConfig, LMConfig, TransformerConfig
+from aiayn.atomic import atomic_path, write_json
+from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
+from aiayn.modules.config import LayerConfig
+from aiayn.version import __version__
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -48,21 +50,14 @@ def build_model(kind: str, config: dict) -> nn.Module:
     return cls(cfg_cls.from_dict(config))
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:
     """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
-    _save_weights(model, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, directory / WEIGHTS_FILE)
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        _save_weights(model, str(tmp), metadata={"format": "pt"})
     meta = {"kind": model_kind(model), "config": model.config.to_dict(), "aiayn_version": __version__}
-    write_json_atomic(directory / CONFIG_FILE, {**meta, **extra})
+    write_json(directory / CONFIG_FILE, {**meta, **extra})
     return directory
 
 

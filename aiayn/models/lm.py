@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.config import LMConfig
 from aiayn.masks import causal_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
+from aiayn.models.config import LMConfig
 from aiayn.modules.kv_cache import DecoderCache
 from aiayn.modules.layers import Encoder
 
@@ -50,12 +50,17 @@ class LanguageModel(nn.Module):
         ids: Tensor,
         mask: Tensor | None = None,
         cache: DecoderCache | None = None,
-        features_only: bool = False,
-    ) -> Tensor:
-        """``mask`` defaults to the look-ahead mask; with a cache, only new positions are given.
-        ``features_only`` returns the final states instead of logits."""
-        h = self.hidden(ids, mask, cache)[0]
-        return h if features_only else self.head(h)
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Logits; ``mask`` defaults to the look-ahead mask; with a cache, only new positions are
+        given. With ``targets`` (B, T) — the next token at every position — it returns the summed
+        label-smoothed loss, summed NLL and the number of targets instead (``OutputProjection.loss``,
+        the smoothing mass spread over the whole vocabulary)."""
+        h = self.hidden(ids, mask, cache)[0]  # (B, T, d_model)
+        if targets is None:
+            return self.head(h)
+        return self.head.loss(h.flatten(0, 1), targets.flatten(), label_smoothing)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers.layers))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.config import TransformerConfig
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
+from aiayn.models.config import TransformerConfig
 from aiayn.modules.kv_cache import DecoderCache
 from aiayn.modules.layers import Decoder, Encoder
 
@@ -81,21 +81,29 @@ class Transformer(nn.Module):
         self,
         src: Tensor,
         tgt: Tensor,
-        logits_mask: Tensor | None = None,
         r2l_memory: Tensor | None = None,
         r2l_mask: Tensor | None = None,
-        features_only: bool = False,
-    ) -> Tensor:
-        """Logits for every target position, or with ``logits_mask`` (B, T) bool only where it is
-        True, as (N, V): training skips the output projection of padding positions.
-        ``features_only`` returns the decoder states instead of logits (for a loss that applies
-        ``self.head`` itself). ``r2l_memory`` (B, S', d_model) is the second memory of an
-        ``r2l_memory=True`` decoder."""
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Logits for every target position; ``r2l_memory`` (B, S', d_model) is the second memory
+        of an ``r2l_memory=True`` decoder.
+
+        With ``targets`` (the decoder input shifted left, padded with pad_id) it returns the
+        training loss instead: summed label-smoothed loss, summed NLL and the number of real
+        targets, with the output projection and the softmax computed at real target positions only
+        and no smoothing mass on padding (``OutputProjection.loss``).
+
+        Shape:
+            src (B, S), tgt (B, T) -> logits (B, T, V); targets (B, T) -> three scalars
+        """
         src_mask = self.src_mask(src)
         memory = self.encode(src, src_mask)
-        h = self.decode(tgt, memory, src_mask, r2l_memory=r2l_memory, r2l_mask=r2l_mask)
-        h = h if logits_mask is None else h[logits_mask]
-        return h if features_only else self.head(h)
+        h = self.decode(tgt, memory, src_mask, r2l_memory=r2l_memory, r2l_mask=r2l_mask)  # (B, T, d_model)
+        if targets is None:
+            return self.head(h)
+        real = targets != self.config.pad_id  # (B, T)
+        return self.head.loss(h[real], targets[real], label_smoothing, smoothing_exclude=self.config.pad_id)
 
     def attention_weights(
         self, src: Tensor, tgt: Tensor, r2l_memory: Tensor | None = None, r2l_mask: Tensor | None = None

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.modules.dropout import Dropout
+from aiayn.modules.loss import linear_label_smoothed_nll_loss
 
 EMB_SCALES = ("emb", "prj", "none")
 POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned")
@@ -154,6 +155,7 @@ class OutputProjection(nn.Module):
 
     Models tie W to the target token embedding (§3.4) with ``tie(embedding)``; ``scale`` is
     1/√d_model for ``emb_scale="prj"``. ``b`` is optional (Marian's ``final_logits_bias``).
+    ``loss`` is the projection and the label-smoothed loss fused, for training.
 
     Shape:
         h: (B, T, d_model) -> (B, T, vocab)
@@ -173,3 +175,16 @@ class OutputProjection(nn.Module):
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits if self.bias is None else logits + self.bias
+
+    def loss(
+        self, h: Tensor, target: Tensor, epsilon: float, smoothing_exclude: int | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Summed label-smoothed loss, summed NLL and the number of targets of ``softmax(self(h))``
+        against ``target``, without storing the (N, V) logits (``linear_label_smoothed_nll_loss``).
+
+        Shape:
+            h: (N, d_model), target: (N,) -> three scalars
+        """
+        return linear_label_smoothed_nll_loss(
+            h, self.proj.weight, target, epsilon, self.bias, self.scale, smoothing_exclude=smoothing_exclude
+        )

@@ -22,7 +22,7 @@ from aiayn.modules.kv_cache import DecoderCache
 from aiayn.modules.norm import LayerNorm
 
 if TYPE_CHECKING:
-    from aiayn.config import LayerConfig
+    from aiayn.modules.config import LayerConfig
 
 
 class Residual(nn.Module):

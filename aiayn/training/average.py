@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from aiayn.atomic import atomic_dir
 from aiayn.models.io import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save_model
 from aiayn.training.checkpoint import STATE_JSON, STATE_TENSORS, step_dirs
 
@@ -31,14 +32,10 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
     model = load_model(paths[-1])
     model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()}, strict=False)
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(paths[-1], tmp, ignore=shutil.ignore_patterns(
-        CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS))  # fmt: skip
-    save_model(model, tmp, averaged=[str(p) for p in paths])
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)
+    with atomic_dir(out_dir) as tmp:
+        shutil.copytree(paths[-1], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS))  # fmt: skip
+        save_model(model, tmp, averaged=[str(p) for p in paths])
     return out_dir
 
 

@@ -7,9 +7,9 @@ A checkpoint ``RUN/step-000500/`` holds
                                      Python RNG state, anything else JSON can hold
     trainer_state.safetensors        optimizer moments and torch RNG states
 Nothing is pickled. A checkpoint is written into ``RUN/.tmp-…`` and renamed into place only when
-complete, so a run killed mid-write leaves the previous checkpoints intact (the stray temporary
-directory is removed at the next start). ``RUN/best`` is a symlink to the best checkpoint, swapped
-atomically. The last ``keep_last`` checkpoints are kept, plus the best.
+complete (``aiayn.atomic``), so a run killed mid-write leaves the previous checkpoints intact (the
+stray temporary directory is removed at the next start). ``RUN/best`` is a symlink to the best
+checkpoint, swapped atomically. The last ``keep_last`` checkpoints are kept, plus the best.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import random
 import re
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +26,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from aiayn.models.io import save_model, write_json_atomic
+from aiayn.atomic import atomic_dir, atomic_path, write_json
+from aiayn.models.io import save_model
 
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
@@ -48,11 +48,6 @@ def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     dirs = step_dirs(Path(run_dir))
     return dirs[-1][1] if dirs else None
-
-
-def clean_temporaries(run_dir: Path) -> None:
-    for p in run_dir.glob(".tmp-*"):
-        shutil.rmtree(p, ignore_errors=True)
 
 
 # -- optimizer and RNG state as tensors + JSON ----------------------------------------------------
@@ -99,16 +94,6 @@ def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
     random.setstate((meta["version"], tuple(meta["state"]), meta["gauss"]))
 
 
-def _test_delay(step: int) -> None:
-    """``AIAYN_TEST_CHECKPOINT_DELAY=STEP:SECONDS`` pauses the write of checkpoint STEP before its
-    rename, so that tests can kill the process mid-write."""
-    spec = os.environ.get("AIAYN_TEST_CHECKPOINT_DELAY")
-    if spec:
-        at, seconds = spec.split(":")
-        if int(at) == step:
-            time.sleep(float(seconds))
-
-
 # -- save / load ------------------------------------------------------------------------------------
 
 
@@ -128,19 +113,14 @@ def save_checkpoint(
     """
     run_dir = Path(run_dir)
     final = run_dir / f"step-{step:06d}"
-    tmp = run_dir / f".tmp-step-{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tmp, step=step, **(model_meta or {}))
-    if write_extra is not None:
-        write_extra(tmp)
-    opt_meta, tensors = _split_optimizer(optimizer)
-    rng_meta, rng_tensors = _rng_state()
-    save_file({**tensors, **rng_tensors}, str(tmp / STATE_TENSORS))
-    write_json_atomic(tmp / STATE_JSON, {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta})
-    _test_delay(step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    with atomic_dir(final) as tmp:
+        save_model(model, tmp, step=step, **(model_meta or {}))
+        if write_extra is not None:
+            write_extra(tmp)
+        opt_meta, tensors = _split_optimizer(optimizer)
+        rng_meta, rng_tensors = _rng_state()
+        save_file({**tensors, **rng_tensors}, str(tmp / STATE_TENSORS))
+        write_json(tmp / STATE_JSON, {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta})
     return final
 
 
@@ -158,11 +138,9 @@ def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.O
 
 def mark_best(run_dir: Path, checkpoint: Path) -> None:
     """Point ``RUN/best`` at ``checkpoint`` (an atomic symlink swap)."""
-    tmp = run_dir / ".tmp-best-link"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(checkpoint.name)
-    os.replace(tmp, run_dir / "best")
+    with atomic_path(run_dir / "best") as tmp:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(checkpoint.name)
 
 
 def prune(run_dir: Path, keep_last: int) -> None:

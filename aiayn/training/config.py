@@ -21,7 +21,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TASKS = ("translation", "lm")
 TOKENIZERS = ("bpe", "unigram", "char")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -29,7 +28,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 @dataclass
 class TrainConfig:
     # -- what to learn --------------------------------------------------------------------------
-    task: str = "translation"  # "translation" (encoder–decoder) or "lm" (decoder-only)
+    task: str = "translation"  # a registered Task: "translation" (encoder–decoder), "lm" (decoder-only)
     dataset: str = "multi30k"  # bundled name ("multi30k", "shakespeare"), a folder, or a file prefix
     valid_dataset: str = ""  # a different source for validation; "" = same as dataset
     src_lang: str = "de"  # translation: file suffixes / Multi30k languages
@@ -88,7 +87,10 @@ class TrainConfig:
         def fail(name: str, problem: str) -> None:
             raise ValueError(f"{name}={getattr(self, name)!r} {problem}")
 
-        for name, choices in (("task", TASKS), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
+        from aiayn.training.task import get_task
+
+        task = get_task(self.task)  # a ValueError naming the known tasks
+        for name, choices in (("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
                               ("optimizer", ("adam", "adamw")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
@@ -105,19 +107,7 @@ class TrainConfig:
             fail("label_smoothing", "must be in [0, 1)")
         if self.lr <= 0:
             fail("lr", "must be > 0")
-        if self.task == "translation" and self.src_lang == self.tgt_lang:
-            fail("tgt_lang", "equals src_lang: a translation task needs two languages")
-        self.model_config_class().from_dict({**self.model, **self._placeholder_vocab()})
-
-    def model_config_class(self):
-        from aiayn.config import LMConfig, TransformerConfig
-
-        return TransformerConfig if self.task == "translation" else LMConfig
-
-    def _placeholder_vocab(self) -> dict[str, int]:
-        """Vocabulary sizes come from the tokenizer; this checks the other model fields early."""
-        v = max(self.vocab_size, 256)
-        return {"src_vocab_size": v, "tgt_vocab_size": v} if self.task == "translation" else {"vocab_size": v}
+        task.check_config(self)  # what the task itself needs, the [model] table included
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:

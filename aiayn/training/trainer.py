@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import sys
@@ -25,8 +24,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from aiayn.atomic import remove_temporaries, write_json, write_text
 from aiayn.models.common import count_parameters
-from aiayn.models.io import write_json_atomic
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, to_dict
 from aiayn.training.distributed import (
@@ -37,7 +36,7 @@ from aiayn.training.distributed import (
     shutdown,
 )
 from aiayn.training.schedule import Schedule
-from aiayn.training.tasks import make_task
+from aiayn.training.task import Batch, get_task
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
@@ -111,8 +110,8 @@ class Trainer:
             raise ValueError(f"{self.run_dir} already holds a run: pass --resume, or choose another out_dir")
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.clean_temporaries(self.run_dir)
-            write_json_atomic(self.run_dir / TRAIN_CONFIG, to_dict(cfg))
+            remove_temporaries(self.run_dir)
+            write_json(self.run_dir / TRAIN_CONFIG, to_dict(cfg))
         barrier(self.dist)
         try:
             self._setup(resume, latest)
@@ -124,7 +123,7 @@ class Trainer:
     def _setup(self, resume: bool, latest: Path | None) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.task = make_task(cfg, self.run_dir, self.dist)
+        self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
         self.model = self.task.build_model().to(self.device)
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = make_schedule(cfg, self.model.config.d_model)
@@ -159,9 +158,7 @@ class Trainer:
         if self.dist.is_main and path.exists():
             lines = path.read_text(encoding="utf-8").splitlines()
             kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-            tmp.replace(path)
+            write_text(path, "".join(ln + "\n" for ln in kept))
 
     def log(self, record: dict) -> None:
         if self.dist.is_main:
@@ -176,14 +173,14 @@ class Trainer:
         self._stop_signal = signal.Signals(signum).name
 
     # -- one update -----------------------------------------------------------------------------
-    def train_step(self, batches: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
+    def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimizer update over ``update_freq`` micro-batches."""
         cfg, model = self.cfg, self.train_model
         model.train()
         lr = self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batches = [tuple(t.to(self.device, non_blocking=True) for t in b) for b in batches]
+        batches = [b.to(self.device, non_blocking=True) for b in batches]
         n_tokens = sum(self.task.n_targets(b) for b in batches)
         total = all_reduce_sum(torch.tensor(float(n_tokens), device=self.device), self.dist).item()
         scale = self.dist.world_size / total  # DDP averages over ranks
@@ -218,18 +215,17 @@ class Trainer:
         model.eval()
         loss_sum = nll_sum = n = 0.0
         for batch in self.task.valid_batches():
-            batch = tuple(t.to(self.device) for t in batch)
+            batch = batch.to(self.device)
             with autocast(self.device, self.cfg.precision):
                 loss, nll, k = self.task.loss(model, batch, self.cfg.label_smoothing)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + int(k)
         out = {"loss": loss_sum / n, "nll": nll_sum / n, "ppl": math.exp(min(nll_sum / n, 50.0))}
-        if self.cfg.task == "translation" and self.cfg.eval_bleu:
-            with autocast(self.device, self.cfg.precision):
-                out.update(self.task.bleu(model, self.device))
+        with autocast(self.device, self.cfg.precision):
+            out.update(self.task.extra_metrics(model, self.device))
         return out
 
     def _improved(self, metrics: dict[str, float]) -> bool:
-        score = metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
+        score = self.task.score(metrics)
         if self.best is None or score > self.best:
             self.best, self.bad_evals = score, 0
             return True
@@ -242,11 +238,8 @@ class Trainer:
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch}  # fmt: skip
-        meta = {"task": self.cfg.task, "dataset": self.cfg.dataset}
-        if self.cfg.task == "translation":
-            meta.update(src_lang=self.cfg.src_lang, tgt_lang=self.cfg.tgt_lang)
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
-                                    self.task.save_tokenizers, meta)  # fmt: skip
+                                    self.task.save_tokenizers, self.task.model_meta())  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
             ckpt.mark_best(self.run_dir, path)
         ckpt.prune(self.run_dir, self.cfg.keep_last)
@@ -318,10 +311,6 @@ class Trainer:
                 signal.signal(s, handler)
             if self.tb is not None:
                 self.tb.close()
-        if dump := os.environ.get("AIAYN_TEST_DUMP_PARAMS"):  # tests compare ranks' weights
-            from safetensors.torch import save_model
-
-            save_model(self.model, os.path.join(dump, f"rank{self.dist.rank}.safetensors"))
         if self.dist.is_main:
             print(f"aiayn train: stopped at step {self.step} ({reason}); best checkpoint "
                   f"{(self.run_dir / 'best').resolve()}", file=sys.stderr)  # fmt: skip

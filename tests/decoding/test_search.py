@@ -79,8 +79,8 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
 def test_beam_size_one_is_greedy(lenpen):
     model = tiny_transformer(eos_bias=4.0)
-    greedy = greedy_search(Seq2SeqAdapter(model), _sources(), 14, lenpen=lenpen)
-    beam = beam_search(Seq2SeqAdapter(model), _sources(), 1, 14, lenpen=lenpen)
+    greedy = greedy_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
+    beam = beam_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
     _assert_same("beam 1 vs greedy", beam, greedy)
 
 
@@ -89,15 +89,15 @@ def test_beam_size_one_is_greedy(lenpen):
 def test_beam_is_never_worse_than_greedy(seed, lenpen):
     model = tiny_transformer(seed=seed, eos_bias=4.0)
     src = torch.randint(4, 50, (6, 8), generator=torch.Generator().manual_seed(seed))
-    greedy = greedy_search(Seq2SeqAdapter(model), src, 12, lenpen=lenpen)
-    beam = beam_search(Seq2SeqAdapter(model), src, 5, 12, lenpen=lenpen)
+    greedy = greedy_search(Seq2SeqAdapter(model), src, 12, SearchConfig(beam=1, lenpen=lenpen))
+    beam = beam_search(Seq2SeqAdapter(model), src, 12, SearchConfig(beam=5, lenpen=lenpen))
     for g, b in zip(greedy, beam):
         assert b[0].score >= g[0].score - 1e-5
 
 
 def test_nbest_lists_are_sorted_distinct_and_consistent():
     model = tiny_transformer(eos_bias=4.0)
-    for hyps in beam_search(Seq2SeqAdapter(model), _sources(), 4, 14, nbest=4):
+    for hyps in beam_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=4, nbest=4)):
         assert len(hyps) == 4
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 4
@@ -117,11 +117,15 @@ def test_length_penalty_values():
 def test_max_and_min_length():
     model = tiny_transformer(eos_bias=4.0)
     limits = torch.tensor([3, 7, 5, 1])
-    for hyps, limit in zip(beam_search(Seq2SeqAdapter(model), _sources(), 3, limits, nbest=3), limits):
+    for hyps, limit in zip(
+        beam_search(Seq2SeqAdapter(model), _sources(), limits, SearchConfig(beam=3, nbest=3)), limits
+    ):
         assert all(len(h.tokens) <= limit for h in hyps)
-    fixed = beam_search(Seq2SeqAdapter(model), _sources(), 3, 9, min_len=9)  # no eos: fixed length
+    fixed = beam_search(
+        Seq2SeqAdapter(model), _sources(), 9, SearchConfig(beam=3, min_len=9)
+    )  # no eos: fixed length
     assert all(len(h[0].tokens) == 9 and 2 not in h[0].tokens for h in fixed)
-    for hyps in greedy_search(Seq2SeqAdapter(model), _sources(), 9, min_len=4):
+    for hyps in greedy_search(Seq2SeqAdapter(model), _sources(), 9, SearchConfig(beam=1, min_len=4)):
         assert len(hyps[0].tokens) >= 4 and 2 not in hyps[0].tokens[:3]
 
 
@@ -137,13 +141,15 @@ def _short_or_long(generated):
 
 def test_the_length_penalty_picks_the_longer_hypothesis():
     one = torch.zeros(1, 1)
-    assert beam_search(FakeDecoder(_short_or_long), one, 2, 10, lenpen=0.0)[0][0].tokens == [2]
-    best = beam_search(FakeDecoder(_short_or_long), one, 2, 10, lenpen=2.0)[0][0]
+    assert beam_search(FakeDecoder(_short_or_long), one, 10, SearchConfig(beam=2, lenpen=0.0))[0][
+        0
+    ].tokens == [2]
+    best = beam_search(FakeDecoder(_short_or_long), one, 10, SearchConfig(beam=2, lenpen=2.0))[0][0]
     assert best.tokens == [3, 2]
     raw = math.log(0.45) + math.log(0.99)
     assert best.log_prob == pytest.approx(raw, rel=1e-5)
     assert best.score == pytest.approx(raw / (7 / 6) ** 2, rel=1e-5)
-    greedy = greedy_search(FakeDecoder(_short_or_long), one, 10, lenpen=2.0)[0][0]
+    greedy = greedy_search(FakeDecoder(_short_or_long), one, 10, SearchConfig(beam=1, lenpen=2.0))[0][0]
     assert greedy.tokens == [2] and best.score > greedy.score
 
 
@@ -161,25 +167,27 @@ def test_the_stopping_rule_keeps_searching_while_a_live_beam_can_win():
     its current length, the heuristic that would stop here), but "a"×9 + eos scores -0.93 / lp(10)
     = -0.15 with α = 2: the exact bound s / lp(max_len) says go on, and the search finds it."""
     one = torch.zeros(1, 1)
-    best = beam_search(FakeDecoder(_long_way_round), one, 2, 20, lenpen=2.0)[0][0]
+    best = beam_search(FakeDecoder(_long_way_round), one, 20, SearchConfig(beam=2, lenpen=2.0))[0][0]
     assert best.tokens == [3] * 9 + [2]
     assert best.score > math.log(0.6)
 
 
 def test_the_stopping_rule_stops_as_soon_as_no_live_beam_can_win():
     fake = FakeDecoder(_long_way_round)
-    best = beam_search(fake, torch.zeros(1, 1), 2, 20, lenpen=0.0)[0][0]
+    best = beam_search(fake, torch.zeros(1, 1), 20, SearchConfig(beam=2, lenpen=0.0))[0][0]
     assert best.tokens == [2] and fake.steps == 1  # raw -0.92 (live) can never beat -0.51
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
     model = tiny_lm()
     prompt = torch.randint(4, 40, (2, 4), generator=torch.Generator().manual_seed(0))
-    draws = [sample(LMAdapter(model), prompt, 12, n=3, seed=7) for _ in range(2)]
+    draws = [
+        sample(LMAdapter(model), prompt, 12, SearchConfig(sample=True, nbest=3, seed=7)) for _ in range(2)
+    ]
     assert [[h.tokens for h in hs] for hs in draws[0]] == [[h.tokens for h in hs] for hs in draws[1]]
-    other = sample(LMAdapter(model), prompt, 12, n=3, seed=8)
+    other = sample(LMAdapter(model), prompt, 12, SearchConfig(sample=True, nbest=3, seed=8))
     assert [[h.tokens for h in hs] for hs in other] != [[h.tokens for h in hs] for hs in draws[0]]
-    top1 = sample(LMAdapter(model), prompt, 12, top_k=1, seed=0)
+    top1 = sample(LMAdapter(model), prompt, 12, SearchConfig(sample=True, top_k=1, seed=0))
     _assert_same("sampling with top_k=1 vs greedy", top1, greedy_search(LMAdapter(model), prompt, 12))
 
 

@@ -10,7 +10,7 @@ max_len``, as the benchmark runs) the two are the same algorithm, and there they
 import pytest
 import torch
 
-from aiayn.decoding import LMAdapter, Seq2SeqAdapter, beam_search, greedy_search
+from aiayn.decoding import LMAdapter, SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
 from tests.interop.hf_builders import gpt2, marian, padded_ids
 
@@ -54,7 +54,14 @@ def test_marian_fixed_length_beam_matches_generate(tmp_path, beam, alpha):
     src, mask = padded_ids([7, 4, 9, 5, 6, 8], 1, 60, 60, seed=0)
     ref = hf.generate(input_ids=src, attention_mask=mask, num_beams=beam, do_sample=False,
                       length_penalty=alpha, max_new_tokens=10, min_new_tokens=10)  # fmt: skip
-    got = ours(beam_search(Seq2SeqAdapter(model), src, beam, 10, 1, alpha, "simple", min_len=10))
+    got = ours(
+        beam_search(
+            Seq2SeqAdapter(model),
+            src,
+            10,
+            SearchConfig(beam=beam, lenpen=alpha, lenpen_kind="simple", min_len=10),
+        )
+    )
     assert got == ref[:, 1:].tolist()
 
 
@@ -67,5 +74,9 @@ def test_gpt2_greedy_and_beam_match_generate(tmp_path):
     greedy = hf.generate(**common, num_beams=1)
     assert ours(greedy_search(LMAdapter(model), prompt, 12)) == hf_outputs(greedy, 52, -1, 5)
     beam = hf.generate(**common, num_beams=4, min_new_tokens=12)
-    got = ours(beam_search(LMAdapter(model), prompt, 4, 12, 1, 1.0, "simple", min_len=12))
+    got = ours(
+        beam_search(
+            LMAdapter(model), prompt, 12, SearchConfig(beam=4, lenpen=1.0, lenpen_kind="simple", min_len=12)
+        )
+    )
     assert got == beam[:, 5:].tolist()

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.config import LayerConfig
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.modules import Decoder, DecoderLayer, Encoder, EncoderLayer
+from aiayn.modules.config import LayerConfig
 from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm
 
 D, H, FF = 32, 4, 64

@@ -14,6 +14,7 @@ from tests.helpers import assert_close
 from tests.training.conftest import tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]
+DRIVER = str(ROOT / "tests" / "training" / "driver.py")
 
 
 @pytest.mark.slow
@@ -24,15 +25,15 @@ def test_two_process_ddp_matches_single_process_with_the_same_global_batch(corpu
     ddp_dump.mkdir(), single_dump.mkdir()
     ddp = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-         "-m", "aiayn", "train", *tiny_args(corpus, tmp_path / "ddp_run", *common)],
-        cwd=ROOT, env={**env, "AIAYN_TEST_DUMP_PARAMS": str(ddp_dump)}, capture_output=True, text=True,
+         DRIVER, "--dump-params", str(ddp_dump), "--", *tiny_args(corpus, tmp_path / "ddp_run", *common)],
+        cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = subprocess.run(
-        [sys.executable, "-m", "aiayn", "train", *tiny_args(corpus, tmp_path / "single_run", *common),
-         "update_freq=2"],
-        cwd=ROOT, env={**env, "AIAYN_TEST_DUMP_PARAMS": str(single_dump)}, capture_output=True, text=True,
+        [sys.executable, DRIVER, "--dump-params", str(single_dump), "--",
+         *tiny_args(corpus, tmp_path / "single_run", *common), "update_freq=2"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-3000:]

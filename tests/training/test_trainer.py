@@ -31,9 +31,11 @@ def _train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
 
 
-def _spawn(args, env_extra=None) -> subprocess.Popen:
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "aiayn", "train", *args], cwd=ROOT, env=env,
+def _spawn(args, *driver_options: str) -> subprocess.Popen:
+    """``aiayn train ARGS`` in a child process, through the test driver (its options patch in
+    test-only instrumentation)."""
+    driver = [str(ROOT / "tests" / "training" / "driver.py"), *driver_options, "--"]
+    return subprocess.Popen([sys.executable, *driver, *args], cwd=ROOT, env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
@@ -60,9 +62,9 @@ def test_resume_after_sigkill_during_checkpoint_write_is_exact(corpus, tmp_path)
     assert main(["train", *tiny_args(corpus, ref, *args)]) == 0
 
     run = tmp_path / "run"
-    proc = _spawn(tiny_args(corpus, run, *args), {"AIAYN_TEST_CHECKPOINT_DELAY": "10:60"})
+    proc = _spawn(tiny_args(corpus, run, *args), "--pause-checkpoint", "10:60")
     deadline = time.time() + 120
-    while not list(run.glob(".tmp-step-000010-*/trainer_state.json")):
+    while not list(run.glob(".tmp-step-000010-*/trainer_state.json")):  # written, not yet renamed
         assert proc.poll() is None, proc.communicate()[1]
         assert time.time() < deadline, "the run never reached its step-10 checkpoint"
         time.sleep(0.1)

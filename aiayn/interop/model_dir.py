@@ -1,4 +1,5 @@
-"""Loading a model directory for inference: the model plus its tokenizer(s), checked together.
+"""Loading a model directory for inference, aiayn's or Hugging Face's: the model plus its
+tokenizer(s), checked together.
 
 A model directory holds what ``aiayn.models.io.save_model`` writes (``config.json`` +
 ``model.safetensors``) and the tokenizers the data module saves beside it:
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
-from aiayn.interop import hf_model_type, load_gpt2_generation, load_marian_translation
+from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
 KIND_NAMES = {

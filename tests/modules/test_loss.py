@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.training.loss import (
+from aiayn.modules.loss import (
     label_smoothed_nll_loss,
     linear_label_smoothed_nll_loss,
 )

@@ -1,0 +1,85 @@
+"""Atomic writes: a file or directory appears complete under its name, or not at all.
+
+Every file the package writes goes through here. The content is written under a temporary name in
+the same folder (``.NAME.tmp-PID``) and renamed into place with ``os.replace``, which is atomic on
+POSIX and Windows, so a crash, a full disk or a Ctrl-C never leaves half a file behind, and the
+previous version stays intact until the new one is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+TMP_PREFIX = ".tmp-"
+
+
+def temporary_name(path: Path) -> Path:
+    """A private name beside ``path`` (same folder, so the final rename stays on one file system)."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path to write ``path``'s content to; rename it into place on success.
+
+    For writers that take a file name (``safetensors.save_file``, sentencepiece)."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(path: str | os.PathLike, data: object) -> None:
+    """``data`` as indented JSON with sorted keys, atomically."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary directory; on success it replaces ``path`` (an existing directory
+    there is removed only after the new one is complete). On failure nothing changes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            old = path.with_name(f"{TMP_PREFIX}old-{path.name}-{os.getpid()}")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_temporaries(folder: str | os.PathLike) -> None:
+    """Delete what an interrupted atomic write left in ``folder``."""
+    for p in Path(folder).glob(TMP_PREFIX + "*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)

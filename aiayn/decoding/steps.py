@@ -1,0 +1,69 @@
+"""What every search strategy does at each step: limits, restrictions, and the row loop.
+
+``max_lengths`` turns the length limit into one number per input; ``restrict`` forbids padding and
+an early eos; ``decode_rows`` runs one token per row until each row ends, the loop that greedy
+search and sampling share (they differ only in how a token is picked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from aiayn.decoding.adapters import IncrementalDecoder
+
+Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
+
+
+def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
+    """The per-input limit on generated tokens (eos included) as a (n_inputs,) tensor, checked."""
+    limits = torch.as_tensor(max_len, dtype=torch.long).expand(n_inputs).clone()
+    if limits.numel() and int(limits.min()) < 1:
+        raise ValueError(f"max_len must be at least 1 for every input, got {int(limits.min())}")
+    return limits
+
+
+def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
+    """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), and
+    outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
+    log_probs[..., decoder.pad_id] = float("-inf")
+    if step < min_len:
+        log_probs[..., decoder.eos_id] = float("-inf")
+    return log_probs
+
+
+def decode_rows(
+    decoder: IncrementalDecoder, inputs: Tensor, n: int, pick: Pick, max_len: int | Tensor, min_len: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Run ``pick`` on every row, one token at a time, ``n`` rows per input.
+
+    Shape:
+        max_len: int or (B,); returns tokens (B·n, L) padded with pad_id, lengths (B·n,),
+        log_probs (B·n,) — the sum of the chosen tokens' log-probabilities
+    """
+    prefix = decoder.start(inputs, n)  # (N, t0)
+    n_rows = prefix.size(0)
+    limit = max_lengths(max_len, n_rows // n).repeat_interleave(n)  # (N,)
+    longest = int(limit.max())
+    tokens = torch.full((n_rows, longest), decoder.pad_id, dtype=torch.long, device=prefix.device)
+    lengths = limit.clone()
+    log_probs = torch.zeros(n_rows, device=prefix.device)
+    rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
+    limit = limit.to(prefix.device)
+    for t in range(longest):
+        lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
+        choice = pick(lp)  # (A,)
+        tokens[rows, t] = choice
+        log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)
+        prefix = torch.cat([prefix, choice[:, None]], dim=1)
+        done = (choice == decoder.eos_id) | (limit <= t + 1)
+        if done.any():
+            lengths[rows[done]] = t + 1
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            rows, prefix, limit = rows[keep], prefix[keep], limit[keep]
+            decoder.select(keep)
+    return tokens, lengths, log_probs

@@ -1,0 +1,69 @@
+"""The configs of the three models: ``LayerConfig`` plus vocabulary sizes, depth and heads.
+
+``TransformerConfig()`` is the paper's base model (Table 3: N=6 encoder and decoder layers, source
+and target embeddings shared with the output projection, §3.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiayn.modules.config import LayerConfig
+
+
+@dataclass
+class TransformerConfig(LayerConfig):
+    """The encoder–decoder of the paper (Figure 1)."""
+
+    src_vocab_size: int = 37000  # the paper's shared BPE vocabulary for WMT en-de
+    tgt_vocab_size: int = 37000
+    n_encoder_layers: int = 6  # N, §3.1
+    n_decoder_layers: int = 6
+    share_embeddings: bool = True  # one token embedding for source and target (§3.4)
+    tie_output: bool = True  # pre-softmax projection = target embedding matrix (§3.4)
+    output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+    r2l_memory: bool = False  # decoder layers attend to a second, right-to-left memory too
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("src_vocab_size")
+        self._vocab_check("tgt_vocab_size")
+        self._positive("n_encoder_layers", "n_decoder_layers")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            self._fail(
+                "share_embeddings",
+                f"needs src_vocab_size == tgt_vocab_size (got {self.src_vocab_size} and "
+                f"{self.tgt_vocab_size})",
+                "use a joint vocabulary or set share_embeddings=False",
+            )
+
+
+@dataclass
+class EncoderConfig(LayerConfig):
+    """An encoder-only model: per-token vocabulary head and a pooled classification head."""
+
+    vocab_size: int = 37000
+    n_layers: int = 6
+    n_classes: int = 0  # > 0 adds the pooled classification head
+    tie_output: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("vocab_size")
+        self._positive("n_layers")
+        if not isinstance(self.n_classes, int) or self.n_classes < 0:
+            self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
+
+
+@dataclass
+class LMConfig(LayerConfig):
+    """A decoder-only (GPT-style) language model: causal self-attention only."""
+
+    vocab_size: int = 37000
+    n_layers: int = 6
+    tie_output: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        self._vocab_check("vocab_size")
+        self._positive("n_layers")

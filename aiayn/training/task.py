@@ -1,0 +1,140 @@
+"""The ``Task`` interface: everything one kind of training gives the shared loop, and its registry.
+
+The loop (``trainer.py``) knows nothing about translation or language modelling: it asks the task
+for a model, batches, a loss and metrics. A new kind of training is one module under
+``training/tasks/`` that subclasses ``Task`` and registers itself by name::
+
+    @register_task("my_task")
+    class MyTask(Task):
+        model_config = LMConfig
+        ...
+
+after which ``aiayn train task=my_task …`` runs it (``TrainConfig.task`` is checked against the
+registry).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.modules.config import LayerConfig
+from aiayn.training.distributed import DistInfo
+
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
+BUILTIN = "aiayn.training.tasks"  # importing it registers the built-in tasks
+TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizers trained for it
+
+
+class Batch(Protocol):
+    """What a task's batch is to the loop: named tensors (a ``NamedTuple``) with ``.to(device)``."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch: ...
+
+
+class Task:
+    """One kind of training. The class describes the task; an instance holds its data for one run.
+
+    A task is built once per process as ``Task(cfg, run_dir, dist)``: it reads its data, trains its
+    tokenizer(s) on rank 0 (``distributed.main_first``) and keeps them in ``run_dir``.
+    """
+
+    name: ClassVar[str] = ""  # set by ``register_task``
+    model_config: ClassVar[type[LayerConfig]]  # the config class of the model it trains
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
+
+    # -- the config, before any work -----------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """Raise ``ValueError`` naming the field if ``cfg`` makes no sense for this task. The
+        default checks the ``[model]`` table against ``model_config`` with placeholder vocabulary
+        sizes (the real ones come from the tokenizer)."""
+        cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
+
+    @classmethod
+    def vocab_placeholder(cls, size: int) -> dict[str, int]:
+        """The model config's vocabulary-size fields, all set to ``size``."""
+        return {"vocab_size": size}
+
+    # -- the model and its data ---------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    sampler: Any  # the training data position: ``state_dict()`` / ``load_state_dict()``
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the training data (0 for tasks that sample endlessly)."""
+        return 0
+
+    def train_batches(self) -> Iterator[Batch]:
+        """Endless training batches of this rank, continuing from ``sampler``'s position."""
+        raise NotImplementedError
+
+    def valid_batches(self) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    # -- the objective ----------------------------------------------------------------------------
+    def loss(self, model: nn.Module, batch: Batch, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+        """Summed training loss, summed NLL and the number of targets of ``batch``; ``model`` may be
+        wrapped (DDP, ``torch.compile``), so it is only ever called, never looked inside."""
+        raise NotImplementedError
+
+    def n_targets(self, batch: Batch) -> int:
+        """The number of targets the loss of ``batch`` sums over (the loop normalises by it)."""
+        raise NotImplementedError
+
+    # -- evaluation and what a checkpoint records ------------------------------------------------
+    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Metrics beyond loss and perplexity computed at each evaluation (rank 0 only)."""
+        return {}
+
+    def score(self, metrics: dict[str, float]) -> float:
+        """The number that picks the best checkpoint (higher is better)."""
+        return -metrics["loss"]
+
+    def model_meta(self) -> dict[str, Any]:
+        """Fields written into each checkpoint's ``config.json`` beside the model."""
+        return {"task": self.cfg.task, "dataset": self.cfg.dataset}
+
+    def save_tokenizers(self, directory: Path) -> None:
+        """Write the tokenizer(s) into a checkpoint, where the inference commands look for them."""
+        raise NotImplementedError
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: make a ``Task`` subclass available as ``TrainConfig.task = name``."""
+
+    def register(cls: type[Task]) -> type[Task]:
+        if name in TASKS and TASKS[name] is not cls:
+            raise ValueError(f"a task named {name!r} is already registered ({TASKS[name].__name__})")
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return register
+
+
+def task_names() -> list[str]:
+    importlib.import_module(BUILTIN)
+    return sorted(TASKS)
+
+
+def get_task(name: str) -> type[Task]:
+    """The task class registered as ``name``; a ``ValueError`` listing the known ones otherwise."""
+    importlib.import_module(BUILTIN)
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is not one of {tuple(task_names())}")
+    return TASKS[name]

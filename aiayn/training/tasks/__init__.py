@@ -1,0 +1,6 @@
+"""The built-in training tasks, one module each; importing this package registers them."""
+
+from aiayn.training.tasks.lm import LMTask
+from aiayn.training.tasks.translation import TranslationTask
+
+__all__ = ["LMTask", "TranslationTask"]

@@ -1,0 +1,139 @@
+"""Translation: a parallel corpus -> token-budget batches -> the encoder–decoder (paper §5).
+
+The tokenizers (joint or per side) are trained once per run on the training split and saved into
+the run directory; a resumed run or another rank reads them from there, so every process and every
+checkpoint agrees on the vocabulary. Each evaluation adds greedy BLEU on the validation set
+(sacreBLEU), which then picks the best checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from aiayn.data import (
+    CorpusFilter,
+    TokenBatchSampler,
+    TranslationBatch,
+    collate_translation,
+    encode_parallel,
+    load_parallel,
+    load_translation_tokenizers,
+    save_translation_tokenizers,
+    train_translation_tokenizers,
+)
+from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.models import Transformer
+from aiayn.models.config import TransformerConfig
+from aiayn.training.distributed import DistInfo, main_first
+from aiayn.training.task import TOKENIZER_DIR, Task, register_task
+
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
+
+@register_task("translation")
+class TranslationTask(Task):
+    """Parallel corpus -> ``TranslationBatch`` (src, tgt_in, tgt_out) -> encoder–decoder."""
+
+    model_config = TransformerConfig
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if cfg.src_lang == cfg.tgt_lang:
+            raise ValueError(
+                f"tgt_lang={cfg.tgt_lang!r} equals src_lang: a translation task needs two languages"
+            )
+        if cfg.tokenizer == "char":
+            raise ValueError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
+        super().check_config(cfg)
+
+    @classmethod
+    def vocab_placeholder(cls, size: int) -> dict[str, int]:
+        return {"src_vocab_size": size, "tgt_vocab_size": size}
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        super().__init__(cfg, run_dir, dist)
+        train = load_parallel(cfg.dataset, "train", cfg.src_lang, cfg.tgt_lang)
+        valid = load_parallel(cfg.valid_dataset or cfg.dataset, "valid", cfg.src_lang, cfg.tgt_lang)
+        tok_dir = run_dir / TOKENIZER_DIR
+
+        def tokenizers():  # trained once (rank 0), then read back by every rank
+            if not (tok_dir / "tgt").is_dir():
+                src_tok, tgt_tok = train_translation_tokenizers(
+                    train, cfg.vocab_size, joint=cfg.joint_vocab, model_type=cfg.tokenizer
+                )
+                save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
+            return load_translation_tokenizers(tok_dir)
+
+        self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
+        self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
+        self.valid_refs = [tgt for _, tgt in valid]
+        self.sampler = TokenBatchSampler(
+            self.train.src.lengths, self.train.tgt.lengths, cfg.max_tokens,
+            seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
+        )  # fmt: skip
+
+    def _encode(self, train, valid):
+        keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
+        return (
+            encode_parallel(train, self.src_tok, self.tgt_tok, CorpusFilter(max_len=self.cfg.max_len)),
+            encode_parallel(valid, self.src_tok, self.tgt_tok, keep_all),
+        )
+
+    def build_model(self) -> Transformer:
+        shared = self.src_tok is self.tgt_tok
+        fields = {"share_embeddings": shared, **self.cfg.model}
+        fields.update(src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size)
+        return Transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.state_dict()["epoch"]
+
+    def train_batches(self) -> Iterator[TranslationBatch]:
+        while True:
+            for idx in self.sampler:
+                yield collate_translation([self.train[i] for i in idx])
+
+    def valid_batches(self) -> Iterator[TranslationBatch]:
+        sampler = TokenBatchSampler(self.valid.src.lengths, self.valid.tgt.lengths, self.cfg.max_tokens,
+                                    shuffle=False)  # fmt: skip
+        for idx in sampler.batches(0):
+            yield collate_translation([self.valid[i] for i in idx])
+
+    def loss(self, model: nn.Module, batch: TranslationBatch, smoothing: float):
+        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``)."""
+        return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing)
+
+    def n_targets(self, batch: TranslationBatch) -> int:
+        return int((batch.tgt_out != SPECIAL_IDS["pad_id"]).sum())
+
+    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Greedy translations of the validation sources, scored with sacreBLEU."""
+        if not self.cfg.eval_bleu:
+            return {}
+        import sacrebleu
+
+        from aiayn.decoding.options import SearchConfig
+        from aiayn.decoding.translator import Translator
+
+        n = self.cfg.eval_max_sentences or len(self.valid)
+        translator = Translator(model, self.src_tok, self.tgt_tok)
+        sources = [self.valid[i][0].tolist() for i in range(n)]
+        hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
+        texts = [translator.detokenize(h[0]) if h else "" for h in hyps]
+        return {"bleu": round(sacrebleu.corpus_bleu(texts, [self.valid_refs[:n]]).score, 2)}
+
+    def score(self, metrics: dict[str, float]) -> float:
+        return metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
+
+    def model_meta(self) -> dict[str, Any]:
+        return {**super().model_meta(), "src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang}
+
+    def save_tokenizers(self, directory: Path) -> None:
+        save_translation_tokenizers(directory, self.src_tok, self.tgt_tok)
