@@ -8,6 +8,7 @@ output file under a temporary name and renames it, so a failed run never leaves 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -48,21 +49,10 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
-    return SearchConfig(
-        beam=args.beam,
-        nbest=args.nbest,
-        lenpen=args.lenpen,
-        lenpen_kind=args.lenpen_kind,
-        max_len=args.max_len,
-        max_len_b=args.max_len_b,
-        min_len=args.min_len,
-        sample=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        use_cache=not args.no_cache,
-    )
+    """The ``SearchConfig`` of the options ``add_search_arguments`` added (same names)."""
+    names = [f.name for f in dataclasses.fields(SearchConfig)]
+    options = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return SearchConfig(**options, use_cache=not args.no_cache)
 
 
 def warn(message: str) -> None:

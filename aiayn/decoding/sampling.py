@@ -22,15 +22,6 @@ from aiayn.decoding.topk import topk
 SAMPLING = SearchConfig(sample=True)
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0 (use greedy decoding for T -> 0)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be at least 1 (or None for no top-k filtering)")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1] (or None for no nucleus filtering)")
-
-
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """Set every token outside the top-k and outside the top-p nucleus to -inf.
 
