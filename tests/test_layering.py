@@ -1,6 +1,6 @@
 """Dependencies inside the package flow one way (README, "What is where"):
 
-    cli → training → decoding → interop → data → models → modules → (masks, errors, atomic, version)
+    cli → training → decoding → interop → data → models → modules → (masks, errors, atomic, version, device)
 
 A module may import from its own layer or any layer to its right, never to its left; ``viz``
 imports nothing of the package. Every ``import`` statement is read with ``ast`` (those inside
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
 ORDER = ["base", "modules", "models", "data", "interop", "decoding", "training", "cli"]
-BASE = {"masks", "errors", "atomic", "version"}
+BASE = {"masks", "errors", "atomic", "version", "device"}
 LAYERED = BASE | set(ORDER) | {"viz"}
 FACADES = {"__init__", "__main__"}  # the package's public face and entry point may import anything
 

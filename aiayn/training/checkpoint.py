@@ -23,10 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aiayn.atomic import atomic_dir, atomic_path, write_json
+from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
 
 STATE_JSON = "trainer_state.json"
@@ -124,15 +126,44 @@ def save_checkpoint(
     return final
 
 
+STATE_KEYS = ("step", "best", "bad_evals", "elapsed", "sampler", "optimizer", "rng")
+
+
+def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The trainer state's JSON and tensors, checked; ``ModelDirError`` naming the bad file."""
+    path = checkpoint / STATE_JSON
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{path} cannot be read ({e})") from None
+    missing = [k for k in STATE_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise ModelDirError(f"{path} lacks {', '.join(missing)}: it is not a complete trainer state")
+    try:
+        tensors = load_file(str(checkpoint / STATE_TENSORS))
+    except (OSError, SafetensorError) as e:
+        raise ModelDirError(f"{checkpoint / STATE_TENSORS} is truncated or corrupt ({e})") from None
+    return meta, tensors
+
+
 def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model weights, optimizer and RNG states; return the trainer's JSON state."""
+    """Restore model weights, optimizer and RNG states; return the trainer's JSON state.
+
+    A checkpoint that cannot be used raises ``ModelDirError`` naming the file; its trainer state
+    is read and checked before anything is restored (``--resume`` then tries an older checkpoint,
+    which restores everything anew).
+    """
     from safetensors.torch import load_model
 
-    load_model(model, checkpoint / "model.safetensors", strict=True)
-    meta = json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))
-    tensors = load_file(str(checkpoint / STATE_TENSORS))
-    optimizer.load_state_dict(_join_optimizer(meta.pop("optimizer"), tensors))
-    _set_rng_state(meta.pop("rng"), tensors)
+    meta, tensors = _read_state(checkpoint)
+    weights = checkpoint / "model.safetensors"
+    try:
+        load_model(model, weights, strict=True)
+        optimizer.load_state_dict(_join_optimizer(meta.pop("optimizer"), tensors))
+        _set_rng_state(meta.pop("rng"), tensors)
+    except (OSError, SafetensorError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelDirError(f"{checkpoint} does not fit this run or is corrupt ({first})") from None
     return meta
 
 

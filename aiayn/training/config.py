@@ -9,12 +9,15 @@ and wrong types are errors that name the key before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aiayn.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,6 +26,7 @@ else:  # pragma: no cover
 
 TOKENIZERS = ("bpe", "unigram", "char")
 PRECISIONS = ("fp32", "bf16", "fp16")
+EXAMPLE_RECIPE = "recipes/multi30k-de-en.toml"
 
 
 @dataclass
@@ -84,8 +88,11 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
+        """Every field checked for type range, finiteness and agreement with its siblings, before
+        any work starts; a ``ConfigError`` names the first bad field and what to do."""
+
         def fail(name: str, problem: str) -> None:
-            raise ValueError(f"{name}={getattr(self, name)!r} {problem}")
+            raise ConfigError(f"{name}={getattr(self, name)!r} {problem}")
 
         from aiayn.training.task import get_task
 
@@ -103,10 +110,24 @@ class TrainConfig:
                      "decay_steps"):  # fmt: skip
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0")
-        if not 0 <= self.label_smoothing < 1:
-            fail("label_smoothing", "must be in [0, 1)")
+        for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm",
+                     "label_smoothing", "max_minutes"):  # fmt: skip
+            if not math.isfinite(getattr(self, name)):
+                fail(name, "must be a finite number")
+        for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes"):
+            if getattr(self, name) < 0:
+                fail(name, "must be ≥ 0 (0 = off)" if name != "min_lr" else "must be ≥ 0")
+        for name in ("label_smoothing", "beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(name, "must be in [0, 1)")
         if self.lr <= 0:
             fail("lr", "must be > 0")
+        if self.adam_eps <= 0:
+            fail("adam_eps", "must be > 0 (the paper's is 1e-9)")
+        if self.schedule == "cosine" and self.min_lr > self.lr:
+            fail("min_lr", f"is above lr={self.lr}: the cosine schedule decays from lr down to min_lr")
+        if not self.out_dir:
+            fail("out_dir", "is empty: name the run directory")
         task.check_config(self)  # what the task itself needs, the [model] table included
 
 
@@ -119,16 +140,20 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     return isinstance(value, origin)
 
 
-def config_from_dict(data: dict[str, Any], source: str = "recipe") -> TrainConfig:
-    """Build a ``TrainConfig``, rejecting unknown keys and wrong types with a one-line error."""
+def config_from_dict(
+    data: dict[str, Any], source: str = "recipe", sources: dict[str, str] | None = None
+) -> TrainConfig:
+    """Build a ``TrainConfig``, rejecting unknown keys and wrong types with a one-line error that
+    names where the key came from (``sources[key]``, e.g. an override, else ``source``)."""
     hints = typing.get_type_hints(TrainConfig)
     for key, value in data.items():
+        where = (sources or {}).get(key, source)
         if key not in hints:
             known = ", ".join(sorted(hints))
-            raise ValueError(f"{source}: unknown key {key!r} (known keys: {known})")
+            raise ConfigError(f"{where}: unknown key {key!r} (known keys: {known})")
         if not _type_ok(value, hints[key]):
             expected = getattr(hints[key], "__name__", str(hints[key]))
-            raise ValueError(f"{source}: {key} must be {expected}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
     data = {k: float(v) if hints[k] is float else v for k, v in data.items()}
     return TrainConfig(**data)
 
@@ -136,7 +161,7 @@ def config_from_dict(data: dict[str, Any], source: str = "recipe") -> TrainConfi
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``"model.d_model=256"`` -> (["model", "d_model"], 256). Values are TOML literals, else strings."""
     if "=" not in item:
-        raise ValueError(f"override {item!r} must look like key=value (e.g. lr=0.5 or model.d_model=256)")
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. lr=0.5 or model.d_model=256)")
     key, raw = item.split("=", 1)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
@@ -150,21 +175,25 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"recipe {path} is a directory; give a TOML file such as {EXAMPLE_RECIPE}")
         if not path.is_file():
-            raise FileNotFoundError(f"recipe {path} does not exist")
+            raise ConfigError(f"recipe {path} does not exist (e.g. {EXAMPLE_RECIPE})")
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"recipe {path} is not valid TOML: {e}") from None
+            raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
+    sources = {}
     for item in overrides:
         keys, value = parse_override(item)
         target = data
         for k in keys[:-1]:
             target = target.setdefault(k, {})
             if not isinstance(target, dict):
-                raise ValueError(f"override {item!r}: {k} is not a table")
+                raise ConfigError(f"override {item!r}: {k} is not a table")
         target[keys[-1]] = value
-    return config_from_dict(data, source=str(path) if path else "overrides")
+        sources[keys[0]] = f"override {item!r}"
+    return config_from_dict(data, source=f"recipe {path}" if path else "overrides", sources=sources)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -32,19 +32,6 @@ class DistInfo:
         return self.world_size > 1
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``"auto"`` is the local CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={name!r} but CUDA is not available; use device=cpu or auto")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-    return device
-
-
 def init_distributed(device: torch.device) -> DistInfo:
     """Join the process group that torchrun describes in the environment (if any)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -71,6 +58,12 @@ def main_first(info: DistInfo, build: Callable[[], T]) -> T:
 def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def all_reduce_max(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return value
 
 

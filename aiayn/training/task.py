@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError
 from aiayn.modules.config import LayerConfig
 from aiayn.training.distributed import DistInfo
 
@@ -55,7 +56,7 @@ class Task:
     # -- the config, before any work -----------------------------------------------------------
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
-        """Raise ``ValueError`` naming the field if ``cfg`` makes no sense for this task. The
+        """Raise ``ConfigError`` naming the field if ``cfg`` makes no sense for this task. The
         default checks the ``[model]`` table against ``model_config`` with placeholder vocabulary
         sizes (the real ones come from the tokenizer)."""
         cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
@@ -136,5 +137,5 @@ def get_task(name: str) -> type[Task]:
     """The task class registered as ``name``; a ``ValueError`` listing the known ones otherwise."""
     importlib.import_module(BUILTIN)
     if name not in TASKS:
-        raise ValueError(f"task={name!r} is not one of {tuple(task_names())}")
+        raise ConfigError(f"task={name!r} is not one of {tuple(task_names())}")
     return TASKS[name]

@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -25,29 +26,35 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from aiayn.atomic import remove_temporaries, write_json, write_text
+from aiayn.device import resolve_device
+from aiayn.errors import AiaynError, ConfigError, ModelDirError, OutputError
 from aiayn.models.common import count_parameters
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, to_dict
 from aiayn.training.distributed import (
+    all_reduce_max,
     all_reduce_sum,
     barrier,
     init_distributed,
-    resolve_device,
     shutdown,
 )
 from aiayn.training.schedule import Schedule
-from aiayn.training.task import Batch, get_task
+from aiayn.training.task import TOKENIZER_DIR, Batch, get_task
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 # fields that may change when a run is resumed: they do not change what is computed
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
                      "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
-                     "compile"}  # fmt: skip
+                     "compile", "out_dir"}  # fmt: skip
+# why a run stops before max_steps, by priority: when ranks differ, the highest code wins
+STOP_REASONS = ("", "max_epochs", "max_minutes", "patience", "SIGINT", "SIGTERM")
+# what a run that never reached a checkpoint leaves; removed when it is started again
+RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
 
 
-class TrainingDiverged(RuntimeError):
-    pass
+class TrainingDiverged(AiaynError):
+    """The loss became NaN or infinite; the message names the last good checkpoint."""
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -70,22 +77,59 @@ def autocast(device: torch.device, precision: str):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("precision=fp16 needs a CUDA device; use bf16 on CPU")
+        raise ConfigError("precision=fp16 needs a CUDA device; use bf16 on CPU")
     return torch.autocast(device.type, dtype=dtype)
 
 
-def check_resume_compatible(run_dir: Path, cfg: TrainConfig) -> None:
+def read_run_config(run_dir: Path) -> dict:
+    """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``)."""
     path = run_dir / TRAIN_CONFIG
     if not path.is_file():
-        raise ValueError(f"cannot resume: {path} is missing ({run_dir} is not a training run)")
-    saved, now = json.loads(path.read_text(encoding="utf-8")), to_dict(cfg)
+        raise ModelDirError(f"cannot resume: {path} is missing ({run_dir} is not a training run)")
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"cannot resume: {path} is not valid JSON ({e})") from None
+    if not isinstance(saved, dict):
+        raise ModelDirError(f"cannot resume: {path} is not a JSON object")
+    return saved
+
+
+def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
+    """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
+    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes."""
+    now = to_dict(cfg)
     changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k])
     if changed:
         k = changed[0]
-        raise ValueError(
+        raise ConfigError(
             f"cannot resume {run_dir}: {k} was {saved.get(k)!r}, now {now[k]!r} "
-            f"({len(changed)} incompatible field(s): {', '.join(changed)}); use a new out_dir"
+            f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
+            f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
         )
+
+
+def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, list[Path], bool]:
+    """What ``out_dir`` holds and what to do with it: ``(run_id, checkpoints newest first, restart)``.
+
+    A run with checkpoints continues only with ``--resume`` and compatible settings; a run that
+    stopped before its first checkpoint is started again (``restart``: its files are ours to
+    replace); anything else that is not empty is not ours, and is never written into.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputError(f"out_dir={cfg.out_dir!r} is a file; choose a directory for the run")
+    checkpoints = [p for _, p in reversed(ckpt.step_dirs(run_dir))]
+    if checkpoints and not resume:
+        raise OutputError(f"{run_dir} already holds a run: pass --resume, or choose another out_dir")
+    if checkpoints:
+        saved = read_run_config(run_dir)
+        check_resume_compatible(saved, cfg, run_dir)
+        return str(saved.get("run_id", "")), checkpoints, False
+    if (run_dir / TRAIN_CONFIG).is_file():
+        return uuid.uuid4().hex, [], True
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
+    return uuid.uuid4().hex, [], False
 
 
 class Trainer:
@@ -100,27 +144,27 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         autocast(self.device, cfg.precision)  # fail early on an impossible precision
-        latest = ckpt.latest_checkpoint(self.run_dir)
-        existing = latest is not None or (self.run_dir / TRAIN_CONFIG).exists()
+        self.run_id, checkpoints, restart = plan_run_dir(self.run_dir, cfg, resume)
         fresh = not self.run_dir.exists()
         barrier(self.dist)  # every rank looks before rank 0 writes
-        if resume:
-            check_resume_compatible(self.run_dir, cfg)
-        elif existing:
-            raise ValueError(f"{self.run_dir} already holds a run: pass --resume, or choose another out_dir")
         if self.dist.is_main:
+            if restart:
+                print(f"aiayn train: {self.run_dir} has no checkpoint: starting it again", file=sys.stderr)
+                for name in RUN_FILES:
+                    path = self.run_dir / name
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             remove_temporaries(self.run_dir)
-            write_json(self.run_dir / TRAIN_CONFIG, to_dict(cfg))
+            write_json(self.run_dir / TRAIN_CONFIG, {**to_dict(cfg), "run_id": self.run_id})
         barrier(self.dist)
         try:
-            self._setup(resume, latest)
+            self._setup(checkpoints)
         except BaseException:
             if fresh and self.dist.is_main:  # a run that never started leaves nothing behind
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 
-    def _setup(self, resume: bool, latest: Path | None) -> None:
+    def _setup(self, checkpoints: list[Path]) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
@@ -130,17 +174,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16")
         self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
-        if resume and latest is not None:
-            state = ckpt.load_checkpoint(latest, self.model, self.optimizer)  # restores rank 0's RNG
-            self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
-            self.elapsed = state["elapsed"]
-            self.task.sampler.load_state_dict(state["sampler"])
-            if state.get("scaler"):
-                self.scaler.load_state_dict(state["scaler"])
-            if self.dist.rank:
-                torch.manual_seed(cfg.seed + 1000 * self.dist.rank + self.step)
-        elif resume and self.dist.is_main:
-            print(f"{self.run_dir}: no checkpoint yet, starting from step 0", file=sys.stderr)
+        if checkpoints:
+            self._resume(checkpoints)
         self.train_model = self.model
         if cfg.compile:
             self.train_model = torch.compile(self.model)
@@ -150,6 +185,32 @@ class Trainer:
         self._stop_signal: str | None = None
         self.tb = None
         self._truncate_metrics()
+
+    def _resume(self, checkpoints: list[Path]) -> None:
+        """Continue from the newest checkpoint that loads, newest first; one that does not (a
+        truncated file, another run's) is skipped with a warning naming it and why."""
+        skipped = []
+        for path in checkpoints:
+            try:
+                state = ckpt.load_checkpoint(path, self.model, self.optimizer)  # restores rank 0's RNG
+                if state.get("run_id", self.run_id) != self.run_id:
+                    raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")
+                break
+            except ModelDirError as e:
+                skipped.append(str(e))
+                if self.dist.is_main:
+                    print(f"aiayn train: warning: skipping checkpoint {path.name}: {e}", file=sys.stderr)
+        else:
+            raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({'; '.join(skipped)})")
+        self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
+        self.elapsed = state["elapsed"]
+        self.task.sampler.load_state_dict(state["sampler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.dist.rank:
+            torch.manual_seed(self.cfg.seed + 1000 * self.dist.rank + self.step)
+        if self.dist.is_main:
+            print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _truncate_metrics(self) -> None:
@@ -184,7 +245,7 @@ class Trainer:
         n_tokens = sum(self.task.n_targets(b) for b in batches)
         total = all_reduce_sum(torch.tensor(float(n_tokens), device=self.device), self.dist).item()
         scale = self.dist.world_size / total  # DDP averages over ranks
-        loss_sum = nll_sum = 0.0
+        loss_sum = nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else model.no_sync(), autocast(self.device, cfg.precision):
@@ -199,13 +260,16 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        loss_value = float(loss_sum) / n_tokens
+        # the update's loss over all ranks: every rank sees the same value, so a non-finite loss
+        # stops them all at the same step
+        sums = all_reduce_sum(torch.stack([loss_sum, nll_sum]).float(), self.dist)
+        loss_value, nll_value = float(sums[0]) / total, float(sums[1]) / total
         if not math.isfinite(loss_value):
             raise TrainingDiverged(
                 f"loss is {loss_value} at step {self.step}; the last good checkpoint is "
                 f"{ckpt.latest_checkpoint(self.run_dir) or 'none'} (try a lower lr or clip_norm)"
             )
-        return {"loss": loss_value, "nll": float(nll_sum) / n_tokens, "lr": lr,
+        return {"loss": loss_value, "nll": nll_value, "lr": lr,
                 "grad_norm": float(grad_norm), "tokens": n_tokens}  # fmt: skip
 
     # -- evaluation -----------------------------------------------------------------------------
@@ -237,7 +301,7 @@ class Trainer:
             return None
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
-                 "epoch": self.task.epoch}  # fmt: skip
+                 "epoch": self.task.epoch, "run_id": self.run_id}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta())  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
@@ -251,10 +315,27 @@ class Trainer:
         if self.dist.is_main:
             self.log({"step": self.step, "split": "valid", **metrics, "elapsed": round(self.elapsed, 1)})
         self.save(improved)
-        flag = torch.tensor([float(self.bad_evals)], device=self.device)
-        self.bad_evals = int(all_reduce_sum(flag, self.dist).item()) if self.dist.enabled else self.bad_evals
         barrier(self.dist)
         return metrics
+
+    def agree_to_stop(self) -> str:
+        """Why the run must stop now ("" = go on), the same answer on every rank.
+
+        Rank 0 alone judges the budget, the epochs and the patience (by its own clock and counts,
+        which it also saves); a signal received by any rank stops them all. The codes are combined
+        with an all-reduce (max), so no rank leaves the loop while another enters the next update
+        and waits for it forever.
+        """
+        cfg, reasons = self.cfg, [self._stop_signal or ""]
+        if self.dist.is_main:
+            if cfg.max_epochs and self.task.epoch >= cfg.max_epochs:
+                reasons.append("max_epochs")
+            if cfg.max_minutes and self.elapsed > 60 * cfg.max_minutes:
+                reasons.append("max_minutes")
+            if cfg.patience and self.bad_evals >= cfg.patience:
+                reasons.append("patience")
+        code = torch.tensor(float(max(STOP_REASONS.index(r) for r in reasons)), device=self.device)
+        return STOP_REASONS[int(all_reduce_max(code, self.dist).item())]
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -274,8 +355,8 @@ class Trainer:
         window_tokens, window_start, last_eval = 0, time.perf_counter(), self.step
         try:
             while self.step < cfg.max_steps:
-                if cfg.max_epochs and self.task.epoch >= cfg.max_epochs:
-                    reason = "max_epochs"
+                if stop := self.agree_to_stop():
+                    reason = stop
                     break
                 t0 = time.perf_counter()
                 stats = self.train_step([next(batches) for _ in range(cfg.update_freq)])
@@ -294,15 +375,6 @@ class Trainer:
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()
                     last_eval = self.step
-                    if cfg.patience and self.bad_evals >= cfg.patience:
-                        reason = "patience"
-                        break
-                if self._stop_signal:
-                    reason = self._stop_signal
-                    break
-                if cfg.max_minutes and self.elapsed > 60 * cfg.max_minutes:
-                    reason = "max_minutes"
-                    break
             if self.step != last_eval:
                 self.evaluate_and_save()
         finally:

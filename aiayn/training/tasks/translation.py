@@ -27,6 +27,7 @@ from aiayn.data import (
     train_translation_tokenizers,
 )
 from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.errors import ConfigError
 from aiayn.models import Transformer
 from aiayn.models.config import TransformerConfig
 from aiayn.training.distributed import DistInfo, main_first
@@ -45,11 +46,11 @@ class TranslationTask(Task):
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
         if cfg.src_lang == cfg.tgt_lang:
-            raise ValueError(
+            raise ConfigError(
                 f"tgt_lang={cfg.tgt_lang!r} equals src_lang: a translation task needs two languages"
             )
         if cfg.tokenizer == "char":
-            raise ValueError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
+            raise ConfigError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
         super().check_config(cfg)
 
     @classmethod
