@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.data.files import DataError
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.errors import DataError, ModelDirError
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -122,9 +122,19 @@ class TokenBatchSampler:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        epoch, position = int(state["epoch"]), int(state["position"])
+        """Resume at a checkpoint's ``state_dict()``; ``ModelDirError`` if it does not fit this data."""
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelDirError(
+                f"the checkpoint's data position {state!r} is not {{'epoch': e, 'position': p}}: "
+                "the trainer state is corrupt"
+            ) from None
         if not (epoch >= 0 and 0 <= position <= len(self)):
-            raise ValueError(f"cannot resume at epoch {epoch}, batch {position} of {len(self)}")
+            raise ModelDirError(
+                f"cannot resume at epoch {epoch}, batch {position} of {len(self)}: the checkpoint was "
+                "trained on other data or with other max_tokens; resume with the run's own settings"
+            )
         self.epoch, self.position = epoch, position
 
 
@@ -233,7 +243,17 @@ class WindowSampler:
         return {"step": self.step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.step = int(state["step"])
+        """Resume at a checkpoint's ``state_dict()``; ``ModelDirError`` if it is not one."""
+        try:
+            step = int(state["step"])
+        except (KeyError, TypeError, ValueError):
+            step = -1
+        if step < 0:
+            raise ModelDirError(
+                f"the checkpoint's data position {state!r} is not {{'step': k}} with k ≥ 0: "
+                "the trainer state is corrupt"
+            )
+        self.step = step
 
 
 def sequential_windows(n_tokens: int, block_size: int, batch_size: int) -> Iterator[np.ndarray]:

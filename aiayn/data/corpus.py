@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.data.files import DataError, FileInfo, check_file, data_dir, iter_lines, iter_text
+from aiayn.data.files import FileInfo, check_file, data_dir, iter_lines, iter_text
+from aiayn.errors import ConfigError, DataError
 
 SPLITS = ("train", "valid", "test")
 SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
@@ -171,9 +172,9 @@ class CorpusFilter:
 
     def __post_init__(self) -> None:
         if self.max_len is not None and self.max_len < 1:
-            raise ValueError(f"max_len={self.max_len} must be at least 1 (or None for no limit)")
+            raise ConfigError(f"max_len={self.max_len} must be at least 1 (or None for no limit)")
         if self.max_ratio is not None and self.max_ratio < 1:
-            raise ValueError(f"max_ratio={self.max_ratio} must be at least 1 (or None for off)")
+            raise ConfigError(f"max_ratio={self.max_ratio} must be at least 1 (or None for off)")
 
     def reason(self, src: str, tgt: str, n_src: int, n_tgt: int) -> str | None:
         """Why the pair is dropped (a ``FilterStats`` field name), or None to keep it."""

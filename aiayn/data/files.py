@@ -2,11 +2,11 @@
 
 This module finds the bundled ``data/`` folder and the cache folder, and reads plain or gzipped
 UTF-8 text files. ``check_file`` makes one streaming pass over a file (never holding it whole) that
-rejects a missing path, a directory, an empty file, a broken gzip stream or invalid UTF-8 with a
-``DataError`` naming the file (and the 1-based line), and returns the line count, character count
-and a SHA-256 of the decompressed bytes (the cache key). ``iter_lines`` splits on ``"\\n"`` only
-(plus one ``"\\r"`` before it), never on the other characters ``str.splitlines`` treats as line
-breaks, so line i of a source file stays aligned with line i of its target file.
+rejects a missing path, a directory, an empty or all-blank file, a broken gzip stream or invalid
+UTF-8 with a ``DataError`` naming the file (and the 1-based line), and returns the line count,
+character count and a SHA-256 of the decompressed bytes (the cache key). ``iter_lines`` splits
+on ``"\\n"`` only (plus one ``"\\r"`` before it), never on the other characters ``str.splitlines``
+treats as line breaks, so line i of a source file stays aligned with line i of its target file.
 It does not tokenize, filter or pair lines; see ``corpus.py``.
 """
 
@@ -87,12 +87,13 @@ def check_file(path: str | os.PathLike) -> FileInfo:
         raise DataError(f"{path} is a directory; give the text file inside it")
     h, decoder = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")("strict")
     n_bytes = n_newlines = n_chars = 0
-    last = b"\n"
+    last, has_text = b"\n", False
     try:
         with open_bytes(path) as f:
             while block := f.read(BLOCK):
                 h.update(block)
                 n_bytes += len(block)
+                has_text = has_text or bool(block.strip())
                 n_newlines += block.count(b"\n")
                 n_chars += len(decoder.decode(block))
                 last = block[-1:]
@@ -107,6 +108,11 @@ def check_file(path: str | os.PathLike) -> FileInfo:
     if n_bytes == 0:
         raise DataError(f"{path} is empty; give a file with one sentence (or text) per line")
     n_lines = n_newlines + (last != b"\n")
+    if not has_text:
+        raise DataError(
+            f"{path} holds only blank lines ({n_lines} lines, no text); give a file with one sentence "
+            "(or text) per line"
+        )
     return FileInfo(path=path, n_lines=n_lines, n_chars=n_chars, sha256=h.hexdigest())
 
 

@@ -31,7 +31,7 @@ import sentencepiece as spm
 
 from aiayn.atomic import write_bytes, write_text
 from aiayn.data.corpus import ParallelCorpus
-from aiayn.data.files import DataError
+from aiayn.errors import ConfigError, DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)  # model-config fields
@@ -126,10 +126,11 @@ class SentencePieceTokenizer(Tokenizer):
         num_threads: int = 1,  # fixed: unigram's result depends on it
         seed: int = 0,  # only matters with input_sentence_size > 0
         input_sentence_size: int = 0,  # 0 = train on every sentence; else a seeded sample
+        source: str = "",  # where the sentences come from, for error messages (e.g. the file names)
     ) -> SentencePieceTokenizer:
         """Train on an iterable of sentences (streamed; sentencepiece keeps them in memory)."""
         if model_type not in ("bpe", "unigram"):
-            raise ValueError(f"model_type={model_type!r} is not one of bpe, unigram")
+            raise ConfigError(f"model_type={model_type!r} is not one of bpe, unigram")
         spm.set_random_generator_seed(seed)
         guarded, out = _Guarded(sentences), io.BytesIO()
         try:
@@ -157,7 +158,7 @@ class SentencePieceTokenizer(Tokenizer):
             why = str(e).split("]")[-1].strip().rstrip(".") or "no sentences to train on"
             raise DataError(
                 f"sentencepiece could not train a {model_type} vocabulary of {vocab_size} "
-                f"pieces: {why}. Change vocab_size or train on more text"
+                f"pieces{' on ' + source if source else ''}: {why}. Change vocab_size or train on more text"
             ) from None
         if guarded.error is not None:
             raise guarded.error
@@ -182,10 +183,24 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def _load(cls, directory: Path, meta: dict) -> SentencePieceTokenizer:
-        path = directory / meta.get("model_file", SPM_FILE)
+        name = meta.get("model_file", SPM_FILE)
+        if not isinstance(name, str):
+            raise DataError(f"{directory / META_FILE}: 'model_file' must be a file name, got {name!r}")
+        path = directory / name
         if not path.is_file():
             raise DataError(f"{path}: missing; {directory / META_FILE} says the model is there")
-        return cls(path.read_bytes())
+        model = path.read_bytes()
+        if not model:
+            raise DataError(f"{path} is empty, not a sentencepiece model; retrain or restore the tokenizer")
+        try:
+            return cls(model)
+        except RuntimeError:  # sentencepiece's "INTERNAL: … [model_proto->ParseFromArray(…)]"
+            raise DataError(
+                f"{path} is not a valid sentencepiece model (its bytes do not parse: truncated or "
+                "corrupt); retrain or restore the tokenizer"
+            ) from None
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from None
 
 
 class CharTokenizer(Tokenizer):
@@ -228,9 +243,12 @@ class CharTokenizer(Tokenizer):
     @classmethod
     def _load(cls, directory: Path, meta: dict) -> CharTokenizer:
         chars = meta.get("chars")
-        if not isinstance(chars, list) or not chars:
+        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) for c in chars):
             raise DataError(f"{directory / META_FILE}: has no list of characters under 'chars'")
-        return cls(chars)
+        try:
+            return cls(chars)
+        except DataError as e:
+            raise DataError(f"{directory / META_FILE}: {e}") from None
 
 
 KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, CharTokenizer)}
@@ -244,15 +262,23 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
         raise DataError(f"{path}: not found; point to a folder written by tokenizer.save(folder)")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        cls = KINDS[meta["kind"]]
-    except (ValueError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(
+            f"{path} is not valid JSON ({e}); it is truncated or corrupt: retrain or restore the tokenizer"
+        ) from None
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    if not isinstance(kind, str) or kind not in KINDS:
         raise DataError(
             f"{path}: not a tokenizer description (needs JSON with kind one of {', '.join(KINDS)})"
-        ) from None
+        )
+    cls = KINDS[kind]
     tok = cls._load(directory, meta)
     saved = (meta.get("vocab_size"), meta.get("pad_id"), meta.get("unk_id"))
     if saved != (tok.vocab_size, PAD_ID, UNK_ID):
-        raise DataError(f"{path}: vocab_size/pad_id/unk_id {saved} do not match the model files")
+        raise DataError(
+            f"{path}: vocab_size/pad_id/unk_id {saved} do not match the model files; retrain or restore "
+            "the tokenizer"
+        )
     return tok
 
 
@@ -261,11 +287,13 @@ def train_translation_tokenizers(
 ) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer]:
     """Subword tokenizers for a translation corpus: one joint vocabulary for both sides (returned
     twice, the same object, for shared embeddings) or one per side. ``options`` go to ``train``."""
+    train = SentencePieceTokenizer.train
     if joint:
-        tok = SentencePieceTokenizer.train(corpus.sentences("both"), vocab_size, **options)
+        both = f"{corpus.src.path} and {corpus.tgt.path}"
+        tok = train(corpus.sentences("both"), vocab_size, **options, source=both)
         return tok, tok
-    src = SentencePieceTokenizer.train(corpus.sentences("src"), vocab_size, **options)
-    return src, SentencePieceTokenizer.train(corpus.sentences("tgt"), vocab_size, **options)
+    src = train(corpus.sentences("src"), vocab_size, **options, source=str(corpus.src.path))
+    return src, train(corpus.sentences("tgt"), vocab_size, **options, source=str(corpus.tgt.path))
 
 
 def save_translation_tokenizers(directory: str | os.PathLike, src: Tokenizer, tgt: Tokenizer) -> Path:

@@ -19,6 +19,7 @@ from aiayn.decoding.adapters import LMAdapter
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
+from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import load_lm_dir
 
 
@@ -52,12 +53,14 @@ class Generator:
         config = config or SearchConfig(sample=True, beam=1)
         ids = self.tokenizer.encode(prompt)
         if not ids:
-            raise ValueError("the prompt is empty; give at least one character (e.g. a newline)")
+            raise ConfigError("the prompt is empty; give at least one character (e.g. a newline)")
         c = self.model.config
         room = c.max_len - len(ids) + 1  # the last new token is never fed back to the model
         if c.positional == "learned" and max_new_tokens > room:
             if room < 1:
-                raise ValueError(f"the prompt has {len(ids)} tokens; this model reads at most {c.max_len}")
+                raise ConfigError(
+                    f"the prompt has {len(ids)} tokens; this model reads at most {c.max_len}: shorten it"
+                )
             (warn or warnings.warn)(
                 f"max_new_tokens lowered from {max_new_tokens} to {room}: the model has {c.max_len} positions"
             )

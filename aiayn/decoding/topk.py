@@ -1,10 +1,11 @@
 """``topk`` over the last dimension, exact, and faster than ``torch.topk`` on long CPU rows.
 
 On CPU, ``torch.topk`` and ``torch.argmax`` over a vocabulary-sized row run a scalar loop, while
-``amax`` (no indices) is vectorised (docs/results.md has the timings). So we cut each row into blocks of ``BLOCK`` columns, take every block's maximum, and run the exact
-top-k on the k blocks with the largest maxima only. This is exact: a block outside those k has k
-blocks whose maxima are at least its own maximum, so none of its entries is among the k largest
-(up to the order of tied values).
+``amax`` (no indices) is vectorised (docs/results.md has the timings). So we cut each row into
+blocks of ``BLOCK`` columns, take every block's maximum, and run the exact top-k on the k blocks
+with the largest maxima only. This is exact: a block outside those k has k blocks whose maxima
+are at least its own maximum, so none of its entries is among the k largest (up to the order of
+tied values).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from aiayn.decoding.adapters import Seq2SeqAdapter
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
+from aiayn.errors import ConfigError, DataError
 from aiayn.interop.model_dir import load_translation_dir
 
 DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models, which have no limit
@@ -50,7 +51,7 @@ class Translator:
         self.max_src_len = self.max_src_len or DEFAULT_MAX_SRC_LEN
         self.max_tgt_len = c.max_len if learned else None  # decoder positions: bos + output - 1
         if self.max_src_len < 2:
-            raise ValueError(f"max_src_len={self.max_src_len} must leave room for a token and eos")
+            raise ConfigError(f"max_src_len={self.max_src_len} must leave room for a token and eos")
 
     @classmethod
     def from_dir(
@@ -66,7 +67,7 @@ class Translator:
     def encode(self, lines: Sequence[str], strict: bool = False) -> tuple[list[list[int]], list[int]]:
         """Source ids per line (``[]`` for a blank line), and the indices of lines cut to fit.
 
-        A line longer than ``max_src_len`` tokens (eos included) is truncated, or is a ValueError
+        A line longer than ``max_src_len`` tokens (eos included) is truncated, or is a ``DataError``
         naming it (1-based) when ``strict``.
         """
         sources, cut = [], []
@@ -76,7 +77,7 @@ class Translator:
                 ids = []
             elif len(ids) > keep:
                 if strict:
-                    raise ValueError(
+                    raise DataError(
                         f"line {i + 1} has {len(ids) + 1} source tokens, over the maximum of "
                         f"{self.max_src_len}; shorten it (or drop --strict to truncate it)"
                     )

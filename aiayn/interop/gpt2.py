@@ -21,6 +21,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from aiayn.errors import ModelDirError
 from aiayn.interop import hf
 from aiayn.models.config import LMConfig
 from aiayn.models.lm import LanguageModel
@@ -44,9 +45,9 @@ def default_pad_id(vocab_size: int, specials: set[int]) -> int:
 def config_from_gpt2(hf_config: dict, pad_id: int | None = None) -> LMConfig:
     hf_config = {**DEFAULTS, **{k: v for k, v in hf_config.items() if v is not None}}
     if not hf_config["scale_attn_weights"] or hf_config["scale_attn_by_inverse_layer_idx"]:
-        raise ValueError("this GPT-2 scales attention other than by 1/√d_k; aiayn cannot load it")
+        raise ModelDirError("this GPT-2 scales attention other than by 1/√d_k; aiayn cannot load it")
     if hf_config["add_cross_attention"]:
-        raise ValueError("this GPT-2 has cross-attention (add_cross_attention=True); aiayn cannot load it")
+        raise ModelDirError("this GPT-2 has cross-attention (add_cross_attention=True); aiayn cannot load it")
     bos, eos, vocab = hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["vocab_size"]
     if pad_id is None:
         pad = hf_config["pad_token_id"]
@@ -91,7 +92,7 @@ def name_map(c: LMConfig, tie: bool | None = None) -> hf.NameMap:
     return m
 
 
-def _canonical(state: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
+def _canonical(state: dict[str, Tensor], c: LMConfig, source: str = "") -> dict[str, Tensor]:
     """Names as ``GPT2LMHeadModel.save_pretrained`` writes them: the ``transformer.`` prefix that
     the original checkpoints lack added, mask buffers dropped, a tied ``lm_head`` folded into wte."""
     state = {
@@ -100,17 +101,26 @@ def _canonical(state: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         if not k.endswith(BUFFERS)
     }
     if c.tie_output:
-        wte = hf.take_alias(state, ("transformer.wte.weight", "lm_head.weight"), "tie_word_embeddings")
+        wte = hf.take_alias(
+            state, ("transformer.wte.weight", "lm_head.weight"), "tie_word_embeddings", source
+        )
         if wte is not None:
             state["transformer.wte.weight"] = wte
     return state
 
 
 def load_gpt2(directory: str | os.PathLike, pad_id: int | None = None) -> LanguageModel:
-    """A GPT2LMHeadModel directory as an aiayn ``LanguageModel`` (float32, CPU, eval mode)."""
+    """A GPT2LMHeadModel directory as an aiayn ``LanguageModel`` (float32, CPU, eval mode).
+
+    A config.json aiayn cannot read or weights that do not fit it are a ``ModelDirError`` naming
+    the file."""
     directory = Path(directory)
-    cfg = config_from_gpt2(hf.read_hf_config(directory), pad_id)
-    state = _canonical(hf.read_hf_weights(directory), cfg)
+    hf_config = hf.read_hf_config(directory)
+    try:
+        cfg = config_from_gpt2(hf_config, pad_id)
+    except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
+        raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
+    state = _canonical(hf.read_hf_weights(directory), cfg, str(directory))
     model = LanguageModel(cfg)
     model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
     return model.eval()
@@ -124,7 +134,7 @@ def check_exportable(c: LMConfig) -> None:
     if c.d_model % c.n_heads or (c.d_k or head) != head or (c.d_v or head) != head:
         problems.append(f"its heads are not d_model/n_heads wide (d_k={c.d_k}, d_v={c.d_v})")
     if problems:
-        raise ValueError("cannot export as GPT-2: " + "; ".join(problems))
+        raise ModelDirError("cannot export as GPT-2: " + "; ".join(problems))
 
 
 def export_gpt2(model: LanguageModel, directory: str | os.PathLike) -> Path:

@@ -8,6 +8,7 @@ A ``NameMap`` lists, for every aiayn tensor, the HF tensors it is made of: sever
 along dim 0 (HF's ``q_proj``, ``k_proj``, ``v_proj`` make our ``w_qkv``), and GPT-2's ``Conv1D``
 weights are stored transposed. The same map loads (``to_aiayn``) and exports (``to_hf``), and
 loading is strict: every aiayn tensor must be filled with the right shape and every HF tensor used.
+A file that is missing, corrupt or does not fit is a ``ModelDirError`` naming it.
 This module knows no architecture; ``marian.py`` and ``gpt2.py`` build the maps.
 """
 
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from aiayn.atomic import atomic_path, write_json
+from aiayn.errors import ModelDirError
 
 HF_CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -43,8 +45,8 @@ ACTIVATIONS_TO_HF = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "s
 
 
 def activation_from_hf(name: str) -> str:
-    if name not in ACTIVATIONS_FROM_HF:
-        raise ValueError(
+    if not isinstance(name, str) or name not in ACTIVATIONS_FROM_HF:
+        raise ModelDirError(
             f"activation_function={name!r} has no aiayn equivalent ({sorted(ACTIVATIONS_FROM_HF)})"
         )
     return ACTIVATIONS_FROM_HF[name]
@@ -55,11 +57,11 @@ def read_json(path: Path, missing: str) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing: {missing}") from None
+        raise ModelDirError(f"{path} is missing: {missing}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise ModelDirError(f"{path} is not valid JSON ({e}); restore it or fetch the model again") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
+        raise ModelDirError(f"{path} does not hold a JSON object; restore it or fetch the model again")
     return data
 
 
@@ -72,11 +74,16 @@ def _load_one(path: Path) -> dict[str, Tensor]:
         if path.suffix == ".safetensors":
             return load_file(path)
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is corrupt or not a plain tensor file ({first})") from None
+    except pickle.UnpicklingError:  # torch's message is a page on weights_only; ours says what matters
+        raise ModelDirError(
+            f"{path} is corrupt or not a plain tensor file (torch.load(weights_only=True) refuses it)"
+        ) from None
+    except (SafetensorError, RuntimeError, EOFError, KeyError, ValueError, TypeError) as e:
+        first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""  # one sentence
+        why = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        raise ModelDirError(f"{path} is corrupt or not a plain tensor file ({why})") from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path} does not hold a flat name -> tensor dictionary")
+        raise ModelDirError(f"{path} does not hold a flat name -> tensor dictionary")
     return state
 
 
@@ -88,16 +95,20 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, Tensor]:
             return _load_one(directory / single)
         if (directory / index).is_file():
             weight_map = read_json(directory / index, "").get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise ValueError(f"{directory / index} has no 'weight_map' of tensor names to shard files")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ModelDirError(f"{directory / index} has no 'weight_map' of tensor names to shard files")
             state: dict[str, Tensor] = {}
             for shard in sorted(set(weight_map.values())):
+                if not (directory / shard).is_file():
+                    raise ModelDirError(f"{directory / shard} is missing: {directory / index} lists it")
                 state.update(_load_one(directory / shard))
             return state
-    raise FileNotFoundError(f"{directory} has no {SAFETENSORS}, {PICKLE} or sharded index of either")
+    raise ModelDirError(f"{directory} has no {SAFETENSORS}, {PICKLE} or sharded index of either")
 
 
-def take_alias(state: dict[str, Tensor], names: tuple[str, ...], what: str) -> Tensor | None:
+def take_alias(
+    state: dict[str, Tensor], names: tuple[str, ...], what: str, source: str = ""
+) -> Tensor | None:
     """Remove ``names`` from ``state`` and return their one value (None if none is there).
 
     Checkpoints may store a tied matrix under several names (e.g. ``model.shared.weight`` and
@@ -106,9 +117,9 @@ def take_alias(state: dict[str, Tensor], names: tuple[str, ...], what: str) -> T
     found = [(n, state.pop(n)) for n in names if n in state]
     for name, t in found[1:]:
         if t.shape != found[0][1].shape or not torch.equal(t, found[0][1]):
-            raise ValueError(
-                f"{found[0][0]} and {name} differ, but the config ties them ({what}); "
-                "this checkpoint does not match its config.json"
+            raise ModelDirError(
+                f"{source}{': ' if source else ''}{found[0][0]} and {name} differ, but the config ties "
+                f"them ({what}); this checkpoint does not match its config.json"
             )
     return found[0][1] if found else None
 
@@ -144,22 +155,22 @@ class NameMap:
         for e in self.entries:
             missing = [h for h in e.hf if h not in hf_state]
             if missing:
-                raise ValueError(f"{source}: tensor {missing[0]} is missing")
+                raise ModelDirError(f"{source}: tensor {missing[0]} is missing")
             parts = [hf_state[h].t() if e.conv1d else hf_state[h] for h in e.hf]
             t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
             want = expected[e.ours].shape
             if t.shape != want:
                 names = " + ".join(e.hf)
-                raise ValueError(
+                raise ModelDirError(
                     f"{source}: {names} has shape {tuple(t.shape)}, config.json implies {tuple(want)}"
                 )
             out[e.ours] = t
         unfilled = sorted(set(expected) - set(out))
         unused = sorted(set(hf_state) - {h for e in self.entries for h in e.hf})
         if unfilled:
-            raise ValueError(f"{source}: no weights for {unfilled[:3]} (an aiayn tensor the map lacks)")
+            raise ModelDirError(f"{source}: no weights for {unfilled[:3]} (an aiayn tensor the map lacks)")
         if unused:
-            raise ValueError(f"{source}: unexpected tensors {unused[:3]}{' …' if len(unused) > 3 else ''}")
+            raise ModelDirError(f"{source}: unexpected tensors {unused[:3]}{' …' if len(unused) > 3 else ''}")
         return out
 
     def to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:

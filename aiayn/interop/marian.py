@@ -17,7 +17,6 @@ memory, d_k ≠ d_model/h, LayerNorm ε ≠ 1e-5) is refused with the reason. To
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.errors import ModelDirError
 from aiayn.interop import hf
 from aiayn.models.config import TransformerConfig
 from aiayn.models.transformer import Transformer
@@ -48,7 +48,7 @@ SHARED, ENC_EMBED, DEC_EMBED = (
 def _same(hf_config: dict, encoder_key: str, decoder_key: str, what: str) -> int:
     enc, dec = hf_config[encoder_key], hf_config[decoder_key]
     if enc != dec:
-        raise ValueError(
+        raise ModelDirError(
             f"{encoder_key}={enc} but {decoder_key}={dec}: aiayn uses one {what} for both stacks"
         )
     return enc
@@ -60,7 +60,7 @@ def config_from_marian(hf_config: dict, unk_id: int | None = None) -> Transforme
     eos = hf_config["eos_token_id"]
     if isinstance(eos, list):
         if len(eos) != 1:
-            raise ValueError(f"eos_token_id={eos}: aiayn models have exactly one end-of-sentence id")
+            raise ModelDirError(f"eos_token_id={eos}: aiayn models have exactly one end-of-sentence id")
         eos = eos[0]
     src_vocab = hf_config["vocab_size"]
     tgt_vocab = hf_config.get("decoder_vocab_size") or src_vocab
@@ -138,17 +138,21 @@ def _canonical(state: dict[str, Tensor], c: TransformerConfig, source: str) -> d
         if table is not None:
             ours = sinusoidal_table(table.size(0), c.d_model, halves=True)
             if table.shape != ours.shape or (table.float() - ours).abs().max() > 1e-4:
-                raise ValueError(f"{source}: {name} is not Marian's sinusoidal table")
+                raise ModelDirError(f"{source}: {name} is not Marian's sinusoidal table")
     if c.share_embeddings:  # one matrix, whatever names it was saved under
         tied = ("lm_head.weight",) if c.tie_output else ()
-        state[SHARED] = hf.take_alias(state, (SHARED, ENC_EMBED, DEC_EMBED, *tied), "shared embeddings")
+        state[SHARED] = hf.take_alias(
+            state, (SHARED, ENC_EMBED, DEC_EMBED, *tied), "shared embeddings", source
+        )
     else:
         shared = state.pop(SHARED, None)  # unused, or the fallback of an untied model
         for name in (ENC_EMBED, DEC_EMBED):
             if name not in state and shared is not None:
                 state[name] = shared
         if c.tie_output:
-            state[DEC_EMBED] = hf.take_alias(state, (DEC_EMBED, "lm_head.weight"), "tie_word_embeddings")
+            state[DEC_EMBED] = hf.take_alias(
+                state, (DEC_EMBED, "lm_head.weight"), "tie_word_embeddings", source
+            )
     bias = state.pop("final_logits_bias", None)
     state["final_logits_bias"] = torch.zeros(c.tgt_vocab_size) if bias is None else bias.reshape(-1)
     return {k: v for k, v in state.items() if v is not None}
@@ -173,17 +177,24 @@ def shares_embeddings(hf_config: dict, state: dict[str, Tensor]) -> bool:
 def _vocab_unk(directory: Path) -> int | None:
     path = directory / "vocab.json"
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")).get("<unk>")
+        unk = hf.read_json(path, "").get("<unk>")
+        return unk if isinstance(unk, int) and not isinstance(unk, bool) else None
     return None
 
 
 def load_marian(directory: str | os.PathLike) -> Transformer:
-    """A MarianMT directory as an aiayn ``Transformer`` (float32, CPU, eval mode)."""
+    """A MarianMT directory as an aiayn ``Transformer`` (float32, CPU, eval mode).
+
+    A config.json aiayn cannot read or weights that do not fit it are a ``ModelDirError`` naming
+    the file."""
     directory = Path(directory)
     hf_config, state = hf.read_hf_config(directory), hf.read_hf_weights(directory)
-    cfg = config_from_marian(hf_config, _vocab_unk(directory)).replace(
-        share_embeddings=shares_embeddings(hf_config, state)
-    )
+    try:
+        cfg = config_from_marian(hf_config, _vocab_unk(directory)).replace(
+            share_embeddings=shares_embeddings(hf_config, state)
+        )
+    except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
+        raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
     state = _canonical(state, cfg, str(directory))
     model = Transformer(cfg)
     model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
@@ -229,7 +240,7 @@ def check_exportable(c: TransformerConfig) -> None:
     if c.ln_eps != HF_LN_EPS:
         problems.append(f"its LayerNorm ε is {c.ln_eps}, Marian's is fixed at {HF_LN_EPS}")
     if problems:
-        raise ValueError("cannot export as MarianMT: " + "; ".join(problems))
+        raise ModelDirError("cannot export as MarianMT: " + "; ".join(problems))
 
 
 def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:

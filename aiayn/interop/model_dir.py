@@ -10,8 +10,8 @@ A model directory holds what ``aiayn.models.io.save_model`` writes (``config.jso
 - a language model (kind ``"lm"``): one tokenizer in the directory itself.
 
 Every problem (no such directory, a corrupt checkpoint, a model of the wrong kind for the command,
-a tokenizer whose vocabulary does not fit the model) is a ``ValueError`` or ``OSError`` whose
-message names the path and says what to do.
+a tokenizer whose vocabulary does not fit the model) is a ``ModelDirError`` (or, for a tokenizer
+file that cannot be read, a ``DataError``) whose message names the path and says what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
+from aiayn.errors import ModelDirError
 from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
@@ -46,11 +47,11 @@ def model_meta(directory: str | os.PathLike) -> dict:
 
 
 def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...]) -> str:
-    """The model kind of ``directory``; a ValueError if it is not one of ``kinds``."""
+    """The model kind of ``directory``; a ``ModelDirError`` if it is not one of ``kinds``."""
     kind = model_meta(directory)["kind"]
     if kind not in kinds:
         name = KIND_NAMES.get(kind, f"model of kind {kind!r}")
-        raise ValueError(
+        raise ModelDirError(
             f"{directory} holds a {name}; this command needs a {' or a '.join(KIND_NAMES[k] for k in kinds)}"
         )
     return kind
@@ -58,7 +59,7 @@ def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...]) -> str:
 
 def _check_vocab(directory: Path, tok: Tokenizer, vocab_size: int, eos_id: int, side: str) -> None:
     if tok.vocab_size != vocab_size or tok.eos_id != eos_id:
-        raise ValueError(
+        raise ModelDirError(
             f"{directory}: the {side}tokenizer (vocab_size {tok.vocab_size}, eos_id {tok.eos_id}) does not "
             f"fit the model (vocab_size {vocab_size}, eos_id {eos_id}); save the tokenizer the model was "
             "trained with into the model directory"
@@ -79,7 +80,7 @@ def load_translation_dir(
     elif (directory / META_FILE).is_file():
         src_tok = tgt_tok = load_tokenizer(directory)
     else:
-        raise FileNotFoundError(
+        raise ModelDirError(
             f"{directory} has no tokenizer: expected src/{META_FILE} and tgt/{META_FILE} "
             f"(aiayn.data.save_translation_tokenizers) or a joint {META_FILE}"
         )

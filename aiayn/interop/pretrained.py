@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from aiayn.errors import ModelDirError
 from aiayn.interop.gpt2 import export_gpt2, load_gpt2
 from aiayn.interop.hf import HF_CONFIG, read_hf_config
 from aiayn.interop.marian import export_marian, load_marian
@@ -34,7 +35,10 @@ def hf_model_type(path: str | os.PathLike) -> str | None:
     """HF's ``model_type`` of a directory, or None for anything else (an aiayn directory, say)."""
     if not (Path(path) / HF_CONFIG).is_file():
         return None
-    return read_hf_config(path).get("model_type")
+    model_type = read_hf_config(path).get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelDirError(f"{Path(path) / HF_CONFIG}: 'model_type' must be a string, got {model_type!r}")
+    return model_type
 
 
 def from_pretrained(
@@ -55,7 +59,7 @@ def from_pretrained(
     elif model_type == "gpt2":
         model = load_gpt2(path, pad_id)
     else:
-        raise ValueError(
+        raise ModelDirError(
             f"{Path(path) / HF_CONFIG}: model_type {model_type!r} is not supported; "
             "aiayn reads marian (OPUS-MT), gpt2 and its own model directories"
         )
@@ -64,7 +68,7 @@ def from_pretrained(
 
 def _check_fit(directory, side: str, tok, size: int, eos_id: int, pad_id: int) -> None:
     if (tok.eos_id, tok.pad_id) != (eos_id, pad_id) or tok.vocab_size > size:
-        raise ValueError(
+        raise ModelDirError(
             f"{directory}: the {side}vocabulary (size {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}) "
             f"does not fit config.json (size {size}, eos {eos_id}, pad {pad_id})"
         )
@@ -98,4 +102,7 @@ def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
         return export_marian(model, directory)
     if isinstance(model, LanguageModel):
         return export_gpt2(model, directory)
-    raise ValueError(f"cannot export a {type(model).__name__} to HF: only Transformer and LanguageModel map")
+    raise ModelDirError(
+        f"cannot export a {type(model).__name__} to HF: only a Transformer (as MarianMT) or a LanguageModel "
+        "(as GPT-2) maps to a Hugging Face architecture"
+    )

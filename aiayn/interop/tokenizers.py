@@ -29,6 +29,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import ModelDirError
 from aiayn.interop.hf import read_json
 
 SPIECE_UNDERLINE = "\u2581"
@@ -46,9 +47,9 @@ class MarianTokenizer(Tokenizer):
     def __init__(self, model: bytes, vocab: dict[str, int], eos="</s>", pad="<pad>", unk="<unk>"):
         missing = [p for p in (eos, pad, unk) if p not in vocab]
         if missing:
-            raise ValueError(f"vocab.json lacks the special piece(s) {missing}")
+            raise ModelDirError(f"the vocabulary lacks the special piece(s) {missing}")
         self.model, self.vocab = model, vocab
-        self.sp = spm.SentencePieceProcessor(model_proto=model)
+        self.sp = spm.SentencePieceProcessor(model_proto=model)  # RuntimeError if model is corrupt
         self.pieces = {i: p for p, i in vocab.items()}
         self.eos_id, self.pad_id, self.unk_id = vocab[eos], vocab[pad], vocab[unk]
         self.bos_id = self.pad_id
@@ -70,8 +71,17 @@ class MarianTokenizer(Tokenizer):
         return self.model + json.dumps(self.vocab, sort_keys=True).encode("utf-8")
 
 
+def _read_vocab(path: Path, missing: str) -> dict[str, int]:
+    """A piece -> id map from a ``vocab.json``, checked: every id is an integer ≥ 0."""
+    vocab = read_json(path, missing)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vocab.values()):
+        raise ModelDirError(f"{path} does not map pieces to integer ids ≥ 0; download or restore it again")
+    return vocab
+
+
 def load_marian_tokenizers(directory: str | os.PathLike) -> tuple[MarianTokenizer, MarianTokenizer]:
-    """The (source, target) tokenizers of a Marian directory."""
+    """The (source, target) tokenizers of a Marian directory; ``ModelDirError`` naming a file that
+    is missing, corrupt or does not fit."""
     directory = Path(directory)
     incomplete = "not a complete Marian (OPUS-MT) directory"
     config = directory / "tokenizer_config.json"
@@ -79,15 +89,23 @@ def load_marian_tokenizers(directory: str | os.PathLike) -> tuple[MarianTokenize
     specials = {
         k: options[f"{k}_token"] for k in ("eos", "pad", "unk") if isinstance(options.get(f"{k}_token"), str)
     }
-    vocab = read_json(directory / "vocab.json", incomplete)
-    tgt_vocab = (
-        read_json(directory / "target_vocab.json", incomplete) if options.get("separate_vocabs") else vocab
-    )
+    vocab_file = "target_vocab.json" if options.get("separate_vocabs") else "vocab.json"
+    vocab = _read_vocab(directory / "vocab.json", incomplete)
+    tgt_vocab = _read_vocab(directory / vocab_file, incomplete) if vocab_file != "vocab.json" else vocab
     sides = []
-    for name, v in (("source.spm", vocab), ("target.spm", tgt_vocab)):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} is missing: {incomplete}")
-        sides.append(MarianTokenizer((directory / name).read_bytes(), v, **specials))
+    for name, v, v_file in (("source.spm", vocab, "vocab.json"), ("target.spm", tgt_vocab, vocab_file)):
+        path = directory / name
+        if not path.is_file():
+            raise ModelDirError(f"{path} is missing: {incomplete}")
+        try:
+            sides.append(MarianTokenizer(path.read_bytes(), v, **specials))
+        except RuntimeError:  # sentencepiece's "INTERNAL: … [model_proto->ParseFromArray(…)]"
+            raise ModelDirError(
+                f"{path} is not a valid sentencepiece model (its bytes do not parse: truncated or "
+                "corrupt); download or restore it again"
+            ) from None
+        except ModelDirError as e:
+            raise ModelDirError(f"{directory / v_file}: {e}") from None
     return sides[0], sides[1]
 
 
@@ -119,6 +137,8 @@ class GPT2Tokenizer(Tokenizer):
         self.pattern = regex.compile(GPT2_PATTERN)
         self.vocab, self.ranks = vocab, {pair: i for i, pair in enumerate(merges)}
         self.pieces = {i: p for p, i in vocab.items()}
+        if eos not in vocab:
+            raise ModelDirError(f"the vocabulary lacks the end-of-text piece {eos!r}")
         self.eos_id = self.bos_id = self.unk_id = vocab[eos]
         self.pad_id = self.eos_id if pad_id is None else pad_id  # set to the model's (gpt2.py)
         self.vocab_size = len(vocab)
@@ -165,11 +185,26 @@ class GPT2Tokenizer(Tokenizer):
 
 
 def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None) -> GPT2Tokenizer:
+    """The tokenizer of a GPT-2 directory; ``ModelDirError`` naming a file that is missing or corrupt."""
     directory = Path(directory)
-    vocab = read_json(directory / "vocab.json", "not a complete GPT-2 directory")
+    vocab = _read_vocab(directory / "vocab.json", "not a complete GPT-2 directory")
     path = directory / "merges.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: not a complete GPT-2 directory")
-    lines = path.read_text(encoding="utf-8").splitlines()
+        raise ModelDirError(f"{path} is missing: not a complete GPT-2 directory")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ModelDirError(f"{path} is not valid UTF-8 ({e}); download or restore it again") from None
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
-    return GPT2Tokenizer(vocab, merges, pad_id=pad_id)
+    # encode looks up every byte character and every merge result in vocab.json: check them once here
+    unknown = [c for c in bytes_to_unicode().values() if c not in vocab]
+    unknown += ["".join(m) for m in merges if "".join(m) not in vocab]
+    if unknown:
+        raise ModelDirError(
+            f"{path} and {directory / 'vocab.json'} do not belong together: {len(unknown)} piece(s) "
+            f"such as {unknown[0]!r} are missing from the vocabulary; download or restore both again"
+        )
+    try:
+        return GPT2Tokenizer(vocab, merges, pad_id=pad_id)
+    except ModelDirError as e:
+        raise ModelDirError(f"{directory / 'vocab.json'}: {e}") from None

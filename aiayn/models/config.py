@@ -1,7 +1,8 @@
 """The configs of the three models: ``LayerConfig`` plus vocabulary sizes, depth and heads.
 
 ``TransformerConfig()`` is the paper's base model (Table 3: N=6 encoder and decoder layers, source
-and target embeddings shared with the output projection, §3.4).
+and target embeddings shared with the output projection, §3.4). Every field is checked on
+construction: a bad value or type is a ``ConfigError`` naming the field (``aiayn.modules.config``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class TransformerConfig(LayerConfig):
         self._vocab_check("src_vocab_size")
         self._vocab_check("tgt_vocab_size")
         self._positive("n_encoder_layers", "n_decoder_layers")
+        self._flag("share_embeddings", "tie_output", "output_bias", "r2l_memory")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             self._fail(
                 "share_embeddings",
@@ -51,7 +53,8 @@ class EncoderConfig(LayerConfig):
         super().validate()
         self._vocab_check("vocab_size")
         self._positive("n_layers")
-        if not isinstance(self.n_classes, int) or self.n_classes < 0:
+        self._flag("tie_output")
+        if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
 
 
@@ -67,3 +70,4 @@ class LMConfig(LayerConfig):
         super().validate()
         self._vocab_check("vocab_size")
         self._positive("n_layers")
+        self._flag("tie_output")

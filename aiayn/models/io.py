@@ -3,7 +3,8 @@
 No pickle: weights are safetensors (tied and shared tensors stored once), the config is JSON.
 Each file is written to a temporary name and renamed, so an interrupted save never leaves a
 half-written file under the real name. Tokenizers and trainer state live beside these files and
-are written by their own modules.
+are written by their own modules. A directory that cannot be loaded (missing, not JSON, a ``kind``
+or config field of the wrong type, weights of other shapes) is a ``ModelDirError`` naming the file.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 from torch import nn
 
 from aiayn.atomic import atomic_path, write_json
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
@@ -44,8 +46,8 @@ def model_kind(model: nn.Module) -> str:
 
 def build_model(kind: str, config: dict) -> nn.Module:
     """A fresh model of ``kind`` ("transformer", "lm", "encoder") from a config dict."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(KINDS)}")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ConfigError(f"unknown model kind {kind!r}; expected one of {sorted(KINDS)}")
     cls, cfg_cls = KINDS[kind]
     return cls(cfg_cls.from_dict(config))
 
@@ -73,37 +75,88 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     return steps[-1] if steps else path
 
 
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
 def read_config(directory: str | os.PathLike) -> dict:
-    """The parsed ``config.json`` of a model (or run) directory, with errors that name the path."""
+    """The parsed ``config.json`` of a model (or run) directory, checked: ``kind`` one of ``KINDS``
+    and ``config`` a valid config of that kind. Every problem is a ``ModelDirError`` naming the path."""
     directory = resolve_model_dir(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"model directory {directory} does not exist (or is not a directory)")
+        raise ModelDirError(
+            f"model directory {directory} does not exist (or is not a directory); give a directory "
+            "written by aiayn train or save_model"
+        )
     path = directory / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {directory} is not an aiayn model directory")
+        raise ModelDirError(
+            f"{path} is missing: {directory} is not an aiayn model directory (nor a training run "
+            "with a checkpoint)"
+        )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise ModelDirError(f"{path} is not valid JSON ({e}); restore it or save the model again") from None
     if not isinstance(meta, dict) or "kind" not in meta or "config" not in meta:
-        raise ValueError(f"{path} lacks the 'kind' and 'config' fields of an aiayn model")
+        raise ModelDirError(f"{path} lacks the 'kind' and 'config' fields of an aiayn model")
+    kind, config = meta["kind"], meta["config"]
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ModelDirError(
+            f"{path}: field 'kind' is {_json_type(kind)} ({json.dumps(kind)}); expected one of "
+            f"{', '.join(map(repr, sorted(KINDS)))}"
+        )
+    if not isinstance(config, dict):
+        raise ModelDirError(f"{path}: field 'config' must be a JSON object, got {_json_type(config)}")
+    try:
+        KINDS[kind][1].from_dict(config)
+    except ConfigError as e:
+        raise ModelDirError(f"{path}: {e}") from None
     return meta
 
 
+def _check_shapes(weights: Path, model: nn.Module) -> None:
+    """Compare the tensor shapes in the safetensors header with the model's before loading, so a
+    mismatch names the tensor and both shapes (torch's own message does not fit on one line)."""
+    try:
+        with safe_open(weights, framework="pt") as f:
+            stored = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError) as e:
+        raise ModelDirError(
+            f"{weights} is corrupt or truncated ({e}); restore it or save the model again"
+        ) from None
+    for name, tensor in model.state_dict().items():
+        want = tuple(tensor.shape)
+        if name in stored and stored[name] != want:
+            raise ModelDirError(
+                f"{weights}: tensor {name} has shape {stored[name]} but {CONFIG_FILE} implies {want}; "
+                "the weights do not belong to this config"
+            )
+
+
 def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild the model from ``config.json`` and load ``model.safetensors`` strictly, in eval mode."""
+    """Rebuild the model from ``config.json`` and load ``model.safetensors`` strictly, in eval mode.
+
+    A missing, corrupt or mismatched file is a ``ModelDirError`` naming it (and, for weights that do
+    not fit the config, the tensor and both shapes)."""
     directory = resolve_model_dir(directory)
     meta = read_config(directory)
-    try:
-        model = build_model(meta["kind"], meta["config"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{directory / CONFIG_FILE}: {e}") from None
+    model = build_model(meta["kind"], meta["config"])  # checked by read_config
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights} is missing")
+        raise ModelDirError(f"{weights} is missing: the model directory is incomplete")
+    _check_shapes(weights, model)
     try:
-        _load_weights(model, weights, strict=True)
+        missing, unexpected = _load_weights(model, weights, strict=False)
     except (SafetensorError, RuntimeError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{weights} is corrupt or does not match config.json ({first})") from None
+        raise ModelDirError(f"{weights} is corrupt or does not match {CONFIG_FILE} ({first})") from None
+    problems = [
+        f"{what} tensor(s) {sorted(names)[:3]}{' …' if len(names) > 3 else ''}"
+        for what, names in (("lacks", missing), ("has unexpected", unexpected))
+        if names
+    ]
+    if problems:
+        raise ModelDirError(f"{weights} {' and '.join(problems)}; the weights do not belong to {CONFIG_FILE}")
     return model.to(device).eval()

@@ -16,6 +16,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError
 from aiayn.modules.dropout import dropout
 from aiayn.modules.kv_cache import KVCache
 
@@ -91,7 +92,7 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         if (d_k is None or d_v is None) and d_model % n_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"d_model={d_model} must be divisible by n_heads={n_heads} (or give d_k and d_v explicitly)"
             )
         self.n_heads = n_heads

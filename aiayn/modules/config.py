@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aiayn.errors import ConfigError
 from aiayn.modules.embedding import EMB_SCALES, POSITIONALS
 from aiayn.modules.feed_forward import ACTIVATIONS
 
@@ -49,7 +50,7 @@ class LayerConfig:
     # -- validation -------------------------------------------------------------------------
     def _fail(self, field: str, problem: str, fix: str) -> None:
         value = getattr(self, field)
-        raise ValueError(f"{type(self).__name__}.{field}={value!r} {problem}; {fix}")
+        raise ConfigError(f"{type(self).__name__}.{field}={value!r} {problem}; {fix}")
 
     def _positive(self, *fields: str) -> None:
         for f in fields:
@@ -61,10 +62,21 @@ class LayerConfig:
         if getattr(self, field) not in choices:
             self._fail(field, f"is not one of {tuple(choices)}", f"choose one of {tuple(choices)}")
 
+    def _index(self, *fields: str) -> None:
+        for f in fields:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                self._fail(f, "must be an integer ≥ 0", f"set {f} to a token id")
+
+    def _flag(self, *fields: str) -> None:
+        for f in fields:
+            if not isinstance(getattr(self, f), bool):
+                self._fail(f, "must be true or false", f"set {f} to true or false")
+
     def _probability(self, *fields: str) -> None:
         for f in fields:
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v < 1.0:
                 self._fail(f, "must be in [0, 1)", f"set {f} to a probability such as 0.1")
 
     def validate(self) -> None:
@@ -76,6 +88,7 @@ class LayerConfig:
                 "choose d_model as a multiple of n_heads (e.g. 512 with 8 heads), or set d_k and d_v",
             )
         self._probability("dropout", "attn_dropout", "ff_dropout")
+        self._flag("norm_first", "bias")
         self._choice("activation", list(ACTIVATIONS))
         self._choice("positional", POSITIONALS)
         self._choice("emb_scale", EMB_SCALES)
@@ -83,6 +96,7 @@ class LayerConfig:
             self._fail("d_model", "is odd", "sinusoidal positions need an even d_model")
         if not (isinstance(self.ln_eps, float) and self.ln_eps > 0):
             self._fail("ln_eps", "must be a positive float", "use e.g. 1e-5")
+        self._index("pad_id", "bos_id", "eos_id", "unk_id")
         if self.pad_id == self.eos_id:
             self._fail("pad_id", f"equals eos_id={self.eos_id}", "give padding its own id")
 
@@ -99,13 +113,15 @@ class LayerConfig:
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        """The config of a dict such as ``config.json``'s ``"config"``; ``ConfigError`` if ``data``
+        is not a dict, has a field the config lacks, or a value of the wrong type or range."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__}: config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
         return cls(**data)
 
     def replace(self: C, **changes: Any) -> C:
         return dataclasses.replace(self, **changes)
-
-

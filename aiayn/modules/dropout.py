@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError
+
 
 class _UniformMaskDropout(torch.autograd.Function):
     """y = x · keep / (1 − p) with keep = (u ≥ p), u ~ U[0, 1) in float32; saves keep as bool."""
@@ -35,7 +37,7 @@ class _UniformMaskDropout(torch.autograd.Function):
 
 def _check(p: float) -> None:
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        raise ConfigError(f"dropout probability must be in [0, 1], got {p}")
 
 
 def _dropout(x: Tensor, p: float, training: bool) -> Tensor:

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError, DataError
 from aiayn.modules.dropout import Dropout
 from aiayn.modules.loss import linear_label_smoothed_nll_loss
 
@@ -36,7 +37,7 @@ def sinusoidal_table(n_positions: int, d_model: int, halves: bool = False) -> Te
         returns: (n_positions, d_model) float32
     """
     if d_model % 2:
-        raise ValueError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
+        raise ConfigError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(1e4) / d_model))
     angles = pos * inv_freq  # (P, d_model/2): pos / 10000^(2i/d_model)
@@ -88,7 +89,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         end = start + x.size(1)
         if end > self.max_len:
-            raise ValueError(
+            raise DataError(
                 f"sequence reaches position {end} but the learned positional embedding has "
                 f"max_len={self.max_len}; shorten the input or train with a larger max_len"
             )
@@ -105,7 +106,7 @@ class TokenEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = 0, scale: str = "emb"):
         super().__init__()
         if scale not in EMB_SCALES:
-            raise ValueError(f"emb_scale={scale!r} is not one of {EMB_SCALES}")
+            raise ConfigError(f"emb_scale={scale!r} is not one of {EMB_SCALES}")
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.scale = scale
         self.factor = math.sqrt(d_model)
@@ -138,7 +139,7 @@ class TransformerEmbedding(nn.Module):
     ):
         super().__init__()
         if positional not in POSITIONALS:
-            raise ValueError(f"positional={positional!r} is not one of {POSITIONALS}")
+            raise ConfigError(f"positional={positional!r} is not one of {POSITIONALS}")
         self.tokens = TokenEmbedding(vocab_size, d_model, pad_id, scale)
         if positional == "learned":
             self.positions = LearnedPositionalEmbedding(d_model, max_len)

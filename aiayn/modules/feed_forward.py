@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import ConfigError
 from aiayn.modules.dropout import Dropout
 
 ACTIVATIONS = {
@@ -37,7 +38,7 @@ class FeedForward(nn.Module):
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation={activation!r} is not one of {tuple(ACTIVATIONS)}")
+            raise ConfigError(f"activation={activation!r} is not one of {tuple(ACTIVATIONS)}")
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = ACTIVATIONS[activation]

@@ -11,25 +11,34 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from aiayn.errors import ModelDirError  # noqa: E402
+
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: is this a training run directory?")
+        raise ModelDirError(f"{path} does not exist: is this a training run directory?")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ModelDirError(f"{path} is not valid UTF-8 ({e}): not a metrics file") from None
     records = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
-                raise ValueError(f"{path}: line {i} is not valid JSON") from None
+                raise ModelDirError(f"{path}: line {i} is not valid JSON; delete that line") from None
+            if not isinstance(record, dict):
+                raise ModelDirError(f"{path}: line {i} is not a JSON object; delete that line")
+            records.append(record)
     return records
 
 
 def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
-    pts = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
+    pts = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r and "step" in r]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -64,5 +73,5 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
             written.append(path)
         plt.close(fig)
     if not written:
-        raise ValueError(f"{run_dir}: metrics hold nothing to plot yet")
+        raise ModelDirError(f"{run_dir}: metrics hold nothing to plot yet; train for a few steps first")
     return written

@@ -62,6 +62,18 @@ def test_missing_side_says_which_file(tmp_path, write_lines):
         load_parallel(tmp_path, "train")
 
 
+@pytest.mark.parametrize("name", ["train.de", "train.en.gz"])
+def test_corpus_of_only_blank_lines_names_the_file(tmp_path, write_lines, name):
+    write_lines(tmp_path / "train.de", ["ein Satz", "zwei"])
+    write_lines(tmp_path / "train.en.gz", ["a sentence", "two"])
+    write_lines(tmp_path / name, ["", "  ", "\t"])
+    with pytest.raises(DataError, match=rf"{name}\b.* holds only blank lines \(3 lines, no text\)"):
+        load_parallel(tmp_path, "train")
+    (tmp_path / "lm.txt").write_text("\n\n\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"lm\.txt holds only blank lines"):
+        load_text(tmp_path / "lm.txt")
+
+
 def test_shakespeare_follows_nanogpt_split():
     train, valid = load_text("shakespeare", "train"), load_text("shakespeare", "valid")
     assert (len(train), len(valid)) == (1_003_854, 111_540)  # nanoGPT's shakespeare_char numbers

@@ -117,6 +117,68 @@ def test_load_errors(tmp_path):
         load_tokenizer(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def saved_spm(tmp_path_factory):
+    """A saved sentencepiece tokenizer's folder and its model bytes."""
+    directory = tmp_path_factory.mktemp("spm")
+    SentencePieceTokenizer.train(CORPUS, vocab_size=400).save(directory)
+    return directory, (directory / "spm.model").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
+def test_corrupt_sentencepiece_model_names_the_file(tmp_path, saved_spm, damage):
+    source, model = saved_spm
+    (tmp_path / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    bad = {"random": bytes(range(256)) * 4, "truncated": model[: len(model) // 2], "empty": b""}[damage]
+    (tmp_path / "spm.model").write_bytes(bad)
+    with pytest.raises(DataError) as info:
+        load_tokenizer(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'spm.model'} is ")
+    assert "not a sentencepiece model" in message or "not a valid sentencepiece model" in message
+    assert message.endswith("retrain or restore the tokenizer")
+    assert "INTERNAL" not in message and "ParseFromArray" not in message
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "char"])
+def test_truncated_tokenizer_meta_names_the_file(tmp_path, saved_spm, kind):
+    if kind == "char":
+        CharTokenizer.train("abc").save(tmp_path)
+    else:
+        for name in ("tokenizer.json", "spm.model"):
+            (tmp_path / name).write_bytes((saved_spm[0] / name).read_bytes())
+    meta = (tmp_path / "tokenizer.json").read_bytes()
+    (tmp_path / "tokenizer.json").write_bytes(meta[: len(meta) // 2])
+    with pytest.raises(
+        DataError, match=r"tokenizer\.json is not valid JSON \(.*\); it is truncated or corrupt"
+    ):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes(b"\xff\xfe" + meta)
+    with pytest.raises(DataError, match=r"tokenizer\.json is not valid JSON"):
+        load_tokenizer(tmp_path)
+
+
+def test_tokenizer_meta_fields_of_the_wrong_type_name_the_file(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"kind": ["char"]}')
+    with pytest.raises(DataError, match="tokenizer.json: not a tokenizer description"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "char", "chars": [1, 2]}')
+    with pytest.raises(DataError, match="tokenizer.json: has no list of characters"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "sentencepiece", "model_file": 3}')
+    with pytest.raises(DataError, match="tokenizer.json: 'model_file' must be a file name, got 3"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_a_vocabulary_the_corpus_cannot_fill_names_the_files(tmp_path, write_lines, joint):
+    write_lines(tmp_path / "c.de", ["ein kleiner Satz", "noch einer"])
+    write_lines(tmp_path / "c.en", ["a small sentence", "another one"])
+    files = r"c\.de and .*c\.en" if joint else r"c\.de"
+    with pytest.raises(DataError, match=rf"vocabulary of 8000 pieces on .*{files}: Vocabulary size too high"):
+        train_translation_tokenizers(load_parallel(tmp_path / "c"), 8000, joint=joint)
+
+
 @pytest.mark.parametrize("joint", [True, False])
 def test_translation_pair_joint_or_per_side(tmp_path, write_lines, joint):
     pairs = list(load_parallel("multi30k", "valid"))

@@ -6,6 +6,7 @@ import torch
 from aiayn.data.tokenizer import CharTokenizer
 from aiayn.decoding import Generator, SearchConfig, Translator
 from aiayn.decoding.adapters import Seq2SeqAdapter
+from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.modules.kv_cache import DecoderCache
 from tests.decoding.fixtures import char_tokenizer, tiny_transformer, translation_dir
 
@@ -45,7 +46,7 @@ def test_long_lines_are_truncated_or_refused(model_dirs):
     assert cut == [0, 2, 5] and all(len(s) <= 5 for s in sources)
     with pytest.warns(UserWarning, match="line 1 truncated"):
         translator.translate(LINES[:1], SearchConfig(beam=1))
-    with pytest.raises(ValueError, match="line 2 has 11 source tokens, over the maximum of 6"):
+    with pytest.raises(DataError, match="line 2 has 11 source tokens, over the maximum of 6"):
         translator.encode(LINES[1:], strict=True)
 
 
@@ -63,26 +64,28 @@ def test_generator_samples_reproducibly(model_dirs):
     cfg = SearchConfig(beam=1, sample=True, nbest=2, seed=5, top_k=10, min_len=15)
     a, b = gen.generate("Ein ", 15, cfg), gen.generate("Ein ", 15, cfg)
     assert a == b and len(a) == 2 and all(t.startswith("Ein ") and len(t) == 4 + 15 for t in a)
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ConfigError, match="prompt is empty"):
         gen.generate("", 5)
 
 
 def test_directory_errors_say_what_is_wrong(model_dirs, tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ModelDirError, match="does not exist"):
         Translator.from_dir(tmp_path / "nope")
     with pytest.raises(
-        ValueError, match="holds a language model .kind 'lm'.; this command needs a translation model"
+        ModelDirError, match="holds a language model .kind 'lm'.; this command needs a translation model"
     ):
         Translator.from_dir(model_dirs["lm"])
-    with pytest.raises(ValueError, match="holds a translation model .*; this command needs a language model"):
+    with pytest.raises(
+        ModelDirError, match="holds a translation model .*; this command needs a language model"
+    ):
         Generator.from_dir(model_dirs["joint"])
     no_tok = translation_dir(tmp_path / "no-tok")
     (no_tok / "tokenizer.json").unlink()
-    with pytest.raises(FileNotFoundError, match="has no tokenizer"):
+    with pytest.raises(ModelDirError, match="has no tokenizer"):
         Translator.from_dir(no_tok)
     other = translation_dir(tmp_path / "other")
     CharTokenizer.train("xyz").save(other)
-    with pytest.raises(ValueError, match="source tokenizer .vocab_size 7.* does not fit the model"):
+    with pytest.raises(ModelDirError, match="source tokenizer .vocab_size 7.* does not fit the model"):
         Translator.from_dir(other)
 
 

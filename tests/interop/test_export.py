@@ -5,6 +5,7 @@ import torch
 
 from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transformer, TransformerConfig
 from aiayn.cli.main import main
+from aiayn.errors import ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.models.io import save_model
 from tests.helpers import assert_close
@@ -92,7 +93,7 @@ def test_marian_round_trip_writes_the_same_tensors(tmp_path):
     ],
 )
 def test_refuses_what_the_target_cannot_express(tmp_path, model, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ModelDirError, match=message):
         export_hf(model(), tmp_path)
 
 

@@ -1,9 +1,12 @@
 """GPT-2 checkpoints loaded into aiayn's LanguageModel give HF's logits."""
 
+import json
+
 import pytest
 import torch
 
 from aiayn import LanguageModel
+from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
 from tests.helpers import assert_close
 from tests.interop.hf_builders import gpt2, padded_ids
@@ -54,5 +57,20 @@ def test_config_and_padding_choice(tmp_path):
 
 def test_refuses_what_aiayn_cannot_run(tmp_path):
     gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True)
-    with pytest.raises(ValueError, match="scales attention other than"):
+    with pytest.raises(ModelDirError, match=r"config\.json: this GPT-2 scales attention other than"):
+        from_pretrained(tmp_path)
+
+
+def test_config_json_fields_of_the_wrong_type_name_the_file(tmp_path):
+    gpt2(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": "2"}))
+    with pytest.raises(
+        ModelDirError, match=r"config\.json: LMConfig\.n_layers='2' must be a positive integer"
+    ):
+        from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "layer_norm_epsilon": None, "n_head": [4]}))
+    with pytest.raises(
+        ModelDirError, match=r"config\.json: LMConfig\.n_heads=\[4\] must be a positive integer"
+    ):
         from_pretrained(tmp_path)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aiayn.cli.main import main
+from aiayn.errors import ModelDirError
 from aiayn.interop import GPT2Tokenizer, load_gpt2_tokenizer
 from tests.interop.hf_builders import gpt2, transformers
 
@@ -38,6 +39,26 @@ def test_encode_and_decode_match_transformers(gpt2_files, text):
     assert ids == hf(text).input_ids
     assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True) == text
     assert isinstance(ours, GPT2Tokenizer) and ours.decode([*ids, ours.eos_id]) == text
+
+
+def test_broken_tokenizer_files_are_named(gpt2_files):
+    directory, vocab = gpt2_files
+    merges = (directory / "merges.txt").read_bytes()
+    (directory / "merges.txt").write_bytes(merges + b"\xff\xfe\n")
+    with pytest.raises(ModelDirError, match=r"merges\.txt is not valid UTF-8"):
+        load_gpt2_tokenizer(directory)
+    (directory / "merges.txt").write_bytes(merges + b"zz qq\n")
+    with pytest.raises(ModelDirError, match=r"merges\.txt and .*vocab\.json do not belong together: 1 piece"):
+        load_gpt2_tokenizer(directory)
+    (directory / "merges.txt").write_bytes(merges)
+    (directory / "vocab.json").write_text(
+        json.dumps({k: v for k, v in vocab.items() if k != "<|endoftext|>"})
+    )
+    with pytest.raises(ModelDirError, match=r"vocab\.json: the vocabulary lacks the end-of-text piece"):
+        load_gpt2_tokenizer(directory)
+    (directory / "vocab.json").write_text(json.dumps(vocab)[:-20])
+    with pytest.raises(ModelDirError, match=r"vocab\.json is not valid JSON"):
+        load_gpt2_tokenizer(directory)
 
 
 def test_generate_command_matches_transformers(gpt2_files, capsys):

@@ -1,9 +1,12 @@
 """OPUS-MT (MarianMT) checkpoints loaded into aiayn's Transformer give HF's logits."""
 
+import json
+
 import pytest
 import torch
 
 from aiayn import Transformer
+from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
 from tests.helpers import assert_close
 from tests.interop.hf_builders import marian, padded_ids
@@ -64,36 +67,72 @@ def test_strict_loading_names_the_problem(tmp_path):
     state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
     state["model.encoder.layers.0.extra.weight"] = torch.zeros(1)
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match=r"unexpected tensors \['model.encoder.layers.0.extra.weight'\]"):
+    with pytest.raises(ModelDirError, match=r"unexpected tensors \['model.encoder.layers.0.extra.weight'\]"):
         from_pretrained(tmp_path)
     del state["model.encoder.layers.0.extra.weight"], state["model.decoder.layers.1.fc2.bias"]
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="tensor model.decoder.layers.1.fc2.bias is missing"):
+    with pytest.raises(ModelDirError, match="tensor model.decoder.layers.1.fc2.bias is missing"):
         from_pretrained(tmp_path)
     state = dict(hf.state_dict())
     state["lm_head.weight"] = state["lm_head.weight"] + 1
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="differ, but the config ties them"):
+    with pytest.raises(ModelDirError, match="differ, but the config ties them"):
         from_pretrained(tmp_path)
     state["lm_head.weight"] = torch.zeros(5, 32)
     state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"] = torch.zeros(5, 32)
     state["model.decoder.embed_tokens.weight"] = torch.zeros(5, 32)
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match=r"has shape \(5, 32\), config.json implies \(61, 32\)"):
+    with pytest.raises(ModelDirError, match=r"has shape \(5, 32\), config.json implies \(61, 32\)"):
         from_pretrained(tmp_path)
 
 
 def test_unsupported_and_broken_directories(tmp_path):
     marian(tmp_path, encoder_attention_heads=2)
-    with pytest.raises(ValueError, match="encoder_attention_heads=2 but decoder_attention_heads=4"):
+    with pytest.raises(ModelDirError, match="encoder_attention_heads=2 but decoder_attention_heads=4"):
         from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+    with pytest.raises(ModelDirError, match="model_type 'bert' is not supported"):
         from_pretrained(tmp_path)
     marian(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"junk")
-    with pytest.raises(ValueError, match="model.safetensors is corrupt"):
+    with pytest.raises(ModelDirError, match="model.safetensors is corrupt"):
         from_pretrained(tmp_path)
     (tmp_path / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="has no model.safetensors, pytorch_model.bin"):
+    with pytest.raises(ModelDirError, match="has no model.safetensors, pytorch_model.bin"):
+        from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(d_model="32"), r"config\.json: TransformerConfig\.d_model='32' must be"),
+        (lambda c: c.update(dropout="0.1x"), r"config\.json: could not convert string to float"),
+        (lambda c: c.update(activation_function=["swish"]), r"config\.json: activation_function=\['swish'\]"),
+        (lambda c: c.update(scale_embedding="yes", share_encoder_decoder_embeddings="no"),
+         r"config\.json: TransformerConfig\.share_embeddings='no' must be true or false"),
+        (lambda c: c.update(model_type=["marian"]), r"config\.json: 'model_type' must be a string"),
+    ],
+)  # fmt: skip
+def test_config_json_fields_of_the_wrong_type_name_the_file(tmp_path, edit, message):
+    marian(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelDirError, match=message):
+        from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("junk", [b"hello world", b"", b"PK\x03\x04 truncated zip"])
+def test_corrupt_pytorch_model_bin_is_named(tmp_path, junk):
+    marian(tmp_path, fmt="bin")
+    (tmp_path / "pytorch_model.bin").write_bytes(junk)
+    with pytest.raises(ModelDirError, match=r"pytorch_model\.bin is corrupt or not a plain tensor file"):
+        from_pretrained(tmp_path)
+
+
+def test_corrupt_config_json_is_named(tmp_path):
+    marian(tmp_path)
+    text = (tmp_path / "config.json").read_text()
+    (tmp_path / "config.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ModelDirError, match=r"config\.json is not valid JSON"):
         from_pretrained(tmp_path)

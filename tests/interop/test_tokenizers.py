@@ -1,8 +1,11 @@
 """OPUS-MT tokenization behind aiayn's tokenizer interface, against transformers' MarianTokenizer."""
 
+import json
+
 import pytest
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import ModelDirError
 from aiayn.interop import load_marian_tokenizers
 from tests.interop.hf_builders import transformers
 from tests.interop.marian_files import write_marian_tokenizer
@@ -60,5 +63,40 @@ def test_interface_and_special_ids(marian_tokenizers):
 def test_missing_files_are_named(tmp_path):
     write_marian_tokenizer(tmp_path)
     (tmp_path / "target.spm").unlink()
-    with pytest.raises(FileNotFoundError, match="target.spm is missing"):
+    with pytest.raises(ModelDirError, match="target.spm is missing"):
+        load_marian_tokenizers(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated"])
+def test_corrupt_sentencepiece_file_is_named(tmp_path, damage):
+    write_marian_tokenizer(tmp_path)
+    model = (tmp_path / "source.spm").read_bytes()
+    bad = bytes(range(256)) * 4 if damage == "random" else model[: len(model) // 2]
+    (tmp_path / "source.spm").write_bytes(bad)
+    with pytest.raises(ModelDirError, match=r"source\.spm is not a valid sentencepiece model") as info:
+        load_marian_tokenizers(tmp_path)
+    assert "INTERNAL" not in str(info.value) and "ParseFromArray" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"</s>": 0, "<unk>": 1', r"vocab\.json is not valid JSON \(.*\); restore it"),
+        ("[1, 2, 3]", r"vocab\.json does not hold a JSON object"),
+        ('{"</s>": 0, "<unk>": "1", "<pad>": 2}', r"vocab\.json does not map pieces to integer ids"),
+        ('{"</s>": 0, "<unk>": 1}', r"vocab\.json: the vocabulary lacks the special piece\(s\) \['<pad>'\]"),
+    ],
+)
+def test_corrupt_vocab_json_is_named(tmp_path, content, message):
+    write_marian_tokenizer(tmp_path)
+    (tmp_path / "vocab.json").write_text(content, encoding="utf-8")
+    with pytest.raises(ModelDirError, match=message):
+        load_marian_tokenizers(tmp_path)
+
+
+def test_corrupt_target_vocab_json_is_named(tmp_path):
+    vocab = write_marian_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
+    (tmp_path / "target_vocab.json").write_text(json.dumps({k: v for k, v in vocab.items() if k != "</s>"}))
+    with pytest.raises(ModelDirError, match=r"target_vocab\.json: the vocabulary lacks the special piece"):
         load_marian_tokenizers(tmp_path)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from aiayn.cli.main import main
+from aiayn.errors import ModelDirError
 from aiayn.interop import load_marian_translation
 from tests.interop.hf_builders import marian, transformers
 from tests.interop.marian_files import write_marian_tokenizer
@@ -51,5 +52,5 @@ def test_translate_command_matches_transformers(opus_mt_dir, tmp_path, beam, len
 def test_tokenizer_that_does_not_fit_the_model_is_refused(opus_mt_dir):
     directory, _ = opus_mt_dir
     marian(directory, vocab_size=40, pad_token_id=39, decoder_start_token_id=39)
-    with pytest.raises(ValueError, match="the source vocabulary .* does not fit config.json"):
+    with pytest.raises(ModelDirError, match="the source vocabulary .* does not fit config.json"):
         load_marian_translation(directory)

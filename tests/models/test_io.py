@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aiayn import LanguageModel, LMConfig, Transformer, TransformerConfig
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.io import load_model, read_config, save_model
 
 
@@ -34,21 +35,93 @@ def test_round_trip_language_model(tmp_path):
 
 
 def test_bad_directories_give_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ModelDirError, match="does not exist"):
         load_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="not an aiayn model directory"):
+    with pytest.raises(ModelDirError, match="not an aiayn model directory"):
         load_model(tmp_path / "empty")
     save_model(_small(), tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(ValueError, match="model.safetensors is corrupt"):
+    with pytest.raises(ModelDirError, match="model.safetensors is corrupt or truncated"):
+        load_model(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    with pytest.raises(ModelDirError, match=r"model\.safetensors is missing"):
         load_model(tmp_path / "m")
     save_model(_small(), tmp_path / "m2")
     meta = json.loads((tmp_path / "m2" / "config.json").read_text())
     meta["config"]["d_model"] = 32  # weights no longer match
     (tmp_path / "m2" / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="does not match config.json"):
+    with pytest.raises(ModelDirError, match="do not belong to this config"):
         load_model(tmp_path / "m2")
     (tmp_path / "m2" / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(ModelDirError, match="not valid JSON"):
         load_model(tmp_path / "m2")
+
+
+def _edit_config(directory, edit) -> None:
+    meta = json.loads((directory / "config.json").read_text())
+    edit(meta)
+    (directory / "config.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("kind", [["transformer"], 3, {"name": "transformer"}, None, "transformers"])
+def test_kind_that_is_not_a_known_string_names_the_file_and_field(tmp_path, kind):
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta.update(kind=kind))
+    pattern = r"m/config\.json: field 'kind' is .*; expected one of 'encoder', 'lm', 'transformer'"
+    with pytest.raises(ModelDirError, match=pattern):
+        read_config(tmp_path / "m")
+    with pytest.raises(ModelDirError, match=pattern):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize(("config", "got"), [("hello", "a string"), ([16, 2], "an array"), (None, "null")])
+def test_config_that_is_not_an_object_names_the_file(tmp_path, config, got):
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta.update(config=config))
+    with pytest.raises(
+        ModelDirError, match=rf"m/config\.json: field 'config' must be a JSON object, got {got}"
+    ):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("norm_first", "yes", r"norm_first='yes' must be true or false"),
+        ("pad_id", "0", r"pad_id='0' must be an integer ≥ 0"),
+        ("d_model", [16], r"d_model=\[16\] must be a positive integer"),
+        ("dropout", True, r"dropout=True must be in \[0, 1\)"),
+        ("d_modle", 16, r"unknown field\(s\) \['d_modle'\]"),
+    ],
+)
+def test_config_field_of_the_wrong_type_names_the_file_and_field(tmp_path, field, value, message):
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta["config"].update({field: value}))
+    with pytest.raises(ModelDirError, match=r"m/config\.json: TransformerConfig.*" + message):
+        load_model(tmp_path / "m")
+
+
+def test_weights_of_another_shape_name_the_tensor_and_both_shapes(tmp_path):
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta["config"].update(d_ff=64))
+    with pytest.raises(ModelDirError) as info:
+        load_model(tmp_path / "m")
+    assert str(info.value) == (
+        f"{tmp_path / 'm' / 'model.safetensors'}: tensor encoder.layers.0.ff.w_1.weight has shape (32, 16) "
+        "but config.json implies (64, 16); the weights do not belong to this config"
+    )
+
+
+def test_weights_of_another_depth_name_the_missing_tensors(tmp_path):
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta["config"].update(n_encoder_layers=2))
+    with pytest.raises(ModelDirError, match=r"model\.safetensors lacks tensor\(s\) \['encoder\.layers\.1\."):
+        load_model(tmp_path / "m")
+
+
+def test_from_dict_refuses_a_non_object():
+    with pytest.raises(ConfigError, match="TransformerConfig: config must be a JSON object, got str"):
+        TransformerConfig.from_dict("hello")
+    with pytest.raises(ConfigError, match="LMConfig: config must be a JSON object, got list"):
+        LMConfig.from_dict([("d_model", 16)])

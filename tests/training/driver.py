@@ -1,16 +1,21 @@
 """``aiayn train`` in a child process with test-only instrumentation, patched in from here so that
 production code carries no test hooks.
 
-    python tests/training/driver.py [--dump-params DIR] [--pause-checkpoint STEP:SECONDS] -- ARGS…
+    python tests/training/driver.py [--dump-params DIR] [--pause-checkpoint STEP:SECONDS]
+                                    [--pid-dir DIR] [--fast-clock RANK:FACTOR] -- ARGS…
 
-``--dump-params`` saves each rank's final parameters as DIR/rank{R}.safetensors (DDP tests compare
-ranks); ``--pause-checkpoint`` sleeps once checkpoint STEP is fully written but not yet renamed
-into place, so that a test can kill the process mid-write.
+``--dump-params`` saves each rank's final parameters and step as DIR/rank{R}.safetensors (DDP tests
+compare ranks); ``--pause-checkpoint`` sleeps once checkpoint STEP is fully written but not yet
+renamed into place, so that a test can kill the process mid-write; ``--pid-dir`` writes each rank's
+process id to DIR/rank{R}.pid (to signal one rank); ``--fast-clock`` makes rank RANK's training
+clock run FACTOR times too fast (ranks that disagree about the time budget).
 """
 
 import argparse
+import os
 import sys
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -26,7 +31,8 @@ def dump_params(folder: str) -> None:
 
     def fit(self):
         result = real_fit(self)
-        save_model(self.model, str(Path(folder) / f"rank{self.dist.rank}.safetensors"))
+        path = Path(folder) / f"rank{self.dist.rank}.safetensors"
+        save_model(self.model, str(path), metadata={"step": str(self.step)})
         return result
 
     trainer.Trainer.fit = fit
@@ -44,15 +50,38 @@ def pause_checkpoint(spec: str) -> None:
     checkpoint.write_json = write_json
 
 
+def write_pid(folder: str) -> None:
+    real_init = trainer.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        (Path(folder) / f"rank{self.dist.rank}.pid").write_text(str(os.getpid()))
+
+    trainer.Trainer.__init__ = init
+
+
+def fast_clock(spec: str) -> None:
+    rank, factor = spec.split(":")
+    if os.environ.get("RANK", "0") == rank:
+        real = time.perf_counter
+        trainer.time = types.SimpleNamespace(perf_counter=lambda: float(factor) * real())
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--dump-params")
     parser.add_argument("--pause-checkpoint")
+    parser.add_argument("--pid-dir")
+    parser.add_argument("--fast-clock")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args()
     if opts.dump_params:
         dump_params(opts.dump_params)
     if opts.pause_checkpoint:
         pause_checkpoint(opts.pause_checkpoint)
+    if opts.pid_dir:
+        write_pid(opts.pid_dir)
+    if opts.fast_clock:
+        fast_clock(opts.fast_clock)
     args = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
     sys.exit(main(["train", *args]))

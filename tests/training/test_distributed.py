@@ -1,15 +1,21 @@
 """torchrun with 2 CPU processes (gloo): ranks stay identical and match one process that
-accumulates the same global batch (update_freq=2)."""
+accumulates the same global batch (update_freq=2); every decision to stop is taken by both ranks
+at the same step (a time budget, a signal to one rank)."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+from aiayn.models.io import load_model
 from tests.helpers import assert_close
 from tests.training.conftest import tiny_args
 
@@ -50,3 +56,71 @@ def test_two_process_ddp_matches_single_process_with_the_same_global_batch(corpu
     assert (tmp_path / "ddp_run" / "step-000006").is_dir() and (
         tmp_path / "single_run" / "step-000006"
     ).is_dir()
+
+
+def _torchrun(corpus, tmp_path, port: int, driver_options: list[str], *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "AIAYN_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    args = tiny_args(corpus, tmp_path / "run", "device=cpu", "model.dropout=0.0", *overrides)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           DRIVER, *driver_options, "--", *args]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen, pids: Path, timeout: float = 180) -> str:
+    """Wait for torchrun; ranks that hang are killed (torchrun starts each in a session of its own,
+    so by the process ids they wrote to ``pids``) and the test fails."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid_file in pids.glob("rank*.pid"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"the two ranks hung (killed after {timeout} s):\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+def _same_final_state(dump: Path, run: Path) -> int:
+    """Both ranks ended at one step with identical weights, and that step's checkpoint loads."""
+    ranks = [safe_open(str(dump / f"rank{r}.safetensors"), "pt") for r in (0, 1)]
+    steps = {int(f.metadata()["step"]) for f in ranks}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    rank0, rank1 = (load_file(str(dump / f"rank{r}.safetensors")) for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+    (step,) = steps
+    assert load_model(run / f"step-{step:06d}").config.d_model == 32
+    return step
+
+
+@pytest.mark.slow
+def test_a_time_budget_stops_both_ranks_at_the_same_step(corpus, tmp_path):
+    """Rank 1's clock runs 50× fast: alone it would leave the loop at once while rank 0 went on into
+    the next all-reduce and both waited forever. Rank 0's clock decides for both."""
+    dump, pids = tmp_path / "dump", tmp_path / "pids"
+    dump.mkdir(), pids.mkdir()
+    options = ["--dump-params", str(dump), "--pid-dir", str(pids), "--fast-clock", "1:50"]
+    proc = _torchrun(
+        corpus, tmp_path, 29541, options, "max_steps=100000", "eval_every=100000", "max_minutes=0.01"
+    )
+    err = _finish(proc, pids)
+    assert "(max_minutes)" in err
+    assert _same_final_state(dump, tmp_path / "run") > 1
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_both_cleanly(corpus, tmp_path):
+    dump, pids, run = tmp_path / "dump", tmp_path / "pids", tmp_path / "run"
+    dump.mkdir(), pids.mkdir()
+    options = ["--dump-params", str(dump), "--pid-dir", str(pids)]
+    proc = _torchrun(corpus, tmp_path, 29542, options, "max_steps=100000", "eval_every=100000")
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 5:
+        assert proc.poll() is None and time.time() < deadline, "the run did not start"
+        time.sleep(0.1)
+    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGTERM)  # rank 1 only
+    err = _finish(proc, pids)
+    assert "(SIGTERM)" in err
+    assert _same_final_state(dump, run) >= 5
