@@ -3,7 +3,9 @@
 Every file the package writes goes through here. The content is written under a temporary name in
 the same folder (``.NAME.tmp-PID``) and renamed into place with ``os.replace``, which is atomic on
 POSIX and Windows, so a crash, a full disk or a Ctrl-C never leaves half a file behind, and the
-previous version stays intact until the new one is complete.
+previous version stays intact until the new one is complete. ``check_output`` is the one rule for
+what a command may write over: never its own inputs, a model or run only when told to (``--force``),
+never a directory that is not ours.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from aiayn.errors import OutputError
 
 TMP_PREFIX = ".tmp-"
 
@@ -83,3 +87,64 @@ def remove_temporaries(folder: str | os.PathLike) -> None:
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
+
+
+# -- what a command may write over ---------------------------------------------------------------
+
+MODEL_MARKERS = ("config.json", "model.safetensors", "train_config.json")  # aiayn's or HF's
+
+
+def holds_model(directory: Path) -> bool:
+    """Whether ``directory`` holds a model (aiayn's or HF's), a checkpoint or a training run."""
+    return any((directory / m).exists() for m in MODEL_MARKERS) or any(directory.glob("step-*"))
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_output(
+    path: str | os.PathLike,
+    inputs: tuple[str | os.PathLike | None, ...] = (),
+    *,
+    directory: bool = False,
+    force: bool = False,
+    option: str = "output",
+) -> Path:
+    """The one rule for every output a command writes; raises ``OutputError`` naming ``option``.
+
+    - Never an input of the same command (paths resolved, symlinks followed), a file inside an
+      input directory that exists already, nor a directory that contains an input.
+    - A file output needs an existing folder and must not be a directory.
+    - A directory output (replaced as a whole by ``atomic_dir``) may be missing or empty; one that
+      holds a model or a run is replaced only with ``force``; anything else is not ours, and is
+      never written into.
+    Returns the path as given.
+    """
+    given = Path(path)
+    out = given.resolve()
+    for item in inputs:
+        if item is None:
+            continue
+        src = Path(item).resolve()
+        clash = out == src or (src.is_dir() and _within(out, src) and out.exists())
+        if clash or (directory and _within(src, out)):
+            raise OutputError(
+                f"{option} {given} would overwrite {item}, an input of this command; choose another {option}"
+            )
+    if not directory:
+        if out.is_dir():
+            raise OutputError(f"{option} {given} is a directory; give a file name")
+        if not out.parent.is_dir():
+            raise OutputError(f"{option} {given}: folder {given.parent} does not exist; create it first")
+        return given
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{option} {given} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not holds_model(out):
+            raise OutputError(
+                f"{option} {given} is a non-empty directory that holds no model; choose a new or empty one"
+            )
+        if not force:
+            raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
+    return given

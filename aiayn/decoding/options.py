@@ -7,23 +7,16 @@ strategy takes this config, so an option is added in one place.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aiayn.decoding.scoring import PENALTIES
-
-
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0 (use greedy decoding for T -> 0)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be at least 1 (or None for no top-k filtering)")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1] (or None for no nucleus filtering)")
+from aiayn.errors import ConfigError
 
 
 @dataclass
 class SearchConfig:
-    """How to decode. Every field is checked on construction (``ValueError`` naming it)."""
+    """How to decode. Every field is checked on construction (``ConfigError`` naming it)."""
 
     beam: int = 4  # beam size (§6.1); 1 = greedy
     nbest: int = 1  # hypotheses returned per input (≤ beam), or samples drawn with sample=True
@@ -40,20 +33,45 @@ class SearchConfig:
     use_cache: bool = True  # False recomputes the whole prefix each step (the reference path)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Types, ranges, finiteness and agreement between fields; ``ConfigError`` naming the first
+        bad one (the command line's option of the same name, with dashes)."""
+
+        def fail(name: str, problem: str) -> None:
+            raise ConfigError(f"{name}={getattr(self, name)!r} {problem}")
+
+        for name in ("beam", "nbest", "max_len_b", "min_len", "max_len", "top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                fail(name, "must be an integer")
+        for name in ("lenpen", "temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                fail(name, "must be a number")
+            if value is not None and not math.isfinite(value):
+                fail(name, "must be a finite number")
         if self.beam < 1:
-            raise ValueError(f"beam={self.beam} must be at least 1 (1 = greedy decoding)")
+            fail("beam", "must be at least 1 (1 = greedy decoding)")
         if self.nbest < 1 or (not self.sample and self.nbest > self.beam):
-            raise ValueError(f"nbest={self.nbest} must be between 1 and the beam size {self.beam}")
+            fail("nbest", f"must be between 1 and the beam size {self.beam}")
         if self.lenpen_kind not in PENALTIES:
-            raise ValueError(f"lenpen_kind={self.lenpen_kind!r} is not one of {PENALTIES}")
+            fail("lenpen_kind", f"is not one of {PENALTIES}")
         if self.max_len is not None and self.max_len < 1:
-            raise ValueError(f"max_len={self.max_len} must be at least 1 (or None: input + max_len_b)")
+            fail("max_len", "must be at least 1 (or None: input + max_len_b)")
         if self.max_len_b < 1:
-            raise ValueError(f"max_len_b={self.max_len_b} must be at least 1")
+            fail("max_len_b", "must be at least 1")
         if self.min_len < 0:
-            raise ValueError(f"min_len={self.min_len} must be ≥ 0")
-        if self.sample:
-            check_sampling(self.temperature, self.top_k, self.top_p)
+            fail("min_len", "must be ≥ 0")
+        if self.max_len is not None and self.min_len > self.max_len:
+            fail("min_len", f"is above max_len={self.max_len}: no output could satisfy both")
+        if not self.temperature > 0:
+            fail("temperature", "must be > 0 (use greedy decoding for T -> 0)")
+        if self.top_k is not None and self.top_k < 1:
+            fail("top_k", "must be at least 1 (or None for no top-k filtering)")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            fail("top_p", "must be in (0, 1] (or None for no nucleus filtering)")
 
     def output_limit(self, input_len: int) -> int:
         """The maximum number of generated tokens for an input of ``input_len`` tokens."""

@@ -47,6 +47,8 @@ class Translator:
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         c = model.config
         learned = c.positional == "learned"
+        if max_src_len is not None and (isinstance(max_src_len, bool) or max_src_len < 2):
+            raise ConfigError(f"max_src_len={max_src_len} must leave room for a token and eos (≥ 2)")
         self.max_src_len = min(max_src_len or c.max_len, c.max_len) if learned else max_src_len
         self.max_src_len = self.max_src_len or DEFAULT_MAX_SRC_LEN
         self.max_tgt_len = c.max_len if learned else None  # decoder positions: bos + output - 1
@@ -94,6 +96,8 @@ class Translator:
         Sentences are sorted by length so that a batch has little padding; each batch holds at
         most ``max_tokens`` source tokens, padding included (more for a single longer sentence).
         """
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens={max_tokens!r} must be ≥ 1 (source tokens per batch)")
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if s]
         if not todo:
