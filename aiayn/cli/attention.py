@@ -11,6 +11,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
+from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind
 from aiayn.viz.attention import save_attention_maps
 
@@ -53,7 +54,7 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     model, c = translator.model, translator.model.config
     (src,), _ = translator.encode([args.src], strict=True)
     if not src:
-        raise ValueError("--src is blank; give a sentence")
+        raise ConfigError("--src is blank; give a sentence")
     if args.tgt is None:
         out = translator.search([src], SearchConfig(beam=1))[0][0].tokens
     else:
@@ -73,11 +74,11 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
 
 def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     if args.tgt is not None:
-        raise ValueError("--tgt is for translation models; a language model plots --src only")
+        raise ConfigError("--tgt is for translation models; a language model plots --src only")
     generator = Generator.from_dir(args.model, args.device)
     ids = generator.tokenizer.encode(args.src)
     if not ids:
-        raise ValueError("--src is empty; give some text")
+        raise ConfigError("--src is empty; give some text")
     with torch.inference_mode():
         maps = generator.model.attention_weights(torch.tensor([ids], device=generator.device))
     return maps, {"tgt": token_labels(generator.tokenizer, ids, generator.model.config)}

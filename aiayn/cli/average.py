@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aiayn.atomic import check_output
+from aiayn.errors import ConfigError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -16,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("run_dir", help="a training run directory (with step-* checkpoints)")
     p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
     p.add_argument("--out", help="output model directory (default RUN_DIR/averaged)")
+    p.add_argument("--force", action="store_true", help="replace --out if it already holds a model")
     p.set_defaults(run=run)
 
 
@@ -23,8 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.training.average import average_checkpoints, last_checkpoints
 
     if args.last < 1:
-        raise ValueError(f"--last={args.last} must be ≥ 1")
+        raise ConfigError(f"--last={args.last} must be ≥ 1")
     paths = last_checkpoints(args.run_dir, args.last)
-    out = average_checkpoints(paths, args.out or Path(args.run_dir) / "averaged")
+    out = check_output(args.out or Path(args.run_dir) / "averaged", tuple(paths), directory=True,
+                       force=args.force, option="--out")  # fmt: skip
+    out = average_checkpoints(paths, out)
     print(f"averaged {len(paths)} checkpoints ({paths[0].name} … {paths[-1].name}) into {out}")
     return 0

@@ -1,20 +1,22 @@
 """Options that every decoding command shares (``--beam``, ``--sample``, …), and a few helpers.
 
 ``add_search_arguments(parser)`` adds them; ``search_config(args)`` turns them into a checked
-``SearchConfig``. ``warn`` prints a one-line warning on stderr; ``write_text_atomic`` writes an
-output file under a temporary name and renames it, so a failed run never leaves half a file.
+``SearchConfig``. ``warn`` prints a one-line warning on stderr; ``check_outputs`` applies the
+output-safety rule (``aiayn.atomic.check_output``) to a decoding command's output files.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
+from aiayn.atomic import check_output
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
+from aiayn.errors import OutputError
+from aiayn.models.io import resolve_model_dir
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -55,19 +57,23 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     return SearchConfig(**options, use_cache=not args.no_cache)
 
 
+def check_outputs(args: argparse.Namespace, *options: str, inputs: tuple = ()) -> None:
+    """Before any work: no output option may overwrite an input (the model's own files included)
+    or another output of the same command."""
+    model = resolve_model_dir(args.model) if Path(args.model).is_dir() else None
+    seen: dict[Path, str] = {}
+    for option in options:
+        path = getattr(args, option.lstrip("-").replace("-", "_"))
+        if path is None:
+            continue
+        check_output(path, (*inputs, model), option=option)
+        if (same := seen.get(Path(path).resolve())) is not None:
+            raise OutputError(f"{option} and {same} name the same file ({path}); give each its own")
+        seen[Path(path).resolve()] = option
+
+
 def warn(message: str) -> None:
     print(f"aiayn: warning: {message}", file=sys.stderr)
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same folder and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def formatter(prog: str) -> argparse.HelpFormatter:

@@ -7,12 +7,17 @@ sentences and scores the whole test set (test2016) with sacreBLEU.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from aiayn.atomic import check_output
+from aiayn.errors import ConfigError
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
+DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
 
 
 def add_parser(sub) -> None:
@@ -23,7 +28,8 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")
-    p.add_argument("--out", default="runs/demo", help="run directory (replaced; default runs/demo)")
+    p.add_argument("--out", default="runs/demo", help="run directory; a previous demo's is replaced")
+    p.add_argument("--force", action="store_true", help="replace --out even if it holds another run")
     p.add_argument("--beam", type=int, default=4, help="beam size for the test set (default 4)")
     p.set_defaults(run=run)
 
@@ -36,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.training.config import load_recipe
     from aiayn.training.trainer import Trainer
 
-    if args.minutes <= 0:
-        raise ValueError(f"--minutes={args.minutes} must be > 0")
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise ConfigError(f"--minutes={args.minutes} must be a number > 0")
     out = Path(args.out)
+    if not (out / DEMO_MARK).is_file():  # a previous demo's run is ours to replace; nothing else is
+        check_output(out, directory=True, force=args.force, option="--out")
     if out.exists():
         shutil.rmtree(out)
     # The recipe's cosine schedule decays over a step count sized for its full hour; a run cut by a
@@ -49,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_recipe(RECIPE, overrides)
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.time()
-    Trainer(cfg).fit()
+    trainer = Trainer(cfg)
+    (out / DEMO_MARK).write_text("a run of aiayn demo: the next demo replaces it\n", encoding="utf-8")
+    trainer.fit()
     train_s = time.time() - t0
 
     translator = Translator.from_dir(out)

@@ -8,16 +8,18 @@ from dataclasses import asdict
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from aiayn.atomic import write_text
 from aiayn.cli.decode_options import (
     add_model_argument,
     add_search_arguments,
+    check_outputs,
     formatter,
     search_config,
     warn,
-    write_text_atomic,
 )
 from aiayn.data.corpus import load_parallel
 from aiayn.decoding.translator import Translator
+from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
 
 EXAMPLES = """examples:
@@ -66,7 +68,8 @@ def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str,
 def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     if (args.src is None) != (args.ref is None):
-        raise ValueError("give both --src and --ref (or neither, to use --dataset)")
+        raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
+    check_outputs(args, "--output", "--json", inputs=(args.src, args.ref))
     meta = model_meta(args.model)
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
     if args.output:
-        write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
+        write_text(args.output, "".join(h + "\n" for h in hyps))
     scores, signatures = score(hyps, refs)
     print(f"{corpus.name}: {len(hyps)} sentences, {args.model}")
     print(f"BLEU  {scores['bleu']:6.2f}   lowercased {scores['bleu_lc']:6.2f}")
@@ -92,5 +95,5 @@ def run(args: argparse.Namespace) -> int:
             "signatures": signatures,
             "search": asdict(config),
         }
-        write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

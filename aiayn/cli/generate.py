@@ -7,6 +7,7 @@ import argparse
 from aiayn.cli.decode_options import add_model_argument, formatter, warn
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
+from aiayn.errors import ConfigError
 
 EXAMPLES = """examples:
   aiayn generate --model runs/shakespeare --prompt "ROMEO:" --max-new-tokens 300
@@ -41,9 +42,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.num_samples < 1:
-        raise ValueError("--max-new-tokens and --num-samples must be at least 1")
+        raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
     if args.greedy and args.num_samples > 1:
-        raise ValueError("--greedy gives one continuation; drop --num-samples")
+        raise ConfigError("--greedy gives one continuation; drop --num-samples")
     config = SearchConfig(
         beam=1,
         sample=not args.greedy,

@@ -1,7 +1,10 @@
 """``aiayn``: entry point. Each subcommand module has ``add_parser(subparsers)`` and ``run(args)``.
 
-Anything the user got wrong (a missing file, a bad option, a corrupt checkpoint) is reported as one
-line on stderr with a non-zero exit; set ``AIAYN_DEBUG=1`` to see the traceback instead.
+Anything the user got wrong (a bad option, missing or corrupt data, an unusable model directory, an
+output that would destroy something, a device that is not there) is raised as an ``AiaynError``
+(``aiayn.errors``) and reported as one line on stderr with exit status 1, as is an ``OSError`` (a
+file that cannot be read or written); ``AIAYN_DEBUG=1`` shows the traceback instead. Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from aiayn.cli import attention, average, demo, evaluate, export, generate, plot, train, translate
+from aiayn.device import resolve_device
+from aiayn.errors import AiaynError
 from aiayn.version import __version__
 
 COMMANDS = [train, translate, evaluate, generate, attention, average, plot, export, demo]
@@ -32,15 +37,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if isinstance(getattr(args, "device", None), str):
+            args.device = resolve_device(args.device)
         return args.run(args) or 0
     except KeyboardInterrupt:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, RuntimeError) as e:
+    except (AiaynError, OSError) as e:  # the user's to fix; anything else is a bug: its traceback shows
         if os.environ.get("AIAYN_DEBUG"):
             raise
-        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line (an OSError names its file, as ``open`` reports it)."""
+    if isinstance(e, OSError) and e.filename is not None and not isinstance(e, AiaynError):
+        text = f"{e.filename}: {e.strerror or e}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

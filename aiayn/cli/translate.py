@@ -6,15 +6,17 @@ import argparse
 import sys
 from typing import BinaryIO
 
+from aiayn.atomic import write_text
 from aiayn.cli.decode_options import (
     add_model_argument,
     add_search_arguments,
+    check_outputs,
     formatter,
     search_config,
     warn,
-    write_text_atomic,
 )
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
+from aiayn.errors import DataError
 
 EXAMPLES = """examples:
   echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
@@ -58,7 +60,7 @@ def read_lines(stream: BinaryIO, name: str) -> list[str]:
         try:
             lines.append(raw.removesuffix(b"\r").decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise ValueError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            raise DataError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
     if lines and lines[-1] == "":  # the newline that ends the last line starts no new line
         lines.pop()
     return lines
@@ -79,6 +81,7 @@ def format_output(nbest: list[list], translator: Translator, n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = search_config(args)
+    check_outputs(args, "--output", inputs=(args.input,))
     translator = Translator.from_dir(args.model, args.device, args.max_src_len)
     if args.input:
         with open(args.input, "rb") as f:
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
     text = format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
     if args.output:
-        write_text_atomic(args.output, text)
+        write_text(args.output, text)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

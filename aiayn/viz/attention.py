@@ -17,6 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from torch import Tensor  # noqa: E402
 
+from aiayn.atomic import atomic_path  # noqa: E402
+
 KINDS = {  # kind -> (title, which labels are the queries, which the keys)
     "encoder": ("encoder self-attention", "src", "src"),
     "decoder_self": ("decoder self-attention", "tgt", "tgt"),
@@ -65,7 +67,8 @@ def save_attention_maps(
         for layer, weights in enumerate(layers):
             fig = plot_heads(weights[example], labels[q], labels[k], f"{title}, layer {layer}")
             path = out_dir / f"{kind}_layer{layer}.png"
-            fig.savefig(path, dpi=100)
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=100, format="png")
             plt.close(fig)
             paths.append(path)
     return paths

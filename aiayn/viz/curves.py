@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from aiayn.atomic import atomic_path  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 
 
@@ -69,7 +70,8 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
             ax.legend()
             fig.tight_layout()
             path = out / f"{name}.png"
-            fig.savefig(path, dpi=100)
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=100, format="png")
             written.append(path)
         plt.close(fig)
     if not written:
