@@ -133,6 +133,21 @@ def _check_shapes(weights: Path, model: nn.Module) -> None:
                 f"{weights}: tensor {name} has shape {stored[name]} but {CONFIG_FILE} implies {want}; "
                 "the weights do not belong to this config"
             )
+    groups: dict[int, list[str]] = {}  # tied tensors (one object, several names) are stored once
+    saved = set(model.state_dict())
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if name in saved:
+            groups.setdefault(id(t), []).append(name)
+    missing = [names[0] for names in groups.values() if not any(n in stored for n in names)]
+    unexpected = sorted(set(stored) - {n for names in groups.values() for n in names})
+    problems = [
+        f"{what} tensor(s) {sorted(names)[:3]}{' …' if len(names) > 3 else ''}"
+        for what, names in (("lacks", missing), ("has unexpected", unexpected))
+        if names
+    ]
+    if problems:
+        raise ModelDirError(f"{weights} {' and '.join(problems)}; the weights do not belong to {CONFIG_FILE}")
 
 
 def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
@@ -142,21 +157,15 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
     not fit the config, the tensor and both shapes)."""
     directory = resolve_model_dir(directory)
     meta = read_config(directory)
-    model = build_model(meta["kind"], meta["config"])  # checked by read_config
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ModelDirError(f"{weights} is missing: the model directory is incomplete")
-    _check_shapes(weights, model)
+    with torch.device("meta"):  # shapes only: a config that does not fit its weights costs no memory
+        _check_shapes(weights, build_model(meta["kind"], meta["config"]))
+    model = build_model(meta["kind"], meta["config"])  # checked by read_config
     try:
-        missing, unexpected = _load_weights(model, weights, strict=False)
+        _load_weights(model, weights, strict=True)
     except (SafetensorError, RuntimeError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelDirError(f"{weights} is corrupt or does not match {CONFIG_FILE} ({first})") from None
-    problems = [
-        f"{what} tensor(s) {sorted(names)[:3]}{' …' if len(names) > 3 else ''}"
-        for what, names in (("lacks", missing), ("has unexpected", unexpected))
-        if names
-    ]
-    if problems:
-        raise ModelDirError(f"{weights} {' and '.join(problems)}; the weights do not belong to {CONFIG_FILE}")
     return model.to(device).eval()

@@ -10,6 +10,7 @@ The model configs (vocabulary, depth) extend it in ``aiayn.models.config``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,10 +53,12 @@ class LayerConfig:
         value = getattr(self, field)
         raise ConfigError(f"{type(self).__name__}.{field}={value!r} {problem}; {fix}")
 
-    def _positive(self, *fields: str) -> None:
+    def _positive(self, *fields: str, optional: tuple[str, ...] = ()) -> None:
         for f in fields:
             v = getattr(self, f)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            if v is None and f in optional:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 self._fail(f, "must be a positive integer", f"set {f} to an integer ≥ 1")
 
     def _choice(self, field: str, choices: tuple[str, ...] | list[str]) -> None:
@@ -80,7 +83,7 @@ class LayerConfig:
                 self._fail(f, "must be in [0, 1)", f"set {f} to a probability such as 0.1")
 
     def validate(self) -> None:
-        self._positive("d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len")
+        self._positive("d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len", optional=("d_k", "d_v"))
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             self._fail(
                 "d_model",
@@ -94,7 +97,7 @@ class LayerConfig:
         self._choice("emb_scale", EMB_SCALES)
         if self.positional != "learned" and self.d_model % 2:
             self._fail("d_model", "is odd", "sinusoidal positions need an even d_model")
-        if not (isinstance(self.ln_eps, float) and self.ln_eps > 0):
+        if not (isinstance(self.ln_eps, float) and 0 < self.ln_eps < math.inf):
             self._fail("ln_eps", "must be a positive float", "use e.g. 1e-5")
         self._index("pad_id", "bos_id", "eos_id", "unk_id")
         if self.pad_id == self.eos_id:
