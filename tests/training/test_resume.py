@@ -1,0 +1,94 @@
+"""Resuming where fairseq and OpenNMT users expect: from the newest checkpoint that loads (with a
+warning naming the ones skipped), from a run directory that was moved, and a run that stopped
+before its first checkpoint starts again instead of blocking its directory."""
+
+import json
+import shutil
+
+import pytest
+
+from aiayn.cli.main import main
+from tests.training.conftest import tiny_args
+
+ARGS = ["eval_every=2", "keep_last=5", "model.dropout=0.3"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _losses(run) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+@pytest.fixture
+def reference(corpus, tmp_path):
+    """An uninterrupted 8-step run: what every resumed run below must equal, loss for loss."""
+    assert main(["train", *tiny_args(corpus, tmp_path / "ref", "max_steps=8", *ARGS)]) == 0
+    return _losses(tmp_path / "ref")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda ckpt: (ckpt / "trainer_state.safetensors").write_bytes(b"\x00" * 7),
+        lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 6, "best"'),
+        lambda ckpt: (ckpt / "model.safetensors").unlink(),
+    ],
+    ids=["state-tensors-truncated", "state-json-truncated", "weights-missing"],
+)
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(corpus, tmp_path, capsys, reference, damage):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS)]) == 0
+    damage(run / "step-000006")
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: skipping checkpoint step-000006" in err and "resuming" in err and "step-000004" in err
+    assert _losses(run) == reference  # continued exactly from step 4
+
+
+def test_resume_with_no_loadable_checkpoint_is_one_line(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS)]) == 0
+    for ckpt in run.glob("step-*"):
+        (ckpt / "trainer_state.safetensors").write_bytes(b"")
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS), "--resume"]) == 1
+    assert "no checkpoint loads" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_moved_run_resumes(corpus, tmp_path, reference):
+    assert main(["train", *tiny_args(corpus, tmp_path / "old", "max_steps=4", *ARGS)]) == 0
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    assert main(["train", *tiny_args(corpus, tmp_path / "new", "max_steps=8", *ARGS), "--resume"]) == 0
+    assert _losses(tmp_path / "new") == reference
+
+
+def test_a_checkpoint_of_another_run_is_skipped(corpus, tmp_path, capsys, reference):
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS)]) == 0
+    assert main(["train", *tiny_args(corpus, other, "max_steps=6", *ARGS)]) == 0
+    shutil.copytree(other / "step-000006", run / "step-000006")  # same settings, another run
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
+    assert "belongs to another run" in capsys.readouterr().err
+    assert _losses(run) == reference
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["again", "resume"])
+def test_a_run_that_stopped_before_its_first_checkpoint_starts_again(corpus, tmp_path, capsys, resume):
+    """What a crash before the first checkpoint leaves (settings, a few metrics, a tokenizer trained
+    with other settings) blocks nothing: the run starts again, with the new settings."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=100", "vocab_size=400")]) == 0
+    for ckpt in run.glob("step-*"):
+        shutil.rmtree(ckpt)
+    (run / "best").unlink()
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2"), *resume]) == 0
+    assert "has no checkpoint: starting it again" in capsys.readouterr().err
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["vocab_size"] == 300 and saved["eval_every"] == 2  # the new settings, a new tokenizer
+    assert sorted(_losses(run)) == [1, 2] and (run / "step-000002").is_dir()
