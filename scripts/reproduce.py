@@ -33,11 +33,12 @@ from aiayn.cli.evaluate import score  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.device import resolve_device  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
 from aiayn.models.io import load_model  # noqa: E402
 from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
 from aiayn.training.config import load_recipe, to_dict  # noqa: E402
-from aiayn.training.distributed import barrier, init_distributed, resolve_device  # noqa: E402
+from aiayn.training.distributed import barrier, init_distributed  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
 
@@ -80,6 +81,8 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
     args = ap.parse_args()
+    if any(o.startswith("out_dir=") for o in args.overrides):
+        ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
     name = args.recipe + "".join(
