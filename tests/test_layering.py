@@ -1,6 +1,7 @@
-"""Dependencies inside the package flow one way (README, "What is where"):
+"""Dependencies inside the package flow one way (README, "What is where"); the base is masks, errors,
+atomic, textfiles, version and device:
 
-    cli → training → decoding → interop → data → models → modules → (masks, errors, atomic, version, device)
+    cli → training → decoding → interop → data → models → modules → base
 
 A module may import from its own layer or any layer to its right, never to its left; ``viz``
 imports nothing of the package. Every ``import`` statement is read with ``ast`` (those inside
@@ -14,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
 ORDER = ["base", "modules", "models", "data", "interop", "decoding", "training", "cli"]
-BASE = {"masks", "errors", "atomic", "version", "device"}
+BASE = {"masks", "errors", "atomic", "textfiles", "version", "device"}
 LAYERED = BASE | set(ORDER) | {"viz"}
 FACADES = {"__init__", "__main__"}  # the package's public face and entry point may import anything
 

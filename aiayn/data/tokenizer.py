@@ -32,6 +32,7 @@ import sentencepiece as spm
 from aiayn.atomic import write_bytes, write_text
 from aiayn.data.corpus import ParallelCorpus
 from aiayn.errors import ConfigError, DataError
+from aiayn.textfiles import read_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)  # model-config fields
@@ -260,13 +261,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     path = directory / META_FILE
     if not path.is_file():
         raise DataError(f"{path}: not found; point to a folder written by tokenizer.save(folder)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(
-            f"{path} is not valid JSON ({e}); it is truncated or corrupt: retrain or restore the tokenizer"
-        ) from None
-    kind = meta.get("kind") if isinstance(meta, dict) else None
+    meta = read_json(path, "", DataError, fix="it is truncated or corrupt: retrain or restore the tokenizer")
+    kind = meta.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise DataError(
             f"{path}: not a tokenizer description (needs JSON with kind one of {', '.join(KINDS)})"

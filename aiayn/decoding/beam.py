@@ -25,6 +25,7 @@ from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty, to_hypotheses
 from aiayn.decoding.steps import max_lengths, restrict
 from aiayn.decoding.topk import topk
+from aiayn.errors import ConfigError
 
 BEAM = SearchConfig()  # the paper's: beam 4, α = 0.6
 
@@ -95,6 +96,8 @@ def beam_search(
     for t in range(longest):
         n_active = active.numel()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A·K, V)
+        if k > lp.size(-1):
+            raise ConfigError(f"beam={k} exceeds the vocabulary ({lp.size(-1)} tokens); use a smaller beam")
         # the K best of the K·V extensions come from the K best tokens of each hypothesis
         best_lp, best_token = topk(lp, k)  # (A·K, K)
         cand, index = (scores.view(-1, 1) + best_lp).view(n_active, k * k).topk(k, dim=1)  # (A, K)

@@ -14,7 +14,6 @@ This module knows no architecture; ``marian.py`` and ``gpt2.py`` build the maps.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from aiayn import textfiles
 from aiayn.atomic import atomic_path, write_json
 from aiayn.errors import ModelDirError
 
@@ -53,16 +53,8 @@ def activation_from_hf(name: str) -> str:
 
 
 def read_json(path: Path, missing: str) -> dict:
-    """A JSON object from ``path``; ``missing`` says what its absence means."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelDirError(f"{path} is missing: {missing}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"{path} is not valid JSON ({e}); restore it or fetch the model again") from None
-    if not isinstance(data, dict):
-        raise ModelDirError(f"{path} does not hold a JSON object; restore it or fetch the model again")
-    return data
+    """A JSON object from an HF directory; ``missing`` says what its absence means."""
+    return textfiles.read_json(path, missing, ModelDirError, fix="restore it or fetch the model again")
 
 
 def read_hf_config(directory: str | os.PathLike) -> dict:

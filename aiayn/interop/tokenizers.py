@@ -31,6 +31,7 @@ import sentencepiece as spm
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import read_json
+from aiayn.textfiles import read_text
 
 SPIECE_UNDERLINE = "\u2581"
 
@@ -189,12 +190,7 @@ def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None)
     directory = Path(directory)
     vocab = _read_vocab(directory / "vocab.json", "not a complete GPT-2 directory")
     path = directory / "merges.txt"
-    if not path.is_file():
-        raise ModelDirError(f"{path} is missing: not a complete GPT-2 directory")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ModelDirError(f"{path} is not valid UTF-8 ({e}); download or restore it again") from None
+    lines = read_text(path, "not a complete GPT-2 directory", fix="download or restore it again").splitlines()
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
     # encode looks up every byte character and every merge result in vocab.json: check them once here
     unknown = [c for c in bytes_to_unicode().values() if c not in vocab]

@@ -26,6 +26,7 @@ from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
 from aiayn.modules.config import LayerConfig
+from aiayn.textfiles import read_json
 from aiayn.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -90,16 +91,9 @@ def read_config(directory: str | os.PathLike) -> dict:
             "written by aiayn train or save_model"
         )
     path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise ModelDirError(
-            f"{path} is missing: {directory} is not an aiayn model directory (nor a training run "
-            "with a checkpoint)"
-        )
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"{path} is not valid JSON ({e}); restore it or save the model again") from None
-    if not isinstance(meta, dict) or "kind" not in meta or "config" not in meta:
+    missing = f"{directory} is not an aiayn model directory (nor a training run with a checkpoint)"
+    meta = read_json(path, missing, fix="restore it or save the model again")
+    if "kind" not in meta or "config" not in meta:
         raise ModelDirError(f"{path} lacks the 'kind' and 'config' fields of an aiayn model")
     kind, config = meta["kind"], meta["config"]
     if not isinstance(kind, str) or kind not in KINDS:

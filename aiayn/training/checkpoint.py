@@ -14,7 +14,6 @@ checkpoint, swapped atomically. The last ``keep_last`` checkpoints are kept, plu
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -30,6 +29,7 @@ from torch import nn
 from aiayn.atomic import atomic_dir, atomic_path, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
+from aiayn.textfiles import read_json
 
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
@@ -132,11 +132,8 @@ STATE_KEYS = ("step", "best", "bad_evals", "elapsed", "sampler", "optimizer", "r
 def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The trainer state's JSON and tensors, checked; ``ModelDirError`` naming the bad file."""
     path = checkpoint / STATE_JSON
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"{path} cannot be read ({e})") from None
-    missing = [k for k in STATE_KEYS if not isinstance(meta, dict) or k not in meta]
+    meta = read_json(path, "the checkpoint is incomplete")
+    missing = [k for k in STATE_KEYS if k not in meta]
     if missing:
         raise ModelDirError(f"{path} lacks {', '.join(missing)}: it is not a complete trainer state")
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import ConfigError
+from aiayn.textfiles import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -179,9 +180,10 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
             raise ConfigError(f"recipe {path} is a directory; give a TOML file such as {EXAMPLE_RECIPE}")
         if not path.is_file():
             raise ConfigError(f"recipe {path} does not exist (e.g. {EXAMPLE_RECIPE})")
+        text = read_text(path, "", ConfigError, fix="save the recipe as UTF-8")
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
     sources = {}
     for item in overrides:

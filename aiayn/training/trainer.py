@@ -29,6 +29,7 @@ from aiayn.atomic import remove_temporaries, write_json, write_text
 from aiayn.device import resolve_device
 from aiayn.errors import AiaynError, ConfigError, ModelDirError, OutputError
 from aiayn.models.common import count_parameters
+from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, to_dict
 from aiayn.training.distributed import (
@@ -83,16 +84,7 @@ def autocast(device: torch.device, precision: str):
 
 def read_run_config(run_dir: Path) -> dict:
     """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``)."""
-    path = run_dir / TRAIN_CONFIG
-    if not path.is_file():
-        raise ModelDirError(f"cannot resume: {path} is missing ({run_dir} is not a training run)")
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"cannot resume: {path} is not valid JSON ({e})") from None
-    if not isinstance(saved, dict):
-        raise ModelDirError(f"cannot resume: {path} is not a JSON object")
-    return saved
+    return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix="resume cannot go on")
 
 
 def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:

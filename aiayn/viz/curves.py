@@ -13,18 +13,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from aiayn.atomic import atomic_path  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
+from aiayn.textfiles import read_text  # noqa: E402
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    if not path.is_file():
-        raise ModelDirError(f"{path} does not exist: is this a training run directory?")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ModelDirError(f"{path} is not valid UTF-8 ({e}): not a metrics file") from None
+    lines = read_text(path, "is this a training run directory?", fix="not a metrics file").splitlines()
     records = []
     for i, line in enumerate(lines, 1):
         if line.strip():

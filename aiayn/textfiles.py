@@ -1,0 +1,43 @@
+"""Reading the small text and JSON files a user points at (model configs, trainer state, recipes,
+tokenizer descriptions), with one error that names the file and says what to do.
+
+Every reader of such a file goes through here, so "missing", "not UTF-8", "not JSON" and "not a JSON
+object" read the same everywhere and never escape as a decoder's bare message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from aiayn.errors import AiaynError, ModelDirError
+
+
+def read_text(
+    path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
+) -> str:
+    """The UTF-8 text of ``path``; ``missing`` says what its absence means, ``fix`` what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} is missing: {missing}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path} is not valid UTF-8 ({e}); {fix}") from None
+
+
+def read_json(
+    path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
+) -> dict:
+    """The JSON object in ``path``, with the errors of ``read_text`` and for JSON that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} is missing: {missing}")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} does not hold a JSON object; {fix}")
+    return data
