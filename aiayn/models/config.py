@@ -41,33 +41,33 @@ class TransformerConfig(LayerConfig):
 
 
 @dataclass
-class EncoderConfig(LayerConfig):
-    """An encoder-only model: per-token vocabulary head and a pooled classification head."""
+class StackConfig(LayerConfig):
+    """One stack of layers under a vocabulary head: what the encoder-only and the decoder-only
+    models share."""
 
     vocab_size: int = 37000
     n_layers: int = 6
-    n_classes: int = 0  # > 0 adds the pooled classification head
-    tie_output: bool = True
+    tie_output: bool = True  # output projection = the token embedding matrix (§3.4)
 
     def validate(self) -> None:
         super().validate()
         self._vocab_check("vocab_size")
         self._positive("n_layers")
         self._flag("tie_output")
+
+
+@dataclass
+class EncoderConfig(StackConfig):
+    """An encoder-only model: per-token vocabulary head and a pooled classification head."""
+
+    n_classes: int = 0  # > 0 adds the pooled classification head
+
+    def validate(self) -> None:
+        super().validate()
         if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
 
 
 @dataclass
-class LMConfig(LayerConfig):
+class LMConfig(StackConfig):
     """A decoder-only (GPT-style) language model: causal self-attention only."""
-
-    vocab_size: int = 37000
-    n_layers: int = 6
-    tie_output: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        self._vocab_check("vocab_size")
-        self._positive("n_layers")
-        self._flag("tie_output")
