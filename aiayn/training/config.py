@@ -66,7 +66,8 @@ class TrainConfig:
     # -- when to stop ---------------------------------------------------------------------------
     max_steps: int = 100_000  # optimizer updates
     max_epochs: int = 0  # 0 = no limit
-    max_minutes: float = 0.0  # wall-clock budget for the loop; 0 = no limit
+    max_minutes: float = 0.0  # training-time budget (evaluation excluded); 0 = no limit
+    horizon: str = "steps"  # cosine spans "steps" (decay_steps) or "budget": steps or max_minutes, first out
     patience: int = 0  # stop after this many evaluations without improvement; 0 = off
     # -- hardware -------------------------------------------------------------------------------
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", …
@@ -99,7 +100,7 @@ class TrainConfig:
 
         task = get_task(self.task)  # a ValueError naming the known tasks
         for name, choices in (("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
-                              ("optimizer", ("adam", "adamw")),
+                              ("optimizer", ("adam", "adamw")), ("horizon", ("steps", "budget")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
                 fail(name, f"is not one of {choices}")
@@ -127,6 +128,8 @@ class TrainConfig:
             fail("adam_eps", "must be > 0 (the paper's is 1e-9)")
         if self.schedule == "cosine" and self.min_lr > self.lr:
             fail("min_lr", f"is above lr={self.lr}: the cosine schedule decays from lr down to min_lr")
+        if self.horizon == "budget" and (self.schedule != "cosine" or not self.max_minutes):
+            fail("horizon", "needs schedule='cosine' and max_minutes > 0 (the budget the schedule spans)")
         if not self.out_dir:
             fail("out_dir", "is empty: name the run directory")
         task.check_config(self)  # what the task itself needs, the [model] table included

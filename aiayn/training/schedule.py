@@ -5,7 +5,13 @@ inverse_sqrt (fairseq): lr = peak · min(step / warmup, √(warmup / step))
 constant:           lr = peak · min(1, step / warmup)
 cosine (nanoGPT):   linear warm-up to peak, cosine decay to min_lr at decay_steps, then min_lr
 
-A schedule's whole state is the step number, so resuming needs nothing else.
+A time-budgeted run (``horizon="budget"``, as in Cramming, Geiping & Goldstein 2023) moves the
+cosine schedule by its *progress*: the larger of the fraction of steps done and the fraction of the
+time budget spent, so the run ends annealed whichever runs out first, on any machine. The cosine
+is then read at the effective step ``max(step, budget_used · decay_steps)``.
+
+A schedule's whole state is the step number and, for a budget, the training time spent (saved in
+each checkpoint), so resuming needs nothing else.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ class Schedule:
         if self.warmup < 0:
             raise ValueError(f"warmup={self.warmup} must be ≥ 0")
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, budget_used: float = 0.0) -> float:
+        """The learning rate of update ``step``; ``budget_used`` ∈ [0, 1] is the fraction of a time
+        budget spent (cosine only: 0 is a schedule by steps alone)."""
         step = max(step, 1)
         w = max(self.warmup, 1)
         if self.kind == "noam":
@@ -40,7 +48,8 @@ class Schedule:
             return self.peak * min(step / w, math.sqrt(w / step))
         if self.kind == "constant":
             return self.peak * min(1.0, step / w)
-        # cosine
+        # cosine, at the effective step of a time budget
+        step = max(step, min(max(budget_used, 0.0), 1.0) * self.decay_steps)
         if step < self.warmup:
             return self.peak * step / w
         if step >= self.decay_steps:

@@ -90,8 +90,8 @@ def read_run_config(run_dir: Path) -> dict:
 def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
     """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
     is computed. The run is known by its ``run_id``, not its path, so a moved run resumes."""
-    now = to_dict(cfg)
-    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k])
+    now, default = to_dict(cfg), to_dict(TrainConfig())  # a field added since the run: its default
+    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != now[k])
     if changed:
         k = changed[0]
         raise ConfigError(
@@ -230,7 +230,7 @@ class Trainer:
         """One optimizer update over ``update_freq`` micro-batches."""
         cfg, model = self.cfg, self.train_model
         model.train()
-        lr = self.schedule(self.step + 1)
+        lr = self.schedule(self.step + 1, self.budget_used())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batches = [b.to(self.device, non_blocking=True) for b in batches]
@@ -326,8 +326,33 @@ class Trainer:
                 reasons.append("max_minutes")
             if cfg.patience and self.bad_evals >= cfg.patience:
                 reasons.append("patience")
-        code = torch.tensor(float(max(STOP_REASONS.index(r) for r in reasons)), device=self.device)
-        return STOP_REASONS[int(all_reduce_max(code, self.dist).item())]
+        code = float(max(STOP_REASONS.index(r) for r in reasons))
+        clock = self.elapsed if self.dist.is_main else 0.0
+        agreed = all_reduce_max(
+            torch.tensor([code, clock], dtype=torch.float64, device=self.device), self.dist
+        )
+        self.elapsed = float(agreed[1])  # every rank runs on rank 0's clock (the budget, the schedule)
+        return STOP_REASONS[int(agreed[0])]
+
+    def budget_used(self) -> float:
+        """The fraction of the time budget spent, for a schedule whose horizon is the budget."""
+        return self.elapsed / (60 * self.cfg.max_minutes) if self.cfg.horizon == "budget" else 0.0
+
+    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> None:
+        """Set the progress bar's total to the updates the time budget allows at the speed measured
+        so far (so its ETA is the budget's), and say once what that speed is."""
+        steps, seconds = self.step - start[0], self.elapsed - start[1]
+        if not (self.cfg.max_minutes and steps and seconds > 0):
+            return
+        rate = steps / seconds  # updates per second of training time
+        reachable = self.step + int(rate * max(60 * self.cfg.max_minutes - self.elapsed, 0.0))
+        bar.total = max(self.step, min(self.cfg.max_steps, reachable))
+        bar.refresh()
+        if steps >= 20 and not self._told_speed and self.dist.is_main:
+            self._told_speed = True
+            budget, cap = f"{self.cfg.max_minutes:g}-minute", f"max_steps {self.cfg.max_steps:,}"
+            tqdm.write(f"aiayn train: {rate:.2f} updates/s on this machine; the {budget} budget allows "
+                       f"≈ {reachable:,} updates ({cap})", file=sys.stderr)  # fmt: skip
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -345,6 +370,7 @@ class Trainer:
                    dynamic_ncols=True, desc="train")  # fmt: skip
         batches, reason = self.task.train_batches(), "max_steps"
         window_tokens, window_start, last_eval = 0, time.perf_counter(), self.step
+        start, self._told_speed = (self.step, self.elapsed), False
         try:
             while self.step < cfg.max_steps:
                 if stop := self.agree_to_stop():
@@ -364,6 +390,7 @@ class Trainer:
                     )
                     self.log({"step": self.step, "split": "train", **stats, "tokens_per_s": round(tok_s),
                               "epoch": self.task.epoch, "elapsed": round(self.elapsed, 1)})  # fmt: skip
+                    self._follow_budget(bar, start)
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()
                     last_eval = self.step

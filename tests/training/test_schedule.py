@@ -33,3 +33,12 @@ def test_inverse_sqrt_constant_and_cosine():
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="schedule='linear' is not one of"):
         Schedule("linear")
+
+
+def test_a_time_budget_moves_the_cosine_to_the_larger_fraction():
+    cos = Schedule("cosine", peak=1e-3, warmup=100, min_lr=1e-4, decay_steps=2000)
+    assert cos(500, budget_used=0.0) == cos(500)  # no budget: by steps alone
+    assert cos(500, budget_used=0.5) == pytest.approx(cos(1000))  # half the budget: half the decay
+    assert cos(1500, budget_used=0.5) == cos(1500)  # the steps are further along: they decide
+    assert cos(10, budget_used=1.0) == 1e-4 and cos(10, budget_used=3.0) == 1e-4  # annealed at the end
+    assert cos(10, budget_used=0.01) == pytest.approx(1e-3 * 20 / 100)  # warm-up by time, too

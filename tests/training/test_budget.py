@@ -1,0 +1,70 @@
+"""A time-budgeted run (horizon="budget"): the cosine schedule follows the training time spent, so
+the run ends annealed when the budget ends, and --resume is exact given the same times. The clock
+is a fake that advances 0.25 s per reading, so "time" is the same in every run."""
+
+import json
+import types
+
+import pytest
+
+from aiayn.cli.main import main
+from aiayn.training import trainer as trainer_module
+from aiayn.training.config import load_recipe
+from aiayn.training.schedule import Schedule
+from tests.training.conftest import tiny_args
+
+BUDGET = ["schedule=cosine", "lr=0.003", "warmup=2", "min_lr=0.0001", "horizon=budget", "max_minutes=0.05",
+          "decay_steps=1000", "eval_every=4", "model.dropout=0.2"]  # fmt: skip
+TICK, SECONDS = 0.25, 3.0  # each reading of the clock; the budget (0.05 minutes)
+
+
+@pytest.fixture(autouse=True)
+def _fake_clock(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+    clock = types.SimpleNamespace(t=0.0)
+
+    def perf_counter() -> float:
+        clock.t += TICK
+        return clock.t
+
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+
+def _train(run) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+def test_the_schedule_spans_the_budget_and_ends_annealed(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=1000", *BUDGET)]) == 0
+    records = _train(run)
+    steps = [r["step"] for r in records]
+    assert steps == list(range(1, 14))  # 13 updates of 0.25 s exceed 3 s: the budget ends the run
+    cos = Schedule("cosine", 0.003, 2, min_lr=0.0001, decay_steps=1000)
+    for r in records:  # update s runs after (s - 1) · 0.25 s of training
+        assert r["lr"] == pytest.approx(cos(r["step"], (r["step"] - 1) * TICK / SECONDS), rel=1e-12)
+    assert records[-1]["lr"] < 0.0002 < cos(13)  # by steps alone it would barely have decayed
+
+
+def test_resume_is_exact_given_the_same_times(corpus, tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, ref, "max_steps=1000", *BUDGET)]) == 0
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *BUDGET)]) == 0  # stopped early
+    assert main(["train", *tiny_args(corpus, run, "max_steps=1000", *BUDGET), "--resume"]) == 0
+    assert [(r["step"], r["loss"], r["lr"]) for r in _train(run)] == [
+        (r["step"], r["loss"], r["lr"]) for r in _train(ref)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["horizon=budget", "schedule=noam", "max_minutes=5"], "horizon='budget' needs schedule='cosine'"),
+        (["horizon=budget", "schedule=cosine"], "max_minutes > 0"),
+        (["horizon=time"], "horizon='time' is not one of"),
+    ],
+)
+def test_a_budget_horizon_needs_a_cosine_and_a_budget(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(None, overrides)
