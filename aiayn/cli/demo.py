@@ -7,17 +7,25 @@ sentences and scores the whole test set (test2016) with sacreBLEU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
+import os
+import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from aiayn.atomic import check_output
+import torch
+
+from aiayn.atomic import check_output, write_text
 from aiayn.errors import ConfigError
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
+DEMO_WARMUP = 300  # updates of one process (the recipe's 600 are of two)
+REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo figure and its machine
 
 
 def add_parser(sub) -> None:
@@ -30,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--minutes", type=float, default=10.0, help="training time budget (default 10)")
     p.add_argument("--out", default="runs/demo", help="run directory; a previous demo's is replaced")
     p.add_argument("--force", action="store_true", help="replace --out even if it holds another run")
+    p.add_argument(
+        "--json", metavar="FILE", help="write the figures (BLEU, updates, updates/s, machine) to FILE"
+    )
     p.add_argument("--beam", type=int, default=4, help="beam size for the test set (default 4)")
     p.set_defaults(run=run)
 
@@ -47,20 +58,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not (out / DEMO_MARK).is_file():  # a previous demo's run is ours to replace; nothing else is
         check_output(out, directory=True, force=args.force, option="--out")
+    if args.json:
+        check_output(args.json, option="--json")
     if out.exists():
         shutil.rmtree(out)
-    # The recipe's cosine schedule decays over a step count sized for its full hour; a run cut by a
-    # time budget instead uses inverse_sqrt, which needs no step count, with the 1,000 warm-up updates
-    # of one process's smaller updates (what `make demo` was measured with).
-    overrides = [f"out_dir={out}", f"max_minutes={args.minutes}", "schedule=inverse_sqrt", "warmup=1000",
+    # The recipe's cosine schedule spans the time budget (horizon="budget"), so the run ends annealed
+    # when the budget ends, however many updates this machine makes in it; one process makes
+    # updates half the recipe's size, hence a shorter warm-up.
+    overrides = [f"out_dir={out}", f"max_minutes={args.minutes}", "horizon=budget", f"warmup={DEMO_WARMUP}",
                  "eval_every=1000", "eval_max_sentences=300"]  # fmt: skip
     cfg = load_recipe(RECIPE, overrides)
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.time()
     trainer = Trainer(cfg)
     (out / DEMO_MARK).write_text("a run of aiayn demo: the next demo replaces it\n", encoding="utf-8")
-    trainer.fit()
-    train_s = time.time() - t0
+    updates = trainer.fit()["step"]
+    train_s, speed = time.time() - t0, updates / max(trainer.elapsed, 1e-9)
 
     translator = Translator.from_dir(out)
     test = load_parallel("multi30k", "test", "de", "en")
@@ -76,4 +89,26 @@ def run(args: argparse.Namespace) -> int:
           f"chrF {scores['chrf']:.2f}, beam {args.beam}")  # fmt: skip
     print(f"signature: {signatures['bleu']}")
     print(f"training {train_s / 60:.1f} min, decoding 1,000 sentences {decode_s:.1f} s; model in {out}/best")
+    print(f"this machine: {speed:.2f} updates/s, {updates:,} updates in {args.minutes:g} minutes of training")
+    if REFERENCE.is_file():
+        ref = json.loads(REFERENCE.read_text(encoding="utf-8"))
+        figure = f"{ref['bleu']:.2f} BLEU, {ref['updates']:,} updates in {ref['minutes']:g} minutes"
+        print(f"the README's figure ({figure}) came from {ref['updates_per_s']:.2f} updates/s on "
+              f"{ref['machine']}: this machine ran {speed / ref['updates_per_s']:.2f}× as fast")  # fmt: skip
+    if args.json:
+        report = {**scores, "beam": args.beam, "updates": updates, "minutes": args.minutes,
+                  "updates_per_s": round(speed, 3), "training_minutes": round(train_s / 60, 2),
+                  "machine": machine(), "signature": signatures["bleu"]}  # fmt: skip
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def machine() -> str:
+    """The CPU model, its core count and the torch build: what a time-bounded figure depends on."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
