@@ -24,7 +24,6 @@ from aiayn.errors import ConfigError
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
-DEMO_WARMUP = 300  # updates of one process (the recipe's 600 are of two)
 REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo figure and its machine
 
 
@@ -62,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.json, option="--json")
     if out.exists():
         shutil.rmtree(out)
-    # The recipe's cosine schedule spans the time budget (horizon="budget"), so the run ends annealed
-    # when the budget ends, however many updates this machine makes in it; one process makes
-    # updates half the recipe's size, hence a shorter warm-up.
-    overrides = [f"out_dir={out}", f"max_minutes={args.minutes}", "horizon=budget", f"warmup={DEMO_WARMUP}",
-                 "eval_every=1000", "eval_max_sentences=300"]  # fmt: skip
+    # The recipe's cosine schedule spans the time budget (horizon="budget"): warm-up and decay take
+    # the same shares of the budget as of the recipe's steps, and the run ends annealed when the
+    # budget ends, however many updates this machine makes in it.
+    overrides = [f"out_dir={out}", f"max_minutes={args.minutes}", "horizon=budget", "eval_every=1000",
+                 "eval_max_sentences=300"]  # fmt: skip
     cfg = load_recipe(RECIPE, overrides)
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.time()
