@@ -46,6 +46,8 @@ class SearchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 fail(name, "must be an integer")
+            if value is not None and abs(value) >= 2**63:
+                fail(name, "is too large (the limit is 2**63 - 1)")
         for name in ("lenpen", "temperature", "top_p"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -104,6 +104,10 @@ class TrainConfig:
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
                 fail(name, f"is not one of {choices}")
+        for f in dataclasses.fields(self):  # an id, a count or a seed past int64 breaks torch and numpy
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+                fail(f.name, "is too large (the limit is 2**63 - 1)")
         for name in ("vocab_size", "max_tokens", "max_len", "batch_size", "block_size", "update_freq",
                      "max_steps", "eval_every", "log_every", "keep_last"):  # fmt: skip
             if getattr(self, name) < 1:

@@ -191,6 +191,8 @@ CASES = [
     ("min-lr-above-lr", None, [*TRAIN, "schedule=cosine", "lr=0.001", "min_lr=0.01"], "min_lr"),
     ("beta2-one", None, [*TRAIN, "beta2=1.0"], "beta2"),
     ("label-smoothing-nan", None, [*TRAIN, "label_smoothing=nan"], "label_smoothing"),
+    ("seed-past-int64", None, [*TR, "--sample", "--seed", "99999999999999999999"], "seed="),
+    ("max-steps-past-int64", None, [*TRAIN, "max_steps=99999999999999999999"], "max_steps="),
     ("demo-minutes-nan", None, ["demo", "--minutes", "nan", "--out", "new_demo"], "--minutes"),
     ("generate-temperature-inf", None, ["generate", "--model", "lm", "--temperature", "inf"], "temperature"),
     # -- messages that now name the file or field ----------------------------------------------------
