@@ -92,11 +92,21 @@ def remove_temporaries(folder: str | os.PathLike) -> None:
 # -- what a command may write over ---------------------------------------------------------------
 
 MODEL_MARKERS = ("config.json", "model.safetensors", "train_config.json")  # aiayn's or HF's
+# every name a model directory, a checkpoint or a run of aiayn's (or an HF export) may hold
+MODEL_ENTRIES = {
+    *MODEL_MARKERS, "generation_config.json", "tokenizer.json", "spm.model", "src", "tgt", "tokenizer",
+    "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "source.spm",
+    "target.spm", "trainer_state.json", "trainer_state.safetensors", "metrics.jsonl", "best", "averaged",
+    "tensorboard", "loss.png", "lr.png", "bleu.png", ".aiayn-demo",
+}  # fmt: skip
 
 
 def holds_model(directory: Path) -> bool:
-    """Whether ``directory`` holds a model (aiayn's or HF's), a checkpoint or a training run."""
-    return any((directory / m).exists() for m in MODEL_MARKERS) or any(directory.glob("step-*"))
+    """Whether ``directory`` holds a model (aiayn's or HF's), a checkpoint or a training run, and
+    nothing else: only such a directory may be replaced as a whole, and only with ``--force``."""
+    names = [p.name for p in directory.iterdir()]
+    ours = all(n in MODEL_ENTRIES or n.startswith(("step-", TMP_PREFIX)) for n in names)
+    return ours and any(n in MODEL_MARKERS or n.startswith("step-") for n in names)
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -138,12 +148,15 @@ def check_output(
         if not out.parent.is_dir():
             raise OutputError(f"{option} {given}: folder {given.parent} does not exist; create it first")
         return given
+    if given.is_symlink():
+        raise OutputError(f"{option} {given} is a symbolic link; give the directory it points to")
     if out.exists() and not out.is_dir():
         raise OutputError(f"{option} {given} is a file; give a directory")
     if out.is_dir() and any(out.iterdir()):
         if not holds_model(out):
             raise OutputError(
-                f"{option} {given} is a non-empty directory that holds no model; choose a new or empty one"
+                f"{option} {given} is a non-empty directory that holds no model (or more than one); "
+                "choose a new or empty one"
             )
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")

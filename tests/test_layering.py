@@ -4,7 +4,7 @@ atomic, textfiles, version and device:
     cli → training → decoding → interop → data → models → modules → base
 
 A module may import from its own layer or any layer to its right, never to its left; ``viz``
-imports nothing of the package. Every ``import`` statement is read with ``ast`` (those inside
+imports the base only, and only cli imports viz. Every ``import`` statement is read with ``ast`` (those inside
 functions and ``TYPE_CHECKING`` blocks included), so a lazy import cannot hide an upward edge.
 """
 

@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
-    check_outputs(args, "--output", "--json", inputs=(args.src, args.ref))
     meta = model_meta(args.model)
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset
     corpus = load_parallel(source, args.split, src_lang, tgt_lang)
+    check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
     translator = Translator.from_dir(args.model, args.device)
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)

@@ -81,7 +81,7 @@ class Translator:
                 if strict:
                     raise DataError(
                         f"line {i + 1} has {len(ids) + 1} source tokens, over the maximum of "
-                        f"{self.max_src_len}; shorten it (or drop --strict to truncate it)"
+                        f"{self.max_src_len} (max_src_len); shorten it, or allow truncation"
                     )
                 cut.append(i)
                 ids = ids[:keep]

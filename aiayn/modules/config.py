@@ -83,6 +83,10 @@ class LayerConfig:
                 self._fail(f, "must be in [0, 1)", f"set {f} to a probability such as 0.1")
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):  # sizes past int64 overflow torch long before memory runs out
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+                self._fail(f.name, "is too large", "use a size below 2**63")
         self._positive("d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len", optional=("d_k", "d_v"))
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             self._fail(

@@ -11,9 +11,11 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn.atomic import atomic_dir
+from aiayn.errors import ModelDirError
 from aiayn.models.io import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save_model
 from aiayn.training.checkpoint import STATE_JSON, STATE_TENSORS, step_dirs
 
@@ -21,13 +23,17 @@ from aiayn.training.checkpoint import STATE_JSON, STATE_TENSORS, step_dirs
 def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
     """Average the weights of ``paths`` (same architecture) into ``out_dir``."""
     if not paths:
-        raise ValueError("no checkpoints to average")
+        raise ModelDirError("no checkpoints to average")
     configs = [read_config(p)["config"] for p in paths]
-    if any(c != configs[0] for c in configs):
-        raise ValueError("checkpoints to average must share one model config")
+    if (other := next((p for p, c in zip(paths, configs) if c != configs[0]), None)) is not None:
+        raise ModelDirError(f"{other} and {paths[0]} hold different model configs; average one model")
     total: dict[str, torch.Tensor] = {}
     for p in paths:
-        for name, tensor in load_file(str(p / WEIGHTS_FILE)).items():
+        try:
+            weights = load_file(str(p / WEIGHTS_FILE))
+        except (OSError, SafetensorError) as e:
+            raise ModelDirError(f"{p / WEIGHTS_FILE} is missing, truncated or corrupt ({e})") from None
+        for name, tensor in weights.items():
             total[name] = total.get(name, 0) + tensor.double()
     model = load_model(paths[-1])
     model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()}, strict=False)
@@ -42,5 +48,5 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
 def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
     found = [p for _, p in step_dirs(Path(run_dir))]
     if not found:
-        raise FileNotFoundError(f"{run_dir} holds no step-* checkpoints")
+        raise ModelDirError(f"{run_dir} holds no step-* checkpoints")
     return found[-k:]

@@ -98,7 +98,7 @@ class TrainConfig:
 
         from aiayn.training.task import get_task
 
-        task = get_task(self.task)  # a ValueError naming the known tasks
+        task = get_task(self.task)  # a ConfigError naming the known tasks
         for name, choices in (("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
                               ("optimizer", ("adam", "adamw")), ("horizon", ("steps", "budget")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
@@ -134,6 +134,8 @@ class TrainConfig:
             fail("min_lr", f"is above lr={self.lr}: the cosine schedule decays from lr down to min_lr")
         if self.horizon == "budget" and (self.schedule != "cosine" or not self.max_minutes):
             fail("horizon", "needs schedule='cosine' and max_minutes > 0 (the budget the schedule spans)")
+        if self.seed < 0:
+            fail("seed", "must be ≥ 0")
         if not self.out_dir:
             fail("out_dir", "is empty: name the run directory")
         task.check_config(self)  # what the task itself needs, the [model] table included

@@ -134,7 +134,7 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str) -> type[Task]:
-    """The task class registered as ``name``; a ``ValueError`` listing the known ones otherwise."""
+    """The task class registered as ``name``; a ``ConfigError`` listing the known ones otherwise."""
     importlib.import_module(BUILTIN)
     if name not in TASKS:
         raise ConfigError(f"task={name!r} is not one of {tuple(task_names())}")

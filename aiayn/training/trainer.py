@@ -95,7 +95,7 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
     if changed:
         k = changed[0]
         raise ConfigError(
-            f"cannot resume {run_dir}: {k} was {saved.get(k)!r}, now {now[k]!r} "
+            f"cannot resume {run_dir}: {k} was {saved.get(k, default[k])!r}, now {now[k]!r} "
             f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
             f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
         )
@@ -111,17 +111,31 @@ def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, li
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputError(f"out_dir={cfg.out_dir!r} is a file; choose a directory for the run")
     checkpoints = [p for _, p in reversed(ckpt.step_dirs(run_dir))]
-    if checkpoints and not resume:
+    saved_models = any(run_dir.glob("step-*")) or (run_dir / "best").is_symlink()
+    if saved_models and not resume:
         raise OutputError(f"{run_dir} already holds a run: pass --resume, or choose another out_dir")
     if checkpoints:
         saved = read_run_config(run_dir)
         check_resume_compatible(saved, cfg, run_dir)
-        return str(saved.get("run_id", "")), checkpoints, False
+        return str(saved.get("run_id") or uuid.uuid4().hex), checkpoints, False  # a run from before ids: new
+    if saved_models:
+        raise OutputError(f"{run_dir} holds models but no trainer state to resume; choose another out_dir")
     if (run_dir / TRAIN_CONFIG).is_file():
         return uuid.uuid4().hex, [], True
+    if resume:
+        raise ModelDirError(f"cannot resume: {run_dir / TRAIN_CONFIG} is missing ({run_dir} holds no run)")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
     return uuid.uuid4().hex, [], False
+
+
+def _record(line: str) -> dict | None:
+    """A metrics line as a dict, or None for a torn or foreign one (a run killed mid-write)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
 
 
 class Trainer:
@@ -209,8 +223,8 @@ class Trainer:
         """After a resume, drop metrics lines logged after the checkpoint (they will be redone)."""
         path = self.run_dir / METRICS
         if self.dist.is_main and path.exists():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            kept = [ln for ln in lines if (r := _record(ln)) is not None and r.get("step", 0) <= self.step]
             write_text(path, "".join(ln + "\n" for ln in kept))
 
     def log(self, record: dict) -> None:
@@ -326,13 +340,13 @@ class Trainer:
                 reasons.append("max_minutes")
             if cfg.patience and self.bad_evals >= cfg.patience:
                 reasons.append("patience")
-        code = float(max(STOP_REASONS.index(r) for r in reasons))
-        clock = self.elapsed if self.dist.is_main else 0.0
-        agreed = all_reduce_max(
-            torch.tensor([code, clock], dtype=torch.float64, device=self.device), self.dist
-        )
-        self.elapsed = float(agreed[1])  # every rank runs on rank 0's clock (the budget, the schedule)
-        return STOP_REASONS[int(agreed[0])]
+        code = max(STOP_REASONS.index(r) for r in reasons)
+        if self.dist.enabled:  # every rank adopts rank 0's clock (the budget, the schedule)
+            clock = self.elapsed if self.dist.is_main else 0.0
+            agreed = torch.tensor([float(code), clock], dtype=torch.float64, device=self.device)
+            agreed = all_reduce_max(agreed, self.dist)
+            code, self.elapsed = int(agreed[0]), float(agreed[1])
+        return STOP_REASONS[code]
 
     def budget_used(self) -> float:
         """The fraction of the time budget spent, for a schedule whose horizon is the budget."""

@@ -35,7 +35,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
-    pts = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r and "step" in r]
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    pts = [(r["step"], r[key]) for r in records
+           if r.get("split") == split and number(r.get(key)) and number(r.get("step"))]  # fmt: skip
     return [p[0] for p in pts], [p[1] for p in pts]
 
 

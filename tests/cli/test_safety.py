@@ -92,6 +92,19 @@ def _blank_corpus(ws: Path) -> None:
         (ws / "corpus" / f"train.{side}").write_text("\n\n\n", encoding="utf-8")
 
 
+def _strip_trainer_state(ws: Path) -> None:
+    """A run whose checkpoints were pruned to their models (to share them): still a run."""
+    for ckpt in (ws / "run").glob("step-*"):
+        (ckpt / "trainer_state.json").unlink()
+
+
+def _project(ws: Path) -> None:
+    """A user's folder that happens to hold a config.json: not a model directory."""
+    (ws / "proj").mkdir()
+    (ws / "proj" / "config.json").write_text("{}", encoding="utf-8")
+    (ws / "proj" / "main.py").write_text("print('mine')\n", encoding="utf-8")
+
+
 TR = ["translate", "--model", "model", "--input", "in.txt"]
 EV = ["evaluate", "--model", "model", "--src", "in.txt", "--ref", "ref.txt"]
 TRAIN = ["train", "dataset=corpus", "out_dir=new_run", *TINY_TRAIN]
@@ -163,6 +176,37 @@ CASES = [
     ),
     ("train-into-a-file", None, ["train", "dataset=corpus", "out_dir=in.txt", *TINY_TRAIN], "is a file"),
     ("train-over-a-run", None, ["train", "dataset=corpus", "out_dir=run", *TINY_TRAIN], "--resume"),
+    (
+        "evaluate-onto-its-dataset",
+        None,
+        [*EV[:3], "--dataset", "corpus", "--split", "valid", "--output", "corpus/valid.en"],
+        "an input of this command",
+    ),
+    (
+        "train-over-checkpoints-without-state",
+        _strip_trainer_state,
+        ["train", "dataset=corpus", "out_dir=run", *TINY_TRAIN],
+        "already holds a run",
+    ),
+    (
+        "resume-checkpoints-without-state",
+        _strip_trainer_state,
+        ["train", "dataset=corpus", "out_dir=run", *TINY_TRAIN, "--resume"],
+        "no trainer state",
+    ),
+    ("resume-a-missing-run", None, [*TRAIN, "--resume"], "cannot resume"),
+    (
+        "export-force-over-a-project",
+        _project,
+        ["export", "--model", "model", "--to", "hf", "proj", "--force"],
+        "holds no model",
+    ),
+    (
+        "export-into-a-symlink",
+        lambda ws: (ws / "ln").symlink_to(ws / "lm"),
+        ["export", "--model", "model", "--to", "hf", "ln", "--force"],
+        "symbolic link",
+    ),
     # -- tracebacks before --------------------------------------------------------------------------
     (
         "kind-not-a-string",
@@ -195,6 +239,8 @@ CASES = [
     ("max-steps-past-int64", None, [*TRAIN, "max_steps=99999999999999999999"], "max_steps="),
     ("demo-minutes-nan", None, ["demo", "--minutes", "nan", "--out", "new_demo"], "--minutes"),
     ("generate-temperature-inf", None, ["generate", "--model", "lm", "--temperature", "inf"], "temperature"),
+    ("seed-negative", None, [*TRAIN, "seed=-5"], "seed=-5"),
+    ("model-max-len-past-int64", None, [*TRAIN, "model.max_len=99999999999999999999"], "max_len"),
     # -- messages that now name the file or field ----------------------------------------------------
     ("config-json-truncated", _truncate("model/config.json", 25), TR, "model/config.json"),
     (
@@ -246,6 +292,36 @@ CASES = [
     ("model-field-unknown", None, [*TRAIN, "model.d_modle=3"], "d_modle"),
     ("task-unknown", None, [*TRAIN, "task=mlm2"], "task='mlm2'"),
     ("average-last-zero", None, ["average", "run", "--last", "0"], "--last"),
+    (
+        "average-two-models",
+        lambda ws: _edit_json(
+            ws / "run/step-000004/config.json",
+            config={**json.loads((ws / "run/step-000004/config.json").read_text())["config"], "d_ff": 48},
+        ),
+        ["average", "run", "--last", "2", "--out", "avg"],
+        "different model configs",
+    ),
+    (
+        "average-truncated-weights",
+        _truncate("run/step-000004/model.safetensors", 50),
+        ["average", "run", "--last", "2", "--out", "avg"],
+        "model.safetensors",
+    ),
+    (
+        "lm-text-shorter-than-a-block",
+        None,
+        [
+            "train",
+            "task=lm",
+            "tokenizer=char",
+            "dataset=in.txt",
+            "valid_dataset=ref.txt",
+            "block_size=500",
+            "out_dir=new_run",
+            "progress=false",
+        ],
+        "block_size=500",
+    ),
     (
         "resume-incompatible",
         None,

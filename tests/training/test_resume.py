@@ -92,3 +92,13 @@ def test_a_run_that_stopped_before_its_first_checkpoint_starts_again(corpus, tmp
     saved = json.loads((run / "train_config.json").read_text())
     assert saved["vocab_size"] == 300 and saved["eval_every"] == 2  # the new settings, a new tokenizer
     assert sorted(_losses(run)) == [1, 2] and (run / "step-000002").is_dir()
+
+
+def test_a_torn_metrics_line_does_not_stop_a_resume(corpus, tmp_path, reference):
+    """A run killed while appending to metrics.jsonl leaves half a line; resume drops it."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS)]) == 0
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('[1]\n{"step": 5, "spl')
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
+    assert _losses(run) == reference

@@ -25,6 +25,7 @@ from aiayn.data import (
     sequential_windows,
 )
 from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.errors import DataError
 from aiayn.models import LanguageModel
 from aiayn.models.config import LMConfig
 from aiayn.training.distributed import DistInfo, main_first
@@ -61,6 +62,16 @@ class LMTask(Task):
         self.tok = main_first(dist, tokenizer)
         encoded = main_first(dist, lambda: (encode_text(train, self.tok), encode_text(valid, self.tok)))
         self.train, self.valid = (np.asarray(e.tokens) for e in encoded)
+        splits = (
+            ("training", self.train, cfg.dataset),
+            ("validation", self.valid, cfg.valid_dataset or cfg.dataset),
+        )
+        for split, tokens, source in splits:
+            if len(tokens) <= cfg.block_size:
+                raise DataError(
+                    f"the {split} text of {source} has {len(tokens)} tokens, "
+                    f"not more than block_size={cfg.block_size}; give more text or a smaller block_size"
+                )
         self.sampler = WindowSampler(len(self.train), cfg.block_size, cfg.batch_size, seed=cfg.seed,
                                      rank=dist.rank, world_size=dist.world_size)  # fmt: skip
 
