@@ -14,15 +14,19 @@ from pathlib import Path
 from aiayn.errors import AiaynError, ModelDirError
 
 
+def _read(path: Path, missing: str, error: type[AiaynError]) -> bytes:
+    if not path.is_file():
+        raise error(f"{path} is missing: {missing}")
+    return path.read_bytes()
+
+
 def read_text(
     path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
 ) -> str:
     """The UTF-8 text of ``path``; ``missing`` says what its absence means, ``fix`` what to do."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path} is missing: {missing}")
+    data = _read(Path(path), missing, error)
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{path} is not valid UTF-8 ({e}); {fix}") from None
 
@@ -30,12 +34,10 @@ def read_text(
 def read_json(
     path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
 ) -> dict:
-    """The JSON object in ``path``, with the errors of ``read_text`` and for JSON that is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path} is missing: {missing}")
+    """The JSON object in ``path``: the errors of ``read_text``, and for text that is not one."""
+    raw = _read(Path(path), missing, error)
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path} is not valid JSON ({e}); {fix}") from None
     if not isinstance(data, dict):
