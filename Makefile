@@ -46,3 +46,9 @@ reproduce-multi30k-en-de: $(STAMP)
 
 reproduce-shakespeare-char: $(STAMP)
 	$(PY) scripts/reproduce.py shakespeare-char
+
+# Issue 16: SST-2 is not bundled (unclear terms); point SST2 at GLUE's folder (train.tsv[.gz], dev.tsv).
+.PHONY: reproduce-sst2
+reproduce-sst2: $(STAMP)
+	@test -n "$(SST2)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 (GLUE's SST-2 folder)"; exit 2; }
+	$(PY) scripts/reproduce_sst2.py $(SST2)

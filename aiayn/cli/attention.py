@@ -12,16 +12,18 @@ from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
-from aiayn.interop.model_dir import check_kind
+from aiayn.interop.model_dir import check_kind, load_encoder_dir
 from aiayn.viz.attention import save_attention_maps
 
 EXAMPLES = """examples:
   aiayn attention --model runs/de-en --src "Ein Mann fährt Fahrrad." --out plots/
   aiayn attention --model runs/de-en --src "Ein Mann fährt Fahrrad." --tgt "A man rides a bike." --out plots/
   aiayn attention --model runs/shakespeare --src "ROMEO: But soft" --out plots/   # a language model
+  aiayn attention --model runs/sst2-finetune --src "a gorgeous movie ." --out plots/  # an encoder
 
 Writes encoder_layer{l}.png, decoder_self_layer{l}.png and cross_layer{l}.png (a language model:
-decoder_self only), each a grid of heads with query tokens as rows and key tokens as columns.
+decoder_self only; an encoder-only model: encoder only, over <s> + the text + </s>), each a grid
+of heads with query tokens as rows and key tokens as columns.
 Without --tgt the target is the model's greedy translation. The decoder rows are the tokens it
 reads: <s> then the target, each predicting the next.
 """
@@ -84,9 +86,28 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     return maps, {"tgt": token_labels(generator.tokenizer, ids, generator.model.config)}
 
 
+def _encoder_maps(args: argparse.Namespace) -> tuple[dict, dict]:
+    if args.tgt is not None:
+        raise ConfigError("--tgt is for translation models; an encoder-only model plots --src only")
+    model, tok, _ = load_encoder_dir(args.model, args.device)
+    c = model.config
+    ids = tok.encode(args.src)
+    if not ids:
+        raise ConfigError("--src is empty; give some text")
+    ids = [c.bos_id, *ids, c.eos_id]
+    if c.positional == "learned" and len(ids) > c.max_len:
+        raise ConfigError(
+            f"--src has {len(ids)} tokens with <s> and </s>; this model reads at most {c.max_len}"
+        )
+    with torch.inference_mode():
+        maps = model.attention_weights(torch.tensor([ids], device=args.device))
+    return maps, {"src": token_labels(tok, ids, c)}
+
+
 def run(args: argparse.Namespace) -> int:
-    kind = check_kind(args.model, ("transformer", "lm"))
-    maps, labels = (_translation_maps if kind == "transformer" else _lm_maps)(args)
+    kind = check_kind(args.model, ("transformer", "lm", "encoder"))
+    read = {"transformer": _translation_maps, "lm": _lm_maps, "encoder": _encoder_maps}[kind]
+    maps, labels = read(args)
     for path in save_attention_maps(maps, labels, args.out):
         print(path)
     return 0

@@ -11,11 +11,12 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
-from aiayn.atomic import check_output
+from aiayn.atomic import check_output, write_text
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
-from aiayn.errors import OutputError
+from aiayn.errors import DataError, OutputError
 from aiayn.models.io import resolve_model_dir
 
 
@@ -24,6 +25,42 @@ def add_model_argument(p: argparse.ArgumentParser) -> None:
         "--model", required=True, metavar="DIR", help="model directory (config.json, weights, tokenizer)"
     )
     p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+
+
+def add_io_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--input FILE`` (default stdin) and ``--output FILE`` (default stdout), one line per text."""
+    p.add_argument("--input", metavar="FILE", help="read texts from FILE, one per line (default: stdin)")
+    p.add_argument("--output", metavar="FILE", help=f"write {what} to FILE (default: stdout)")
+
+
+def read_lines(stream: BinaryIO, name: str) -> list[str]:
+    """The lines of a UTF-8 byte stream, split on "\\n" only (a "\\r" before it is dropped)."""
+    lines = []
+    for i, raw in enumerate(stream.read().split(b"\n"), start=1):
+        try:
+            lines.append(raw.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if lines and lines[-1] == "":  # the newline that ends the last line starts no new line
+        lines.pop()
+    return lines
+
+
+def read_input(args: argparse.Namespace) -> list[str]:
+    """The lines of ``--input``, or of stdin."""
+    if args.input:
+        with open(args.input, "rb") as f:
+            return read_lines(f, args.input)
+    return read_lines(sys.stdin.buffer, "<stdin>")
+
+
+def write_output(args: argparse.Namespace, text: str) -> None:
+    """``text`` to ``--output`` (atomically), or to stdout."""
+    if args.output:
+        write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""``aiayn evaluate``: translate a test set and score it with sacreBLEU (BLEU and chrF)."""
+"""``aiayn evaluate``: translate a test set and score it with sacreBLEU (BLEU and chrF), or, for a
+classifier, label a labelled file and score it (accuracy, macro-F1, confusion matrix)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from aiayn.cli.decode_options import (
     warn,
 )
 from aiayn.data.corpus import load_parallel
+from aiayn.data.labelled import LabelMap, load_labelled
+from aiayn.decoding.classifier import TextClassifier, classification_metrics
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
@@ -26,9 +29,11 @@ EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
   aiayn evaluate --model runs/de-en --split valid --beam 1 --json valid.json
   aiayn evaluate --model runs/de-en --src newstest.de --ref newstest.en --output newstest.hyp
+  aiayn evaluate --model runs/sst2-finetune --data sst2/dev.tsv --json dev.json   # a classifier
 
 Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased; the
-signatures printed say exactly how they were computed.
+signatures printed say exactly how they were computed. A classifier is scored on a TSV/CSV/JSONL
+file (--data) with the columns it was trained on: accuracy, macro-F1 and the confusion matrix.
 """
 
 
@@ -47,7 +52,10 @@ def add_parser(sub) -> None:
     p.add_argument("--ref", metavar="FILE", help="reference translations, line by line")
     p.add_argument("--src-lang", help="source language (default: the model's, else de)")
     p.add_argument("--tgt-lang", help="target language (default: the model's, else en)")
-    p.add_argument("--output", metavar="FILE", help="also write the translations to FILE")
+    p.add_argument("--data", metavar="FILE", help="a classifier: labelled TSV/CSV/JSONL file to score")
+    p.add_argument("--text-column", help="the --data text column (default: the one the model was trained on)")
+    p.add_argument("--label-column", help="the --data label column (default: as in training)")
+    p.add_argument("--output", metavar="FILE", help="also write the translations (or labels) to FILE")
     p.add_argument("--json", metavar="FILE", help="write the scores and settings as JSON to FILE")
     add_search_arguments(p)
     p.set_defaults(run=run)
@@ -66,10 +74,16 @@ def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
+    meta = model_meta(args.model)
+    if meta["kind"] == "encoder":
+        return run_classifier(args, meta)
+    if args.data is not None:
+        raise ConfigError(
+            "--data scores a classifier; this is a translation model: use --src/--ref or --dataset"
+        )
     config = search_config(args)
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
-    meta = model_meta(args.model)
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset
@@ -95,5 +109,32 @@ def run(args: argparse.Namespace) -> int:
             "signatures": signatures,
             "search": asdict(config),
         }
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def run_classifier(args: argparse.Namespace, meta: dict) -> int:
+    if args.data is None:
+        raise ConfigError("this is a classifier: give the labelled file to score with --data FILE")
+    text_column = args.text_column if args.text_column is not None else meta.get("text_column", "")
+    label_column = args.label_column if args.label_column is not None else meta.get("label_column", "")
+    data = load_labelled(args.data, text_column, label_column)
+    check_outputs(args, "--output", "--json", inputs=(args.data,))
+    classifier = TextClassifier.from_dir(args.model, args.device)
+    gold = LabelMap(classifier.labels).ids(data)  # a label the model does not know: an error naming the line
+    predicted = classifier.probabilities(data.texts, args.max_tokens).argmax(-1).tolist()
+    m = classification_metrics(gold, predicted, len(classifier.labels))
+    if args.output:
+        write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))
+    print(f"{data.path}: {len(gold)} examples, {args.model}")
+    print(f"accuracy {m['accuracy']:6.2f}   macro-F1 {m['macro_f1']:6.2f}")
+    width = max(len(y) for y in classifier.labels)
+    print("confusion (rows: gold, columns: predicted)")
+    print(" " * width + "".join(f" {y:>8}" for y in classifier.labels))
+    for y, row in zip(classifier.labels, m["confusion"], strict=True):
+        print(f"{y:>{width}}" + "".join(f" {c:>8}" for c in row))
+    if args.json:
+        report = {"data": str(data.path), "model": str(args.model), "examples": len(gold),
+                  "labels": classifier.labels, **m}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

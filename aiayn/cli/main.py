@@ -14,12 +14,24 @@ import os
 import sys
 from collections.abc import Sequence
 
-from aiayn.cli import attention, average, demo, evaluate, export, generate, plot, train, translate
+from aiayn.cli import (
+    attention,
+    average,
+    classify,
+    demo,
+    evaluate,
+    export,
+    fill_mask,
+    generate,
+    plot,
+    train,
+    translate,
+)
 from aiayn.device import resolve_device
 from aiayn.errors import AiaynError
 from aiayn.version import __version__
 
-COMMANDS = [train, translate, evaluate, generate, attention, average, plot, export, demo]
+COMMANDS = [train, translate, evaluate, generate, classify, fill_mask, attention, average, plot, export, demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import BinaryIO
 
-from aiayn.atomic import write_text
 from aiayn.cli.decode_options import (
+    add_io_arguments,
     add_model_argument,
     add_search_arguments,
     check_outputs,
     formatter,
+    read_input,
     search_config,
     warn,
+    write_output,
 )
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
-from aiayn.errors import DataError
 
 EXAMPLES = """examples:
   echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
@@ -37,8 +36,7 @@ def add_parser(sub) -> None:
         formatter_class=formatter,
     )
     add_model_argument(p)
-    p.add_argument("--input", metavar="FILE", help="read sentences from FILE, one per line (default: stdin)")
-    p.add_argument("--output", metavar="FILE", help="write translations to FILE (default: stdout)")
+    add_io_arguments(p, "translations")
     p.add_argument(
         "--max-src-len",
         type=int,
@@ -51,19 +49,6 @@ def add_parser(sub) -> None:
     )
     add_search_arguments(p)
     p.set_defaults(run=run)
-
-
-def read_lines(stream: BinaryIO, name: str) -> list[str]:
-    """The lines of a UTF-8 byte stream, split on "\\n" only (a "\\r" before it is dropped)."""
-    lines = []
-    for i, raw in enumerate(stream.read().split(b"\n"), start=1):
-        try:
-            lines.append(raw.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise DataError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if lines and lines[-1] == "":  # the newline that ends the last line starts no new line
-        lines.pop()
-    return lines
 
 
 def format_output(nbest: list[list], translator: Translator, n: int) -> str:
@@ -83,18 +68,11 @@ def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     check_outputs(args, "--output", inputs=(args.input,))
     translator = Translator.from_dir(args.model, args.device, args.max_src_len)
-    if args.input:
-        with open(args.input, "rb") as f:
-            lines = read_lines(f, args.input)
-    else:
-        lines = read_lines(sys.stdin.buffer, "<stdin>")
+    lines = read_input(args)
     sources, cut = translator.encode(lines, strict=args.strict)
     for i in cut:
         warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
-    text = format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
-    if args.output:
-        write_text(args.output, text)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    write_output(
+        args, format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
+    )
     return 0

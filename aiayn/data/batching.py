@@ -281,3 +281,35 @@ def lm_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> LMBatch
     """
     window = tokens[np.asarray(starts)[:, None] + np.arange(block_size + 1)].astype(np.int64)
     return LMBatch(torch.from_numpy(window[:, :-1].copy()), torch.from_numpy(window[:, 1:].copy()))
+
+
+class MaskedBatch(NamedTuple):
+    """Masked-LM inputs and targets (``masking.mask_tokens``)."""
+
+    ids: Tensor  # (B, T) bos + tokens (some replaced by <mask> or a random token) + eos
+    targets: Tensor  # (B, T) the original token at chosen positions, pad_id elsewhere
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MaskedBatch:
+        return MaskedBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+class ClassifyBatch(NamedTuple):
+    """Sequences and their class ids."""
+
+    ids: Tensor  # (B, T) bos + tokens + eos, padded
+    labels: Tensor  # (B,) class ids
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ClassifyBatch:
+        return ClassifyBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+def collate_sequences(
+    rows: Sequence[np.ndarray], max_len: int, pad_id: int = PAD_ID, bos_id: int = BOS_ID, eos_id: int = EOS_ID
+) -> Tensor:
+    """Token rows as an encoder's input: ``[bos] + row[: max_len - 2] + [eos]``, padded (bos is the
+    first token that ``pooling="first"`` reads, BERT's [CLS]; eos its [SEP]).
+
+    Shape:
+        -> (B, min(max(len(row)), max_len - 2) + 2)
+    """
+    return _pad([np.asarray(r)[: max_len - 2] for r in rows], pad_id, bos_id, eos_id)

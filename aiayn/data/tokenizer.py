@@ -7,6 +7,10 @@ reads the kind from ``dir/tokenizer.json``. Files are JSON plus sentencepiece's 
 nothing is pickled. ``encode`` returns content ids only: batching adds bos/eos (``batching.py``).
 ``decode`` drops pad/bos/eos and shows unk as ``"\u2047"`` (as sentencepiece prints it).
 
+**Mask.** A subword vocabulary trained with ``mask=True`` (for masked-LM pre-training) holds the
+piece ``"<mask>"`` as a user-defined symbol at id 4: the text ``"<mask>"`` always encodes to it, so a
+fill-mask query is plain text. ``mask_id`` is that id, or None for a vocabulary without it.
+
 **Round trip.** Subword models use sentencepiece's ``identity`` normalisation with extra
 whitespace kept and byte fallback on, so ``decode(encode(s)) == s`` for every string ``s``:
 characters never seen in training become UTF-8 byte pieces rather than unk. We chose ``identity``
@@ -37,6 +41,7 @@ from aiayn.textfiles import read_json
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)  # model-config fields
 N_SPECIAL = 4
+MASK = "<mask>"  # the masked-LM symbol of a vocabulary trained with mask=True
 UNK_SURFACE = "\u2047"  # "⁇": what decoding an unknown token shows
 META_FILE = "tokenizer.json"
 SPM_FILE = "spm.model"
@@ -48,6 +53,7 @@ class Tokenizer:
     kind: str
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     vocab_size: int
+    mask_id: int | None = None  # the id of "<mask>", if the vocabulary has it
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -115,6 +121,8 @@ class SentencePieceTokenizer(Tokenizer):
                 " train it with SentencePieceTokenizer.train"
             )
         self.vocab_size = self.sp.get_piece_size()
+        mask = self.sp.piece_to_id(MASK)
+        self.mask_id = mask if mask != UNK_ID else None
 
     @classmethod
     def train(
@@ -128,6 +136,7 @@ class SentencePieceTokenizer(Tokenizer):
         seed: int = 0,  # only matters with input_sentence_size > 0
         input_sentence_size: int = 0,  # 0 = train on every sentence; else a seeded sample
         source: str = "",  # where the sentences come from, for error messages (e.g. the file names)
+        mask: bool = False,  # add "<mask>" (id 4) for masked-LM pre-training
     ) -> SentencePieceTokenizer:
         """Train on an iterable of sentences (streamed; sentencepiece keeps them in memory)."""
         if model_type not in ("bpe", "unigram"):
@@ -149,6 +158,7 @@ class SentencePieceTokenizer(Tokenizer):
                 eos_id=EOS_ID,
                 unk_id=UNK_ID,
                 num_threads=num_threads,
+                user_defined_symbols=[MASK] if mask else [],
                 input_sentence_size=input_sentence_size,
                 shuffle_input_sentence=True,
                 minloglevel=2,
@@ -173,6 +183,18 @@ class SentencePieceTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(self._ids(ids))
+
+    def word_starts(self) -> list[bool]:
+        """For each id, whether its piece begins a word ("▁…", or a special piece): what
+        whole-word masking groups by (a word is a start piece and the pieces after it)."""
+        sp = self.sp
+        return [
+            sp.id_to_piece(i).startswith("\u2581")
+            or sp.is_control(i)
+            or sp.is_unknown(i)
+            or i == self.mask_id
+            for i in range(self.vocab_size)
+        ]
 
     def model_bytes(self) -> bytes:
         return self.model

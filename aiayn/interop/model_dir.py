@@ -7,7 +7,8 @@ A model directory holds what ``aiayn.models.io.save_model`` writes (``config.jso
 - a translation model (kind ``"transformer"``): ``src/`` and ``tgt/`` tokenizer folders
   (``aiayn.data.save_translation_tokenizers``; a joint vocabulary is saved in both), or one joint
   tokenizer in the directory itself (``tokenizer.save(dir)``);
-- a language model (kind ``"lm"``): one tokenizer in the directory itself.
+- a language model (kind ``"lm"``) or an encoder-only model (kind ``"encoder"``): one tokenizer in
+  the directory itself (and, for a classifier, the class names under ``labels`` in ``config.json``).
 
 Every problem (no such directory, a corrupt checkpoint, a model of the wrong kind for the command,
 a tokenizer whose vocabulary does not fit the model) is a ``ModelDirError`` (or, for a tokenizer
@@ -34,7 +35,7 @@ KIND_NAMES = {
 }
 
 
-HF_KINDS = {"marian": "transformer", "gpt2": "lm"}  # HF model_type -> the aiayn kind it loads as
+HF_KINDS = {"marian": "transformer", "gpt2": "lm", "bert": "encoder"}  # HF model_type -> aiayn kind
 
 
 def model_meta(directory: str | os.PathLike) -> dict:
@@ -104,3 +105,30 @@ def load_lm_dir(
     model = load_model(directory, device)
     _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
     return model, tok
+
+
+def load_encoder_dir(
+    directory: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer, dict]:
+    """``(model, tokenizer, meta)`` of an encoder-only model directory (or of a training run: its
+    best checkpoint), in eval mode; ``meta`` is its ``config.json`` (``labels`` for a classifier)."""
+    directory = resolve_model_dir(directory)
+    if hf_model_type(directory) == "bert":  # a Hugging Face BERT directory (docs/interop.md)
+        from aiayn.interop.bert import load_bert_dir
+
+        return load_bert_dir(directory, device)
+    check_kind(directory, ("encoder",))
+    tok = load_tokenizer(directory)
+    model = load_model(directory, device)
+    _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
+    meta = read_config(directory)
+    labels = meta.get("labels")
+    if model.config.n_classes and (
+        not isinstance(labels, list) or len(labels) != model.config.n_classes
+        or not all(isinstance(x, str) for x in labels)
+    ):  # fmt: skip
+        raise ModelDirError(
+            f"{directory / 'config.json'}: 'labels' must list the model's {model.config.n_classes} class "
+            "names (strings); restore the file from the training run"
+        )
+    return model, tok, meta

@@ -56,16 +56,30 @@ class StackConfig(LayerConfig):
         self._flag("tie_output")
 
 
+POOLINGS = ("mean", "first")
+
+
 @dataclass
 class EncoderConfig(StackConfig):
-    """An encoder-only model: per-token vocabulary head and a pooled classification head."""
+    """An encoder-only model: a per-token vocabulary head (masked-LM pre-training) and, with
+    ``n_classes > 0``, a pooled classification head. The BERT fields (``embed_norm``,
+    ``head_transform``, ``pooling="first"`` with ``pooler``, ``output_bias``) are off by default;
+    all on, with ``positional="learned"``, ``activation="gelu"`` and ``emb_scale="none"``, the model
+    is BERT's (Devlin et al. 2019) and exports to Hugging Face's ``Bert*`` classes."""
 
     n_classes: int = 0  # > 0 adds the pooled classification head
+    pooling: str = "mean"  # the sequence's vector: "mean" over real tokens or the "first" (bos = [CLS])
+    pooler: bool = False  # BERT's pooler: tanh(W · pooled + b) before the classifier
+    embed_norm: bool = False  # LayerNorm on embedding + position, before dropout (BERT)
+    head_transform: bool = False  # LayerNorm(act(W · h + b)) before the vocabulary projection (BERT)
+    output_bias: bool = False  # a bias on the vocabulary logits (BERT's cls.predictions.bias)
 
     def validate(self) -> None:
         super().validate()
         if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
+        self._choice("pooling", POOLINGS)
+        self._flag("pooler", "embed_norm", "head_transform", "output_bias")
 
 
 @dataclass

@@ -1,22 +1,67 @@
 """An encoder-only model: a vocabulary head on every position and a pooled classification head.
 
-The encoder sees the whole sequence (no look-ahead mask), as in BERT; padding is masked.
-``classify`` mean-pools the final states over real (non-padding) tokens.
+The encoder sees the whole sequence (no look-ahead mask), as in BERT; padding is masked. Masked-LM
+pre-training predicts the tokens at chosen positions from the per-token states; classification
+pools the states into one vector per sequence (the mean over real tokens, or the first token,
+which the data module makes ``bos``, BERT's [CLS]) and projects it to class logits.
+
+With the BERT fields of ``EncoderConfig`` on, the model is BERT's layer for layer
+(``aiayn.interop.bert`` maps it to Hugging Face's ``BertForMaskedLM`` /
+``BertForSequenceClassification``).
 """
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.masks import padding_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
 from aiayn.models.config import EncoderConfig
 from aiayn.modules.dropout import Dropout
+from aiayn.modules.feed_forward import ACTIVATIONS
 from aiayn.modules.layers import Encoder
+from aiayn.modules.norm import LayerNorm
+
+
+class HeadTransform(nn.Module):
+    """BERT's transform before the vocabulary projection: LayerNorm(act(h W + b)).
+
+    Shape:
+        h: (..., d_model) -> (..., d_model)
+    """
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.act = ACTIVATIONS[c.activation]
+        self.norm = LayerNorm(c.d_model, c.ln_eps)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.norm(self.act(self.dense(h)))
+
+
+class Classifier(nn.Module):
+    """pooled -> [tanh(W_p · pooled + b_p)] -> Dropout -> W_c · + b_c (BERT's pooler optional).
+
+    Shape:
+        pooled: (B, d_model) -> (B, n_classes)
+    """
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+        self.dropout = Dropout(c.dropout)
+        self.out = nn.Linear(c.d_model, c.n_classes)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        if self.pooler is not None:
+            pooled = self.pooler(pooled).tanh()
+        return self.out(self.dropout(pooled))
 
 
 class EncoderModel(nn.Module):
-    """Per-token logits = Project(Encoder(Embed(ids))); class logits = W · mean_t(states).
+    """Per-token logits = Project(Encoder(Embed(ids))); class logits = Classifier(Pool(states)).
 
     Shape:
         ids: (B, T) -> logits (B, T, vocab_size); classify: (B, T) -> (B, n_classes)
@@ -25,13 +70,12 @@ class EncoderModel(nn.Module):
     def __init__(self, config: EncoderConfig | None = None):
         super().__init__()
         c = self.config = config or EncoderConfig()
-        self.embed = make_embedding(c, c.vocab_size)
+        self.embed = make_embedding(c, c.vocab_size, norm=c.embed_norm)
         self.encoder = Encoder(c, c.n_layers)
-        self.classifier = (
-            nn.Sequential(Dropout(c.dropout), nn.Linear(c.d_model, c.n_classes)) if c.n_classes else None
-        )
+        self.classifier = Classifier(c) if c.n_classes else None
+        self.transform = HeadTransform(c) if c.head_transform else None
         init_weights(self, c.d_model)
-        self.head = make_head(c, c.vocab_size, self.embed if c.tie_output else None)
+        self.head = make_head(c, c.vocab_size, self.embed if c.tie_output else None, bias=c.output_bias)
         if not c.tie_output:
             init_weights(self.head, c.d_model)
 
@@ -39,16 +83,49 @@ class EncoderModel(nn.Module):
         """Shape: ids (B, T) -> states (B, T, d_model), [L × (B, h, T, T)] if asked."""
         return self.encoder(self.embed(ids), padding_mask(ids, self.config.pad_id), need_weights)
 
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.head(self.encode(ids)[0])
+    def token_states(self, h: Tensor) -> Tensor:
+        """What the vocabulary projection reads: the states, through BERT's transform if any."""
+        return h if self.transform is None else self.transform(h)
+
+    def forward(
+        self,
+        ids: Tensor,
+        targets: Tensor | None = None,
+        labels: Tensor | None = None,
+        label_smoothing: float = 0.0,
+        class_weight: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Per-token logits (B, T, V); or, for training, (summed loss, summed NLL, count):
+
+        - ``targets`` (B, T): masked-LM targets, ``pad_id`` where nothing is predicted; only the
+          chosen positions go through the (fused) vocabulary projection and loss;
+        - ``labels`` (B,): classification, cross-entropy of ``classify(ids)`` (``class_weight``
+          (n_classes,) weighs the loss, not the NLL).
+        """
+        if labels is not None:
+            logits = self.classify(ids)  # (B, n_classes)
+            loss = F.cross_entropy(logits.float(), labels, class_weight, reduction="sum",
+                                   label_smoothing=label_smoothing)  # fmt: skip
+            nll = F.cross_entropy(logits.float().detach(), labels, reduction="sum")
+            return loss, nll, labels.new_tensor(labels.numel())
+        h = self.encode(ids)[0]  # (B, T, d_model)
+        if targets is None:
+            return self.head(self.token_states(h))
+        chosen = targets != self.config.pad_id  # (B, T)
+        return self.head.loss(self.token_states(h[chosen]), targets[chosen], label_smoothing)
+
+    def pool(self, ids: Tensor, states: Tensor) -> Tensor:
+        """Shape: ids (B, T), states (B, T, d_model) -> (B, d_model)."""
+        if self.config.pooling == "first":
+            return states[:, 0]
+        real = (ids != self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, T, 1)
+        return (states * real).sum(1) / real.sum(1).clamp(min=1)
 
     def classify(self, ids: Tensor) -> Tensor:
+        """Class logits. Shape: ids (B, T) -> (B, n_classes)."""
         if self.classifier is None:
             raise ValueError("this model has no classification head: set n_classes > 0")
-        states = self.encode(ids)[0]
-        real = (ids != self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, T, 1)
-        pooled = (states * real).sum(1) / real.sum(1).clamp(min=1)  # (B, d_model)
-        return self.classifier(pooled)
+        return self.classifier(self.pool(ids, self.encode(ids)[0]))
 
     def attention_weights(self, ids: Tensor) -> dict[str, list[Tensor]]:
         """``{"encoder": [L × (B, h, T, T)]}``."""

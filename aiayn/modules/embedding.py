@@ -8,7 +8,8 @@ lays it out: all sines in dimensions 0 … d_model/2−1, all cosines in the sec
 
 Embeddings are multiplied by √d_model (§3.4) so that they are not drowned by the positional
 encoding; ``scale="prj"`` instead divides the (tied) output projection by √d_model, and ``"none"``
-does neither. Dropout is applied to the sum of embedding and position (§5.4).
+does neither. Dropout is applied to the sum of embedding and position (§5.4); BERT normalises
+the sum first (``norm=True``: Dropout(LayerNorm(embedding + position))).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 from aiayn.errors import ConfigError, DataError
 from aiayn.modules.dropout import Dropout
 from aiayn.modules.loss import linear_label_smoothed_nll_loss
+from aiayn.modules.norm import LayerNorm
 
 EMB_SCALES = ("emb", "prj", "none")
 POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned")
@@ -121,7 +123,8 @@ class TokenEmbedding(nn.Module):
 
 
 class TransformerEmbedding(nn.Module):
-    """Dropout(TokenEmbedding(ids) + Position(start … start+T-1)): the input of every stack.
+    """Dropout(TokenEmbedding(ids) + Position(start … start+T-1)): the input of every stack
+    (with ``norm``, the sum goes through a LayerNorm before the dropout, as in BERT).
 
     Shape:
         ids: (B, T) -> (B, T, d_model)
@@ -136,6 +139,8 @@ class TransformerEmbedding(nn.Module):
         positional: str = "sinusoidal",
         max_len: int = 1024,
         dropout: float = 0.1,
+        norm: bool = False,
+        ln_eps: float = 1e-5,
     ):
         super().__init__()
         if positional not in POSITIONALS:
@@ -145,10 +150,12 @@ class TransformerEmbedding(nn.Module):
             self.positions = LearnedPositionalEmbedding(d_model, max_len)
         else:
             self.positions = PositionalEncoding(d_model, max_len, halves=positional == "sinusoidal_halves")
+        self.norm = LayerNorm(d_model, ln_eps) if norm else None
         self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        return self.dropout(self.positions(self.tokens(ids), start))
+        x = self.positions(self.tokens(ids), start)
+        return self.dropout(x if self.norm is None else self.norm(x))
 
 
 class OutputProjection(nn.Module):

@@ -33,9 +33,12 @@ EXAMPLE_RECIPE = "recipes/multi30k-de-en.toml"
 @dataclass
 class TrainConfig:
     # -- what to learn --------------------------------------------------------------------------
-    task: str = "translation"  # a registered Task: "translation" (encoder–decoder), "lm" (decoder-only)
+    task: str = "translation"  # a registered Task: "translation", "lm", "mlm", "classify"
     dataset: str = "multi30k"  # bundled name ("multi30k", "shakespeare"), a folder, or a file prefix
     valid_dataset: str = ""  # a different source for validation; "" = same as dataset
+    extra_text: list[str] = field(default_factory=list)  # mlm: more training text (names or files)
+    text_column: str = ""  # mlm/classify tables (TSV/CSV/JSONL): column name or 0-based number
+    label_column: str = ""  # classify: "" = the column called "label"
     src_lang: str = "de"  # translation: file suffixes / Multi30k languages
     tgt_lang: str = "en"
     # -- tokenizer ------------------------------------------------------------------------------
@@ -46,7 +49,7 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=dict)
     # -- batches --------------------------------------------------------------------------------
     max_tokens: int = 4096  # translation: padded tokens per side per batch (fairseq --max-tokens)
-    max_len: int = 256  # translation: drop training pairs with a side longer than this (tokens)
+    max_len: int = 256  # translation: drop pairs with a side longer; mlm/classify: truncate (tokens)
     batch_size: int = 12  # lm: windows per batch
     block_size: int = 64  # lm: context length
     update_freq: int = 1  # gradient accumulation: batches per optimizer update
@@ -63,6 +66,13 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = off
     label_smoothing: float = 0.1  # ε_ls (paper §5.4)
+    # -- encoder-only tasks -----------------------------------------------------------------------
+    mask_prob: float = 0.15  # mlm: tokens chosen for prediction (BERT)
+    mask_token_prob: float = 0.8  # mlm: a chosen token becomes <mask> ...
+    random_token_prob: float = 0.1  # mlm: ... or a random token (else it stays)
+    whole_word_mask: bool = False  # mlm: choose whole words rather than pieces
+    init_from: str = ""  # classify: a pre-trained encoder (run or model directory) to start from
+    class_weights: str = "none"  # classify: "none" or "balanced" (n / (k · count) per class)
     # -- when to stop ---------------------------------------------------------------------------
     max_steps: int = 100_000  # optimizer updates
     max_epochs: int = 0  # 0 = no limit
@@ -116,13 +126,21 @@ class TrainConfig:
                      "decay_steps"):  # fmt: skip
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0")
-        for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm",
+        for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "mask_prob",
+                     "mask_token_prob", "random_token_prob",
                      "label_smoothing", "max_minutes"):  # fmt: skip
             if not math.isfinite(getattr(self, name)):
                 fail(name, "must be a finite number")
         for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes"):
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0 (0 = off)" if name != "min_lr" else "must be ≥ 0")
+        for name in ("mask_token_prob", "random_token_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                fail(name, "must be in [0, 1]")
+        if not 0 < self.mask_prob <= 1:
+            fail("mask_prob", "must be in (0, 1]: the share of tokens the model predicts (BERT: 0.15)")
+        if self.mask_token_prob + self.random_token_prob > 1:
+            fail("random_token_prob", f"+ mask_token_prob={self.mask_token_prob} is more than 1")
         for name in ("label_smoothing", "beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(name, "must be in [0, 1)")
@@ -138,6 +156,10 @@ class TrainConfig:
             fail("seed", "must be ≥ 0")
         if not self.out_dir:
             fail("out_dir", "is empty: name the run directory")
+        if not all(isinstance(x, str) and x for x in self.extra_text):
+            fail("extra_text", "must be a list of dataset names or file paths")
+        if self.class_weights not in ("none", "balanced"):
+            fail("class_weights", "is not one of ('none', 'balanced')")
         task.check_config(self)  # what the task itself needs, the [model] table included
 
 

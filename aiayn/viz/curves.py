@@ -1,4 +1,5 @@
-"""Training curves from a run's ``metrics.jsonl``: loss, learning rate and BLEU against step."""
+"""Training curves from a run's ``metrics.jsonl``: loss, learning rate, and BLEU (translation) or
+accuracy (masked-LM, classification) against step."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
 
 
 def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write loss.png, lr.png and (for translation) bleu.png; return their paths."""
+    """Write loss.png, lr.png, and bleu.png or accuracy.png where the metrics have them; return
+    their paths."""
     records = read_metrics(run_dir)
     out = Path(out_dir or (Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent))
     out.mkdir(parents=True, exist_ok=True)
@@ -54,6 +56,8 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
                                       ("valid", "nll", "valid NLL")]),
         ("lr", "learning rate", [("train", "lr", "lr")]),
         ("bleu", "validation BLEU", [("valid", "bleu", "greedy BLEU")]),
+        ("accuracy", "validation accuracy (%)", [("valid", "accuracy", "accuracy"),
+                                                 ("valid", "macro_f1", "macro-F1")]),
     ]  # fmt: skip
     for name, ylabel, lines in panels:
         fig, ax = plt.subplots(figsize=(6, 4))

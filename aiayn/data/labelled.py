@@ -1,0 +1,228 @@
+"""Labelled text for classification: TSV, CSV or JSON-lines files with a text and a label column.
+
+The format comes from the file name (``.tsv``, ``.csv``, ``.jsonl``, each optionally ``.gz``).
+A TSV/CSV file has a header row when its first row names the columns asked for (or, when none are
+named, holds a column called ``label`` and one called ``text``/``sentence``/…); without a header,
+``text_column`` and ``label_column`` are 0-based column numbers. A JSON-lines file holds one object
+per line with those keys. TSV is read without quoting (GLUE's files hold bare quote characters);
+CSV with the usual double quotes.
+
+Labels are strings whatever their form in the file (``1``, ``"pos"``, ``true``); ``LabelMap``
+orders them (numerically when all are integers) and maps them to class ids, and is saved with the
+model. Every problem (a row with missing or extra fields, an empty label or text, a missing key,
+one class only) is a ``DataError`` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn.data.files import check_file, iter_lines
+from aiayn.errors import DataError
+
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}
+TEXT_NAMES = ("text", "sentence", "content", "review", "document")  # what "text" may be called
+LABEL_NAMES = ("label",)
+SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
+
+
+def table_format(path: str | os.PathLike) -> str | None:
+    """ "tsv", "csv" or "jsonl" from the file name (a trailing ``.gz`` ignored); None otherwise."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    return next((fmt for suffix, fmt in FORMATS.items() if name.endswith(suffix)), None)
+
+
+def find_table(folder: Path, split: str) -> Path | None:
+    """``folder/{split}.{tsv,csv,jsonl}[.gz]`` (valid may be called val or dev), if there is one."""
+    for stem in SPLIT_NAMES[split]:
+        for suffix in FORMATS:
+            for name in (stem + suffix, stem + suffix + ".gz"):
+                if (folder / name).is_file():
+                    return folder / name
+    return None
+
+
+@dataclass(frozen=True)
+class LabelledCorpus:
+    """Texts and their labels (strings), with the 1-based line of each in ``path``."""
+
+    path: Path
+    texts: list[str]
+    labels: list[str]
+    lines: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _column(spec: str, header: list[str] | None, names: tuple[str, ...], what: str, path: Path) -> int:
+    """The index of the column ``spec`` names ("" = the default ``names``; digits = an index)."""
+    if header is None:
+        if not spec.isdigit():
+            raise DataError(
+                f"{path}: line 1 is not a header naming the {what} column ({spec or '/'.join(names)}); "
+                f"add a header or set {what}_column to a 0-based column number"
+            )
+        return int(spec)
+    if spec.isdigit():
+        return int(spec)
+    wanted = (spec,) if spec else names
+    cells = [c.strip().lower() for c in header]
+    found = next((cells.index(w.lower()) for w in wanted if w.lower() in cells), None)
+    if found is None:
+        raise DataError(
+            f"{path}: the header {header} has no {what} column named {' or '.join(map(repr, wanted))}; "
+            f"set {what}_column to one of its names"
+        )
+    return found
+
+
+def _is_header(row: list[str], text_column: str, label_column: str) -> bool:
+    cells = {c.strip().lower() for c in row}
+    named = {c.lower() for c in (text_column, label_column) if c and not c.isdigit()}
+    return bool(named & cells) or (bool(cells & set(LABEL_NAMES)) and bool(cells & set(TEXT_NAMES)))
+
+
+def _rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
+    """Non-blank rows of a TSV/CSV file with their 1-based line numbers."""
+    lines = iter_lines(path)
+    if fmt == "tsv":
+        for i, line in enumerate(lines, start=1):
+            if line.strip():
+                yield i, line.split("\t")
+        return
+    reader = csv.reader(
+        line + "\n" for line in lines
+    )  # a quoted field may span lines: line_num is where a row ends
+    try:
+        for row in reader:
+            if any(c.strip() for c in row):
+                yield reader.line_num, row
+    except csv.Error as e:
+        raise DataError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+
+
+def _check_cell(path: Path, line: int, value: str, what: str, column: str) -> str:
+    if not value.strip():
+        raise DataError(f"{path}:{line}: the {what} (column {column}) is empty")
+    return value
+
+
+def _read_table(path: Path, fmt: str, text_column: str, label_column: str, labelled: bool):
+    rows = _rows(path, fmt)
+    first = next(rows, None)
+    if first is None:
+        raise DataError(f"{path} has no rows")
+    header = first[1] if _is_header(first[1], text_column, label_column) else None
+    t = _column(text_column, header, TEXT_NAMES, "text", path)
+    y = _column(label_column, header, LABEL_NAMES, "label", path) if labelled else None
+    width = len(header) if header else len(first[1])
+    names = header or [str(i) for i in range(width)]
+    for index, what in ((t, "text"), (y, "label")):
+        if index is not None and index >= width:
+            raise DataError(f"{path}: {what} column {index} does not exist (rows have {width} fields)")
+    texts, labels, lines = [], [], []
+    for line, row in rows if header else [first, *rows]:
+        if len(row) != width:
+            which = "missing" if len(row) < width else "extra"
+            raise DataError(f"{path}:{line}: {len(row)} fields where line 1 has {width} ({which} columns)")
+        texts.append(_check_cell(path, line, row[t], "text", repr(names[t])))
+        if y is not None:
+            labels.append(_check_cell(path, line, row[y], "label", repr(names[y])).strip())
+        lines.append(line)
+    return texts, labels, lines
+
+
+def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool):
+    texts, labels, lines = [], [], []
+    for line, raw in enumerate(iter_lines(path), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{line}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{line}: not a JSON object")
+        fields = [("text", text_column, TEXT_NAMES)] + (
+            [("label", label_column, LABEL_NAMES)] if labelled else []
+        )
+        values = []
+        for what, spec, names in fields:
+            key = spec or next((n for n in names if n in obj), names[0])
+            if key not in obj:
+                raise DataError(f"{path}:{line}: no key {key!r} (the {what}); set {what}_column to its key")
+            value = obj[key]
+            if isinstance(value, bool):
+                value = str(value).lower()
+            if not isinstance(value, str | int | float):
+                raise DataError(
+                    f"{path}:{line}: the {what} {key!r} is a {type(value).__name__}, not a string"
+                )
+            values.append(_check_cell(path, line, str(value), what, repr(key)))
+        texts.append(values[0])
+        if labelled:
+            labels.append(values[1].strip())
+        lines.append(line)
+    return texts, labels, lines
+
+
+def load_labelled(
+    path: str | os.PathLike, text_column: str = "", label_column: str = "", labelled: bool = True
+) -> LabelledCorpus:
+    """The texts (and, if ``labelled``, labels) of a TSV/CSV/JSONL file; see the module docstring."""
+    path = Path(path)
+    fmt = table_format(path)
+    if fmt is None:
+        raise DataError(f"{path}: not a .tsv, .csv or .jsonl file (optionally .gz); rename it or convert it")
+    check_file(path)
+    if fmt == "jsonl":
+        texts, labels, lines = _read_jsonl(path, text_column, label_column, labelled)
+    else:
+        texts, labels, lines = _read_table(path, fmt, text_column, label_column, labelled)
+    if not texts:
+        raise DataError(f"{path} has a header but no examples")
+    return LabelledCorpus(path, texts, labels, lines)
+
+
+class LabelMap:
+    """Label strings <-> class ids 0..n-1, in a fixed order saved with the model (``labels.json``)."""
+
+    def __init__(self, labels: Sequence[str]):
+        self.labels = list(labels)
+        if len(set(self.labels)) != len(self.labels) or not all(isinstance(x, str) for x in self.labels):
+            raise DataError(f"a label map needs distinct strings, got {self.labels!r}")
+        self.index = {label: i for i, label in enumerate(self.labels)}
+
+    @classmethod
+    def from_corpus(cls, corpus: LabelledCorpus) -> LabelMap:
+        """The labels of a training file, integers in numeric order and the rest alphabetically;
+        a ``DataError`` if it has fewer than two."""
+        seen = set(corpus.labels)
+        if len(seen) < 2:
+            raise DataError(
+                f"{corpus.path}: every example has the label {next(iter(seen))!r}; a classifier needs "
+                "at least two classes"
+            )
+        numeric = all(s.lstrip("-").isdigit() for s in seen)
+        return cls(sorted(seen, key=int) if numeric else sorted(seen))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def ids(self, corpus: LabelledCorpus) -> list[int]:
+        """Class ids of ``corpus``'s labels; a ``DataError`` naming the line of an unknown one."""
+        out = []
+        for label, line in zip(corpus.labels, corpus.lines, strict=True):
+            if label not in self.index:
+                raise DataError(
+                    f"{corpus.path}:{line}: label {label!r} is not one the model was trained on "
+                    f"({', '.join(map(repr, self.labels))})"
+                )
+            out.append(self.index[label])
+        return out

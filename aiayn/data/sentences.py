@@ -1,0 +1,72 @@
+"""Single sentences (or labelled ones) by name or path, for the encoder-only tasks.
+
+A source is a bundled name (``multi30k``: both languages' sentences; ``shakespeare``: its lines),
+a TSV/CSV/JSONL table (``labelled.py``), a folder holding ``{train,valid|val|dev}.{tsv,csv,jsonl}``,
+or a plain or gzipped text file (one sentence per line). ``split`` is ``train``, ``valid`` or
+``all``: a table or text file without a separate validation file is cut by rows, the first 90%
+for training and the rest for validation (as ``load_text`` cuts an LM's text by characters).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from aiayn.data.corpus import MULTI30K_LANGS, TEXT_DATASETS, load_parallel, load_text
+from aiayn.data.labelled import LabelledCorpus, find_table, load_labelled, table_format
+from aiayn.errors import DataError
+
+VALID_FRACTION = 0.1
+
+
+def _cut(corpus: LabelledCorpus, split: str) -> LabelledCorpus:
+    if split == "all":
+        return corpus
+    cut = int(len(corpus) * (1 - VALID_FRACTION))
+    part = slice(0, cut) if split == "train" else slice(cut, None)
+    if cut == 0 or cut == len(corpus):
+        raise DataError(
+            f"{corpus.path}: {len(corpus)} examples are too few to hold out a validation tenth; "
+            "give a separate validation file (valid_dataset=…)"
+        )
+    return LabelledCorpus(corpus.path, corpus.texts[part], corpus.labels[part], corpus.lines[part])
+
+
+def load_examples(
+    source: str | os.PathLike,
+    split: str,
+    text_column: str = "",
+    label_column: str = "",
+    labelled: bool = True,
+) -> LabelledCorpus:
+    """Examples of a table file or of a folder of tables (``{split}.tsv`` etc.)."""
+    if split not in ("train", "valid", "all"):
+        raise DataError(f"split={split!r} is not one of train, valid, all")
+    path = Path(source)
+    if path.is_dir():
+        found = find_table(path, "train" if split == "all" else split)
+        if found is None:
+            raise DataError(
+                f"{path}: no {split} file (expected {split}.tsv, .csv or .jsonl, optionally .gz; "
+                "validation may be called valid, val or dev)"
+            )
+        return load_labelled(found, text_column, label_column, labelled)
+    return _cut(load_labelled(path, text_column, label_column, labelled), split)
+
+
+def load_sentences(source: str | os.PathLike, split: str, text_column: str = "") -> tuple[list[str], str]:
+    """``(sentences, label)``: the non-blank sentences of ``source`` and a name for messages."""
+    key = str(source)
+    if key == "multi30k":
+        part = "valid" if split == "valid" else "train"
+        corpus = load_parallel("multi30k", part, *MULTI30K_LANGS)
+        return [s for s in corpus.sentences("both") if s.strip()], f"multi30k.{part}"
+    path = Path(source)
+    if key not in TEXT_DATASETS and (path.is_dir() or table_format(path)):
+        examples = load_examples(path, split, text_column, labelled=False)
+        return examples.texts, str(examples.path)
+    text = load_text(source, split)
+    lines = [line for chunk in text.chunks() for line in chunk.splitlines() if line.strip()]
+    if not lines:
+        raise DataError(f"{text.file.path}: the {split} split holds no non-blank line")
+    return lines, str(text.file.path)

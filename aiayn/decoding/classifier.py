@@ -1,0 +1,151 @@
+"""Using a trained encoder-only model: texts in, labels (or mask fillers) out, and the scores.
+
+``TextClassifier`` encodes texts as the classify task trained on them (``[bos] + pieces + [eos]``,
+truncated to the model's positions), batches them by tokens in length order, and returns class
+probabilities in input order. ``MaskFiller`` predicts the pieces at each ``<mask>`` of a query.
+``classification_metrics`` gives accuracy, macro-F1 and the confusion matrix of predictions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.data.batching import TokenBatchSampler, collate_sequences
+from aiayn.data.tokenizer import MASK, Tokenizer
+from aiayn.errors import ConfigError, DataError, ModelDirError
+from aiayn.interop.model_dir import load_encoder_dir
+
+DEFAULT_MAX_LEN = 512  # tokens per text (bos and eos included) for models without learned positions
+DEFAULT_MAX_TOKENS = 8192  # padded tokens per batch
+
+
+def _max_len(model: nn.Module) -> int:
+    c = model.config
+    return c.max_len if c.positional == "learned" else max(c.max_len, DEFAULT_MAX_LEN)
+
+
+class TextClassifier:
+    """A fine-tuned encoder-only model, its tokenizer and its class names."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, labels: Sequence[str]):
+        if getattr(model, "classifier", None) is None:
+            raise ModelDirError(
+                "this encoder has no classification head (a masked-LM checkpoint?); fine-tune it with "
+                "aiayn train task=classify init_from=DIR, or use aiayn fill-mask"
+            )
+        self.model, self.tokenizer, self.labels = model.eval(), tokenizer, list(labels)
+        self.max_len = _max_len(model)
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> TextClassifier:
+        model, tok, meta = load_encoder_dir(directory, device)
+        labels = meta.get("labels") or [str(i) for i in range(model.config.n_classes)]
+        return cls(model, tok, labels)
+
+    @torch.no_grad()
+    def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
+        """Shape: N texts -> (N, n_classes) class probabilities, in input order."""
+        if max_tokens < self.max_len:
+            raise ConfigError(f"max_tokens={max_tokens} is less than one text's {self.max_len} tokens")
+        rows = [np.asarray(ids, np.int64) for ids in self.tokenizer.encode_batch(list(texts))]
+        out = torch.empty(len(rows), len(self.labels))
+        if not rows:
+            return out
+        lengths = np.minimum([len(r) for r in rows], self.max_len - 2) + 1
+        device = next(self.model.parameters()).device
+        for idx in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches(0):
+            ids = collate_sequences([rows[i] for i in idx], self.max_len).to(device)
+            out[torch.from_numpy(idx)] = self.model.classify(ids).float().softmax(-1).cpu()
+        return out
+
+    def predict(
+        self, texts: Sequence[str], top_k: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS
+    ) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most probable labels of each text, with their probabilities."""
+        if top_k < 1:
+            raise ConfigError(f"top_k={top_k} must be at least 1")
+        probs = self.probabilities(texts, max_tokens)
+        values, index = probs.topk(min(top_k, len(self.labels)), dim=-1)
+        return [[(self.labels[j], float(p)) for p, j in zip(v.tolist(), i.tolist(), strict=True)]
+                for v, i in zip(values, index, strict=True)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Filler:
+    """One candidate for one ``<mask>``: the piece, its probability and the query filled with it."""
+
+    token: str
+    probability: float
+    sequence: str
+
+
+class MaskFiller:
+    """A masked-LM encoder and its tokenizer: the most probable pieces at each ``<mask>``."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer):
+        if tokenizer.mask_id is None:
+            raise ModelDirError(
+                f"this model's vocabulary has no {MASK} piece; fill-mask needs a model pre-trained with "
+                "aiayn train task=mlm"
+            )
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_len = _max_len(model)
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> MaskFiller:
+        model, tok, _ = load_encoder_dir(directory, device)
+        return cls(model, tok)
+
+    @torch.no_grad()
+    def fill(self, query: str, top_k: int = 5) -> list[list[Filler]]:
+        """For each ``<mask>`` of ``query`` in order, the ``top_k`` fillers, most probable first.
+
+        A space before ``<mask>`` belongs to the word that fills it (pieces carry their leading
+        "▁"), so ``"Ein Mann <mask> Fahrrad."`` is read as ``"Ein Mann<mask> Fahrrad."``."""
+        if top_k < 1:
+            raise ConfigError(f"top_k={top_k} must be at least 1")
+        if MASK not in query:
+            raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
+        tok = self.tokenizer
+        ids = tok.encode(query.replace(f" {MASK}", MASK))
+        if len(ids) + 2 > self.max_len:
+            raise DataError(f"the query has {len(ids)} pieces; this model reads at most {self.max_len - 2}")
+        device = next(self.model.parameters()).device
+        batch = collate_sequences([np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
+        logits = self.model(batch)[0].float()  # (T, V)
+        logits[:, : tok.mask_id + 1] = -torch.inf  # never predict a special or <mask> itself
+        probs = logits.softmax(-1)
+        out = []
+        for pos in (batch[0] == tok.mask_id).nonzero().flatten().tolist():
+            values, index = probs[pos].topk(min(top_k, tok.vocab_size - tok.mask_id - 1))
+            fillers = []
+            for p, j in zip(values.tolist(), index.tolist(), strict=True):
+                filled = list(ids)
+                filled[pos - 1] = j  # pos counts bos
+                fillers.append(Filler(tok.decode([j]), p, tok.decode(filled)))
+            out.append(fillers)
+        return out
+
+
+def classification_metrics(gold: Sequence[int], predicted: Sequence[int], n_classes: int) -> dict:
+    """Accuracy and macro-F1 (in %, the F1 of each class averaged with equal weight; a class never
+    predicted nor present counts 0, as scikit-learn's ``zero_division=0``), and the confusion
+    matrix ``confusion[gold][predicted]``."""
+    if len(gold) != len(predicted) or not gold:
+        raise ValueError(f"need as many predictions as labels (got {len(predicted)} and {len(gold)})")
+    confusion = np.zeros((n_classes, n_classes), np.int64)
+    np.add.at(confusion, (np.asarray(gold), np.asarray(predicted)), 1)
+    tp = np.diag(confusion).astype(float)
+    denominator = confusion.sum(0) + confusion.sum(1)  # predicted + gold per class = 2tp + fp + fn
+    f1 = np.divide(2 * tp, denominator, out=np.zeros(n_classes), where=denominator > 0)
+    return {
+        "accuracy": round(100 * float(tp.sum()) / len(gold), 2),
+        "macro_f1": round(100 * float(f1.mean()), 2),
+        "confusion": confusion.tolist(),
+    }

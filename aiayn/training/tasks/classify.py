@@ -1,0 +1,147 @@
+"""Sequence classification with the encoder-only model: fine-tuning (or training from scratch).
+
+Labelled TSV/CSV/JSONL files (``data/labelled.py``) -> label strings mapped to class ids (saved as
+``labels`` in each checkpoint's ``config.json``) -> token-budget batches of ``ClassifyBatch`` ->
+cross-entropy of the pooled classifier, optionally class-weighted ("balanced": n / (k · count)).
+With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` run or any encoder model
+directory): its tokenizer, embeddings, encoder and vocabulary head are loaded as they are, the
+classifier is new; a ``[model]`` field that would change the pre-trained shapes is an error.
+Validation reports accuracy and macro-F1; accuracy picks the best checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.data import load_tokenizer
+from aiayn.data.batching import ClassifyBatch, collate_sequences
+from aiayn.data.labelled import LabelMap
+from aiayn.data.sentences import load_examples
+from aiayn.decoding.classifier import classification_metrics
+from aiayn.errors import ConfigError, ModelDirError
+from aiayn.interop.model_dir import check_kind
+from aiayn.models import EncoderModel
+from aiayn.models.config import EncoderConfig
+from aiayn.models.io import load_model, read_config, resolve_model_dir
+from aiayn.training.distributed import DistInfo, main_first
+from aiayn.training.task import TOKENIZER_DIR, register_task
+from aiayn.training.tasks.encoder import EncoderTask
+
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
+# [model] fields a fine-tuning run may set on top of a pre-trained encoder: they shape no tensor
+# that is loaded (the head is new), or only regularise
+HEAD_FIELDS = {"pooling", "pooler", "dropout", "attn_dropout", "ff_dropout"}
+
+
+@register_task("classify")
+class ClassifyTask(EncoderTask):
+    """Labelled texts -> ``ClassifyBatch`` (ids, labels) -> encoder-only model + classifier."""
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if "n_classes" in cfg.model:
+            raise ConfigError("model.n_classes is set from the training labels; remove it from [model]")
+        super().check_config(cfg)
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        super().__init__(cfg, run_dir, dist)
+        columns = (cfg.text_column, cfg.label_column)
+        separate = bool(cfg.valid_dataset)
+        self.train = load_examples(cfg.dataset, "all" if separate and not Path(cfg.dataset).is_dir()
+                                   else "train", *columns)  # fmt: skip
+        valid = load_examples(cfg.valid_dataset or cfg.dataset, "all" if separate else "valid", *columns)
+        self.labels = LabelMap.from_corpus(self.train)
+        self.train_y, self.valid_y = self.labels.ids(self.train), self.labels.ids(valid)
+        self.pretrained = self._pretrained_dir() if cfg.init_from else None
+        if self.pretrained is not None:
+            self.tok = main_first(dist, self._copy_tokenizer)
+        else:
+            self.tok = self._tokenizer(self.train.texts, str(self.train.path))
+        self.train_x, self.valid_x = self._encode(self.train.texts), self._encode(valid.texts)
+        self.sampler = self._sampler(self.train_x, seed=cfg.seed)
+        counts = np.bincount(self.train_y, minlength=len(self.labels))
+        self.class_weight = None
+        if cfg.class_weights == "balanced":
+            self.class_weight = torch.tensor(len(self.train_y) / (len(counts) * counts), dtype=torch.float32)
+
+    # -- the pre-trained encoder -------------------------------------------------------------------
+    def _pretrained_dir(self) -> Path:
+        directory = resolve_model_dir(self.cfg.init_from)
+        try:
+            check_kind(directory, ("encoder",))
+        except ModelDirError as e:
+            raise ModelDirError(f"init_from={self.cfg.init_from!r}: {e}") from None
+        return directory
+
+    def _copy_tokenizer(self):
+        tok_dir = self.run_dir / TOKENIZER_DIR
+        if not tok_dir.is_dir():
+            load_tokenizer(self.pretrained).save(tok_dir)
+        return load_tokenizer(tok_dir)
+
+    def build_model(self) -> EncoderModel:
+        n = len(self.labels)
+        if self.pretrained is None:
+            return EncoderModel(self.encoder_config(n_classes=n))
+        base = read_config(self.pretrained)["config"]
+        for key, value in self.cfg.model.items():
+            if key not in HEAD_FIELDS and base.get(key) != value:
+                raise ConfigError(
+                    f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
+                    f"(init_from={self.cfg.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
+                )
+        model = EncoderModel(EncoderConfig.from_dict({**base, **self.cfg.model, "n_classes": n}))
+        state = {k: v for k, v in load_model(self.pretrained).state_dict().items()
+                 if not k.startswith("classifier.")}  # fmt: skip
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        new = [k for k in missing if not k.startswith("classifier.")]
+        if new or unexpected:
+            raise ModelDirError(
+                f"init_from={self.cfg.init_from!r}: the pre-trained weights do not fit (missing {new[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
+        return model
+
+    # -- batches and the objective -----------------------------------------------------------------
+    def _batch(self, rows, labels) -> ClassifyBatch:
+        return ClassifyBatch(collate_sequences(rows, self.cfg.max_len), torch.tensor(labels))
+
+    def train_batches(self) -> Iterator[ClassifyBatch]:
+        while True:
+            for idx in self.sampler:
+                yield self._batch([self.train_x[i] for i in idx], [self.train_y[i] for i in idx])
+
+    def valid_batches(self) -> Iterator[ClassifyBatch]:
+        for idx in self._valid_order(self.valid_x):
+            yield self._batch([self.valid_x[i] for i in idx], [self.valid_y[i] for i in idx])
+
+    def loss(self, model: nn.Module, batch: ClassifyBatch, smoothing: float):
+        weight = None if self.class_weight is None else self.class_weight.to(batch.ids.device)
+        return model(batch.ids, labels=batch.labels, label_smoothing=smoothing, class_weight=weight)
+
+    def n_targets(self, batch: ClassifyBatch) -> int:
+        return batch.labels.numel()
+
+    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        gold, predicted = [], []
+        for batch in self.valid_batches():
+            batch = batch.to(device)
+            predicted += model.classify(batch.ids).argmax(-1).tolist()
+            gold += batch.labels.tolist()
+        m = classification_metrics(gold, predicted, len(self.labels))
+        return {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"]}
+
+    def score(self, metrics: dict[str, float]) -> float:
+        return metrics["accuracy"]
+
+    def model_meta(self) -> dict[str, Any]:
+        return {**super().model_meta(), "objective": "classify", "labels": self.labels.labels,
+                "text_column": self.cfg.text_column, "label_column": self.cfg.label_column}  # fmt: skip

@@ -1,0 +1,85 @@
+"""What the two encoder-only tasks (``mlm``, ``classify``) share: one subword vocabulary with a
+``<mask>`` piece, sentences encoded once, and token-budget batches of single sequences.
+
+Each sequence is ``[bos] + pieces[: max_len - 2] + [eos]`` (``collate_sequences``); batches hold
+at most ``max_tokens`` padded ids and are shuffled per epoch by ``TokenBatchSampler`` (which adds
+one special per side, so it is given ``length + 1``), resumable and sharded like translation's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aiayn.data import SentencePieceTokenizer, TokenBatchSampler, Tokenizer, load_tokenizer
+from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.errors import ConfigError
+from aiayn.models.config import EncoderConfig
+from aiayn.training.distributed import DistInfo, main_first
+from aiayn.training.task import TOKENIZER_DIR, Task
+
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
+
+class EncoderTask(Task):
+    """Base of the encoder-only tasks; subclasses read their data and define the objective."""
+
+    model_config = EncoderConfig
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if cfg.tokenizer == "char":
+            raise ConfigError(f"tokenizer='char' is for task='lm'; use bpe or unigram for task={cfg.task!r}")
+        if cfg.max_len < 3:
+            raise ConfigError(f"max_len={cfg.max_len} leaves no room for a token between bos and eos")
+        super().check_config(cfg)
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        super().__init__(cfg, run_dir, dist)
+        self.tok: Tokenizer | None = None
+
+    def _tokenizer(self, sentences: Sequence[str], source: str) -> Tokenizer:
+        """The run's vocabulary: trained on ``sentences`` once (rank 0) with a ``<mask>`` piece,
+        saved in the run directory and read back by every rank and every resume."""
+        tok_dir, cfg = self.run_dir / TOKENIZER_DIR, self.cfg
+
+        def tokenizer():
+            if not tok_dir.is_dir():
+                SentencePieceTokenizer.train(
+                    sentences, cfg.vocab_size, model_type=cfg.tokenizer, source=source, mask=True
+                ).save(tok_dir)
+            return load_tokenizer(tok_dir)
+
+        return main_first(self.dist, tokenizer)
+
+    def _encode(self, sentences: Sequence[str]) -> list[np.ndarray]:
+        assert self.tok is not None
+        return [np.asarray(ids, np.int32) for ids in self.tok.encode_batch(list(sentences))]
+
+    def _sampler(self, rows: list[np.ndarray], shuffle: bool = True, seed: int = 0, distributed: bool = True):
+        """Token-budget batches over ``rows`` as collated (truncated to max_len, bos and eos added)."""
+        lengths = np.minimum([len(r) for r in rows], self.cfg.max_len - 2) + 1  # + bos; the sampler adds eos
+        rank, world = (self.dist.rank, self.dist.world_size) if distributed else (0, 1)
+        return TokenBatchSampler(lengths, lengths, self.cfg.max_tokens, shuffle=shuffle, seed=seed,
+                                 rank=rank, world_size=world)  # fmt: skip
+
+    def _valid_order(self, rows: list[np.ndarray]) -> Iterator[list[int]]:
+        for idx in self._sampler(rows, shuffle=False, distributed=False).batches(0):
+            yield idx.tolist()
+
+    def encoder_config(self, **fields: Any) -> EncoderConfig:
+        assert self.tok is not None
+        base = {"max_len": max(self.cfg.max_len, 512), **self.cfg.model, **fields}
+        return EncoderConfig.from_dict({**base, "vocab_size": self.tok.vocab_size, **SPECIAL_IDS})
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.state_dict()["epoch"]
+
+    def save_tokenizers(self, directory: Path) -> None:
+        assert self.tok is not None
+        self.tok.save(directory)  # beside config.json, where aiayn classify / fill-mask look for it

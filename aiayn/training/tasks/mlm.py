@@ -1,0 +1,105 @@
+"""Masked-language-model pre-training of the encoder-only model (BERT's objective).
+
+Sentences of ``dataset`` (plus ``extra_text``) -> one subword vocabulary with ``<mask>`` ->
+token-budget batches corrupted by ``mask_tokens`` (15% chosen; 80% ``<mask>``, 10% random, 10%
+kept; whole words optionally) -> loss at the chosen positions only. Masks are drawn anew for
+every batch from a generator seeded by (seed, rank, epoch, batch), so each epoch sees new masks
+and a resumed run the same ones. Validation masks are fixed (seed 0), so evaluations compare;
+besides loss and perplexity at the masked positions it reports masked-token accuracy, which picks
+the best checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.data import PAD_ID
+from aiayn.data.batching import MaskedBatch, collate_sequences
+from aiayn.data.masking import Masking, mask_tokens
+from aiayn.data.sentences import load_sentences
+from aiayn.errors import ConfigError
+from aiayn.models import EncoderModel
+from aiayn.training.distributed import DistInfo
+from aiayn.training.task import register_task
+from aiayn.training.tasks.encoder import EncoderTask
+
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
+
+@register_task("mlm")
+class MLMTask(EncoderTask):
+    """Sentences -> ``MaskedBatch`` (ids, targets) -> encoder-only model, loss at masked positions."""
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if cfg.model.get("n_classes"):
+            raise ConfigError("model.n_classes is for task='classify'; masked-LM pre-training has no classes")
+        super().check_config(cfg)
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        super().__init__(cfg, run_dir, dist)
+        self.masking = Masking(cfg.mask_prob, cfg.mask_token_prob, cfg.random_token_prob, cfg.whole_word_mask)
+        train, source = load_sentences(cfg.dataset, "all" if cfg.valid_dataset else "train", cfg.text_column)
+        for extra in cfg.extra_text:  # training text only: all of it
+            more, name = load_sentences(extra, "all", cfg.text_column)
+            train, source = train + more, f"{source} and {name}"
+        if cfg.valid_dataset:
+            valid, _ = load_sentences(cfg.valid_dataset, "all", cfg.text_column)
+        else:
+            valid, _ = load_sentences(cfg.dataset, "valid", cfg.text_column)
+        self.tok = self._tokenizer(train, source)
+        self.train, self.valid = self._encode(train), self._encode(valid)
+        self.word_starts = torch.tensor(self.tok.word_starts()) if cfg.whole_word_mask else None
+        self.sampler = self._sampler(self.train, seed=cfg.seed)
+
+    def build_model(self) -> EncoderModel:
+        return EncoderModel(self.encoder_config())
+
+    def _batch(self, rows: list[np.ndarray], rng: np.random.Generator) -> MaskedBatch:
+        ids = collate_sequences(rows, self.cfg.max_len)
+        assert self.tok is not None and self.tok.mask_id is not None
+        inputs, targets = mask_tokens(ids, self.masking, self.tok.mask_id, self.tok.vocab_size, rng,
+                                      self.word_starts)  # fmt: skip
+        return MaskedBatch(inputs, targets)
+
+    def train_batches(self) -> Iterator[MaskedBatch]:
+        s = self.sampler
+        while True:
+            for idx in s:  # s.epoch, s.position: this batch's place, which seeds its masks
+                rng = np.random.default_rng([self.cfg.seed, self.dist.rank, s.epoch, s.position])
+                yield self._batch([self.train[i] for i in idx], rng)
+
+    def valid_batches(self) -> Iterator[MaskedBatch]:
+        for k, idx in enumerate(self._valid_order(self.valid)):
+            yield self._batch([self.valid[i] for i in idx], np.random.default_rng([0, k]))
+
+    def loss(self, model: nn.Module, batch: MaskedBatch, smoothing: float):
+        return model(batch.ids, targets=batch.targets, label_smoothing=smoothing)
+
+    def n_targets(self, batch: MaskedBatch) -> int:
+        return int((batch.targets != PAD_ID).sum())
+
+    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Masked-token accuracy: the share of chosen positions whose top prediction is right."""
+        right = total = 0
+        for batch in self.valid_batches():
+            batch = batch.to(device)
+            chosen = batch.targets != PAD_ID
+            h = model.encode(batch.ids)[0][chosen]  # (N, d_model)
+            predicted = model.head(model.token_states(h)).argmax(-1)
+            right += int((predicted == batch.targets[chosen]).sum())
+            total += int(chosen.sum())
+        return {"accuracy": round(100 * right / max(total, 1), 2)}
+
+    def score(self, metrics: dict[str, float]) -> float:
+        return metrics["accuracy"]
+
+    def model_meta(self) -> dict[str, Any]:
+        return {**super().model_meta(), "objective": "mlm"}

@@ -1,0 +1,109 @@
+"""Labelled tables (TSV/CSV/JSONL): headers, columns, labels, and every bad-input message."""
+
+import gzip
+import json
+
+import pytest
+
+from aiayn.data.labelled import LabelMap, load_labelled
+from aiayn.data.sentences import load_examples, load_sentences
+from aiayn.errors import DataError
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_tsv_with_header_any_column_order(tmp_path):
+    c = load_labelled(write(tmp_path / "a.tsv", 'sentence\tlabel\nit \'s "good" .\t1\nbad .\t0\n'))
+    assert c.texts == ['it \'s "good" .', "bad ."]  # TSV keeps bare quotes (GLUE's files have them)
+    assert c.labels == ["1", "0"] and c.lines == [2, 3]
+
+
+def test_gzipped_tsv_and_named_columns(tmp_path):
+    path = tmp_path / "a.tsv.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("id\tstars\tbody\n7\tfive\tgreat\n8\tone\tawful\n")
+    c = load_labelled(path, text_column="body", label_column="stars")
+    assert c.texts == ["great", "awful"] and c.labels == ["five", "one"]
+
+
+def test_csv_quotes_and_multiline_field(tmp_path):
+    c = load_labelled(write(tmp_path / "a.csv", 'text,label\n"a, b",pos\n"two\nlines",neg\nc,pos\n'))
+    assert c.texts == ["a, b", "two\nlines", "c"] and c.labels == ["pos", "neg", "pos"]
+    assert c.lines == [2, 4, 5]
+
+
+def test_no_header_needs_column_numbers(tmp_path):
+    path = write(tmp_path / "a.tsv", "1\tgood\n0\tbad\n")
+    with pytest.raises(DataError, match=r"a.tsv: line 1 is not a header .*text_column"):
+        load_labelled(path)
+    c = load_labelled(path, text_column="1", label_column="0")
+    assert c.texts == ["good", "bad"] and c.labels == ["1", "0"]
+
+
+def test_jsonl_labels_of_any_form(tmp_path):
+    rows = [{"text": "a", "label": 1}, {"text": "b", "label": True}, {"sentence": "c", "label": "x"}]
+    c = load_labelled(write(tmp_path / "a.jsonl", "\n".join(map(json.dumps, rows)) + "\n\n"))
+    assert c.texts == ["a", "b", "c"] and c.labels == ["1", "true", "x"]
+
+
+@pytest.mark.parametrize(
+    "name, text, match",
+    [
+        ("a.tsv", "sentence\tlabel\ngood\n", r"a.tsv:2: 1 fields where line 1 has 2 \(missing columns\)"),
+        ("a.tsv", "sentence\tlabel\ngood\t1\textra\n", r"a.tsv:2: 3 fields .*\(extra columns\)"),
+        ("a.tsv", "sentence\tlabel\ngood\t1\nbad\t \n", r"a.tsv:3: the label \(column 'label'\) is empty"),
+        ("a.tsv", "sentence\tlabel\n\t1\n", r"a.tsv:2: the text \(column 'sentence'\) is empty"),
+        ("a.tsv", "sentence\tlabel\n", r"a.tsv has a header but no examples"),
+        ("a.jsonl", '{"text": "a"}\n', r"a.jsonl:1: no key 'label' \(the label\)"),
+        ("a.jsonl", '{"text": "a", "label": 1}\n[1]\n', r"a.jsonl:2: not a JSON object"),
+        ("a.jsonl", '{"text": ["a"], "label": 1}\n', r"a.jsonl:1: the text 'text' is a list"),
+        ("a.csv", 'text,label\n"open,1\n', r"a.csv:\d+: "),
+        ("a.txt", "good\t1\n", r"not a .tsv, .csv or .jsonl file"),
+    ],
+)
+def test_bad_tables_name_file_line_and_field(tmp_path, name, text, match):
+    with pytest.raises(DataError, match=match):
+        load_labelled(write(tmp_path / name, text))
+
+
+def test_named_column_missing_from_header(tmp_path):
+    path = write(tmp_path / "a.tsv", "sentence\tlabel\ngood\t1\n")
+    with pytest.raises(DataError, match=r"no label column named 'stars'"):
+        load_labelled(path, label_column="stars")
+
+
+def test_label_map_orders_and_rejects(tmp_path):
+    c = load_labelled(write(tmp_path / "a.tsv", "text\tlabel\na\t10\nb\t9\nc\t-1\n"))
+    assert LabelMap.from_corpus(c).labels == ["-1", "9", "10"]  # integers in numeric order
+    one = load_labelled(write(tmp_path / "b.tsv", "text\tlabel\na\tpos\nb\tpos\n"))
+    with pytest.raises(DataError, match=r"b.tsv: every example has the label 'pos'.*two classes"):
+        LabelMap.from_corpus(one)
+    unseen = load_labelled(write(tmp_path / "c.tsv", "text\tlabel\na\t9\nb\t11\n"))
+    with pytest.raises(DataError, match=r"c.tsv:3: label '11' is not one the model was trained on"):
+        LabelMap.from_corpus(c).ids(unseen)
+
+
+def test_folder_splits_and_tenth_held_out(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    write(folder / "train.tsv", "text\tlabel\n" + "".join(f"t{i}\t{i % 2}\n" for i in range(20)))
+    write(folder / "dev.tsv", "text\tlabel\nv\t0\n")
+    assert load_examples(folder, "valid").texts == ["v"]
+    assert len(load_examples(folder, "train")) == 20
+    assert load_examples(folder / "train.tsv", "valid").texts == ["t18", "t19"]
+    assert len(load_examples(folder / "train.tsv", "train")) == 18
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: no valid file \(expected valid.tsv"):
+        load_examples(tmp_path / "empty", "valid")
+
+
+def test_sentences_of_bundled_and_tables(tmp_path):
+    train, name = load_sentences("multi30k", "train")
+    assert len(train) == 2 * 29000 and name == "multi30k.train"
+    table = write(tmp_path / "a.tsv", "label\tsentence\n" + "".join(f"{i % 2}\ts{i}\n" for i in range(10)))
+    assert load_sentences(table, "all")[0] == [f"s{i}" for i in range(10)]
+    text = write(tmp_path / "a.txt", "one\n\ntwo\n")
+    assert load_sentences(text, "all")[0] == ["one", "two"]

@@ -1,0 +1,99 @@
+"""The encoder-only model's objectives against torch's own functions: masked-LM loss only at the
+chosen positions, classification cross-entropy (weighted), pooling, and BERT's extra layers."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn import EncoderConfig, EncoderModel
+from tests.helpers import assert_close
+
+SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+BERT = dict(embed_norm=True, head_transform=True, pooling="first", pooler=True, output_bias=True,
+            positional="learned", activation="gelu", emb_scale="none")  # fmt: skip
+
+
+def model(**kw) -> EncoderModel:
+    torch.manual_seed(0)
+    return EncoderModel(EncoderConfig(vocab_size=50, n_layers=2, **{**SMALL, **kw})).eval()
+
+
+def padded_batch():
+    ids = torch.randint(5, 50, (3, 9))
+    ids[:, 0] = 1
+    ids[1, 6:], ids[1, 5] = 0, 2
+    ids[2, 4:], ids[2, 3] = 0, 2
+    return ids
+
+
+@pytest.mark.parametrize("kw", [{}, BERT, dict(tie_output=False)])
+def test_mlm_loss_is_cross_entropy_at_chosen_positions_only(kw):
+    m, ids = model(**kw), padded_batch()
+    targets = torch.zeros_like(ids)
+    targets[0, 2], targets[0, 5], targets[1, 3] = 7, 9, 11
+    with torch.no_grad():
+        loss, nll, n = m(ids, targets=targets, label_smoothing=0.1)
+        logits = m(ids)  # (B, T, V)
+    chosen = targets != 0
+    ref = F.cross_entropy(logits[chosen], targets[chosen], reduction="sum", label_smoothing=0.1)
+    ref_nll = F.cross_entropy(logits[chosen], targets[chosen], reduction="sum")
+    assert int(n) == 3
+    assert_close("EncoderModel MLM loss", loss, ref, atol=1e-4)
+    assert_close("EncoderModel MLM nll", nll, ref_nll, atol=1e-4)
+    # what is predicted elsewhere does not matter: a different token at an unchosen position
+    # changes the input, not which positions are scored
+    other = targets.clone()
+    other[2, 1] = 0
+    assert torch.equal(m(ids, targets=other)[2], n)
+
+
+def test_mlm_gradient_reaches_only_through_chosen_positions():
+    m = model()
+    m.train()
+    ids = padded_batch()
+    targets = torch.zeros_like(ids)
+    targets[0, 2] = 7
+    m(ids, targets=targets)[0].backward()
+    rows = m.head.proj.weight.grad.abs().sum(1)  # tied: also the embedding's gradient
+    assert rows[7] > 0
+
+
+@pytest.mark.parametrize("pooling", ["mean", "first"])
+def test_classification_loss_and_weights(pooling):
+    m, ids = model(n_classes=3, pooling=pooling), padded_batch()
+    labels = torch.tensor([0, 2, 1])
+    weight = torch.tensor([0.5, 1.0, 2.0])
+    with torch.no_grad():
+        logits = m.classify(ids)
+        loss, nll, n = m(ids, labels=labels, label_smoothing=0.1, class_weight=weight)
+    ref = F.cross_entropy(logits, labels, weight, reduction="sum", label_smoothing=0.1)
+    assert_close("EncoderModel classify loss", loss, ref, atol=1e-5)
+    assert_close("EncoderModel classify nll", nll, F.cross_entropy(logits, labels, reduction="sum"), atol=1e-5)
+    assert int(n) == 3
+
+
+def test_first_token_pooling_reads_position_zero():
+    m, ids = model(n_classes=2, pooling="first", pooler=True), padded_batch()
+    with torch.no_grad():
+        states = m.encode(ids)[0]
+        c = m.classifier
+        ref = c.out(torch.tanh(c.pooler(states[:, 0])))
+        assert_close("first-token pooling + tanh pooler", m.classify(ids), ref)
+
+
+def test_bert_layers_match_torch_layer_norm():
+    m, ids = model(**BERT), padded_batch()
+    ref_norm = nn.LayerNorm(32, eps=1e-5)
+    with torch.no_grad():
+        ref_norm.weight.copy_(torch.randn(32))
+        ref_norm.bias.copy_(torch.randn(32))
+        m.embed.norm.weight.copy_(ref_norm.weight)
+        m.embed.norm.bias.copy_(ref_norm.bias)
+        e = m.embed
+        summed = e.positions(e.tokens(ids))  # token + learned position, unnormalised
+        assert_close("BERT embedding LayerNorm", m.embed(ids), ref_norm(summed))
+        h = torch.randn(4, 32)
+        t = m.transform
+        ref = F.layer_norm(F.gelu(t.dense(h)), (32,), t.norm.weight, t.norm.bias, 1e-5)
+        assert_close("BERT head transform", t(h), ref)

@@ -1,0 +1,130 @@
+"""The encoder-only tasks through the real trainer: masked-LM pre-training, a classifier that
+learns a synthetic rule to 100%, fine-tuning that starts from exactly the pre-trained encoder."""
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aiayn.cli.main import main
+from aiayn.errors import ConfigError, ModelDirError
+from aiayn.models.io import load_model
+from aiayn.training.config import load_recipe
+from aiayn.training.trainer import Trainer
+
+WORDS = "the a film movie plot actor scene story music camera script ending cast".split()
+TINY = ["vocab_size=330", "max_tokens=512", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+        "model.n_layers=1", "model.dropout=0.0", "schedule=constant", "lr=0.003", "warmup=5",
+        "log_every=5", "progress=false", "threads=1", "keep_last=1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rule_data(tmp_path_factory):
+    """Label "pos" iff the text holds "great" (among 2–8 filler words); train and dev tables."""
+    folder = tmp_path_factory.mktemp("rule")
+    rng = random.Random(0)
+    for split, n in (("train", 600), ("dev", 80)):
+        rows = ["sentence\tlabel"]
+        for i in range(n):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 8))]
+            if i % 2:
+                words.insert(rng.randrange(len(words) + 1), "great")
+            rows.append(f"{' '.join(words)}\t{'pos' if i % 2 else 'neg'}")
+        (folder / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+def train(args, resume=False):
+    return Trainer(load_recipe(None, args), resume=resume).fit()
+
+
+def metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
+    run = tmp_path / "cls"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=150", "eval_every=50", *TINY])
+    valid = [m for m in metrics(run) if m["split"] == "valid"]
+    assert valid[-1]["accuracy"] == 100.0 and valid[-1]["macro_f1"] == 100.0
+    meta = json.loads((run / "best" / "config.json").read_text())
+    assert meta["labels"] == ["neg", "pos"] and meta["config"]["n_classes"] == 2
+    out = tmp_path / "labels.txt"
+    dev = rule_data / "dev.tsv"
+    (tmp_path / "in.txt").write_text("the great film\nthe film\n", encoding="utf-8")
+    assert main(["classify", "--model", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+    assert [line.split("\t")[0] for line in out.read_text().splitlines()] == ["pos", "neg"]
+    assert main(["evaluate", "--model", str(run), "--data", str(dev), "--json", str(tmp_path / "e.json")]) == 0
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["accuracy"] == 100.0 and report["confusion"] == [[40, 0], [0, 40]]
+
+
+@pytest.fixture(scope="module")
+def mlm_run(rule_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("mlm") / "run"
+    train(["task=mlm", f"dataset={rule_data / 'train.tsv'}", f"out_dir={run}", "max_steps=60", "eval_every=30",
+           "whole_word_mask=true", *TINY])  # fmt: skip
+    return run
+
+
+def test_mlm_learns_and_fills_masks(mlm_run, capsys):
+    valid = [m for m in metrics(mlm_run) if m["split"] == "valid"]
+    assert valid[-1]["accuracy"] > valid[0]["accuracy"] - 1e-9 and valid[-1]["accuracy"] > 10
+    meta = json.loads((mlm_run / "best" / "config.json").read_text())
+    assert meta["kind"] == "encoder" and meta["objective"] == "mlm"
+    assert main(["fill-mask", "--model", str(mlm_run), "--top-k", "3", "--json", "the <mask> film"]) == 0
+    fillers = json.loads(capsys.readouterr().out)
+    assert len(fillers) == 1 and len(fillers[0]) == 3
+    assert all(f["sequence"].startswith("the") and f["sequence"].endswith("film") for f in fillers[0])
+    assert fillers[0][0]["probability"] >= fillers[0][1]["probability"]
+
+
+def test_init_from_loads_exactly_the_pretrained_encoder(mlm_run, rule_data, tmp_path):
+    run = tmp_path / "ft"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", f"init_from={mlm_run}", "max_steps=1",
+           "eval_every=1", *TINY, "lr=1e-12"])  # fmt: skip
+    pre = load_file(mlm_run / "best" / "model.safetensors")
+    tuned = load_model(run / "step-000001").state_dict()
+    shared = [k for k in pre if not k.startswith("classifier.")]
+    assert shared and all(torch.allclose(tuned[k], pre[k], atol=1e-9) for k in shared)
+    assert {k for k in tuned if k.startswith("classifier.")}  # a new head
+    assert (run / "step-000001" / "spm.model").read_bytes() == (mlm_run / "best" / "spm.model").read_bytes()
+
+
+def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_path):
+    args = ["task=classify", f"dataset={rule_data}", "max_steps=1", *TINY]
+    with pytest.raises(ConfigError, match=r"model.d_model=64 differs from the pre-trained encoder's 32"):
+        train([*args, f"out_dir={tmp_path / 'a'}", f"init_from={mlm_run}", "model.d_model=64"])
+    (tmp_path / "lm").mkdir()
+    with pytest.raises(ModelDirError, match=r"init_from="):
+        train([*args, f"out_dir={tmp_path / 'b'}", f"init_from={tmp_path / 'lm'}"])
+
+
+def test_mlm_resume_continues_with_the_same_masks(rule_data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    base = ["task=mlm", f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
+    train([*base, f"out_dir={straight}", "max_steps=20"])
+    train([*base, f"out_dir={split}", "max_steps=10"])
+    train([*base, f"out_dir={split}", "max_steps=20"], resume=True)
+    a = [m["loss"] for m in metrics(straight) if m["split"] == "train"]
+    b = [m["loss"] for m in metrics(split) if m["split"] == "train"]
+    assert a == pytest.approx(b, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "task, override, match",
+    [
+        ("mlm", "mask_prob=0", r"mask_prob=0.0 must be in \(0, 1\]"),
+        ("mlm", "random_token_prob=0.5", r"random_token_prob=0.5 \+ mask_token_prob=0.8 is more than 1"),
+        ("mlm", "model.n_classes=3", r"model.n_classes is for task='classify'"),
+        ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
+        ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
+        ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),
+        ("classify", "model.pooling=max", r"EncoderConfig.pooling='max' is not one of \('mean', 'first'\)"),
+    ],
+)
+def test_bad_encoder_configs(task, override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_recipe(None, [f"task={task}", override])
