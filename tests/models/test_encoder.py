@@ -69,7 +69,9 @@ def test_classification_loss_and_weights(pooling):
         loss, nll, n = m(ids, labels=labels, label_smoothing=0.1, class_weight=weight)
     ref = F.cross_entropy(logits, labels, weight, reduction="sum", label_smoothing=0.1)
     assert_close("EncoderModel classify loss", loss, ref, atol=1e-5)
-    assert_close("EncoderModel classify nll", nll, F.cross_entropy(logits, labels, reduction="sum"), atol=1e-5)
+    assert_close(
+        "EncoderModel classify nll", nll, F.cross_entropy(logits, labels, reduction="sum"), atol=1e-5
+    )
     assert int(n) == 3
 
 

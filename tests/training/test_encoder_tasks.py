@@ -14,7 +14,21 @@ from aiayn.models.io import load_model
 from aiayn.training.config import load_recipe
 from aiayn.training.trainer import Trainer
 
-WORDS = "the a film movie plot actor scene story music camera script ending cast".split()
+WORDS = [
+    "the",
+    "a",
+    "film",
+    "movie",
+    "plot",
+    "actor",
+    "scene",
+    "story",
+    "music",
+    "camera",
+    "script",
+    "ending",
+    "cast",
+]
 TINY = ["vocab_size=330", "max_tokens=512", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "model.n_layers=1", "model.dropout=0.0", "schedule=constant", "lr=0.003", "warmup=5",
         "log_every=5", "progress=false", "threads=1", "keep_last=1"]  # fmt: skip
@@ -46,7 +60,9 @@ def metrics(run):
 
 def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
     run = tmp_path / "cls"
-    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=150", "eval_every=50", *TINY])
+    train(
+        ["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=150", "eval_every=50", *TINY]
+    )
     valid = [m for m in metrics(run) if m["split"] == "valid"]
     assert valid[-1]["accuracy"] == 100.0 and valid[-1]["macro_f1"] == 100.0
     meta = json.loads((run / "best" / "config.json").read_text())
@@ -54,9 +70,14 @@ def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
     out = tmp_path / "labels.txt"
     dev = rule_data / "dev.tsv"
     (tmp_path / "in.txt").write_text("the great film\nthe film\n", encoding="utf-8")
-    assert main(["classify", "--model", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+    assert (
+        main(["classify", "--model", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)])
+        == 0
+    )
     assert [line.split("\t")[0] for line in out.read_text().splitlines()] == ["pos", "neg"]
-    assert main(["evaluate", "--model", str(run), "--data", str(dev), "--json", str(tmp_path / "e.json")]) == 0
+    assert (
+        main(["evaluate", "--model", str(run), "--data", str(dev), "--json", str(tmp_path / "e.json")]) == 0
+    )
     report = json.loads((tmp_path / "e.json").read_text())
     assert report["accuracy"] == 100.0 and report["confusion"] == [[40, 0], [0, 40]]
 
@@ -64,7 +85,8 @@ def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
 @pytest.fixture(scope="module")
 def mlm_run(rule_data, tmp_path_factory):
     run = tmp_path_factory.mktemp("mlm") / "run"
-    train(["task=mlm", f"dataset={rule_data / 'train.tsv'}", f"out_dir={run}", "max_steps=60", "eval_every=30",
+    data = rule_data / "train.tsv"
+    train(["task=mlm", f"dataset={data}", f"out_dir={run}", "max_steps=60", "eval_every=30",
            "whole_word_mask=true", *TINY])  # fmt: skip
     return run
 
