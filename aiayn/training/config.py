@@ -48,7 +48,7 @@ class TrainConfig:
     # -- model: fields of TransformerConfig / LMConfig (vocabulary sizes and ids are filled in) ----
     model: dict[str, Any] = field(default_factory=dict)
     # -- batches --------------------------------------------------------------------------------
-    max_tokens: int = 4096  # translation: padded tokens per side per batch (fairseq --max-tokens)
+    max_tokens: int = 4096  # translation, mlm, classify: padded tokens (per side) per batch (fairseq's)
     max_len: int = 256  # translation: drop pairs with a side longer; mlm/classify: truncate (tokens)
     batch_size: int = 12  # lm: windows per batch
     block_size: int = 64  # lm: context length

@@ -36,6 +36,9 @@ class EncoderTask(Task):
             raise ConfigError(f"tokenizer='char' is for task='lm'; use bpe or unigram for task={cfg.task!r}")
         if cfg.max_len < 3:
             raise ConfigError(f"max_len={cfg.max_len} leaves no room for a token between bos and eos")
+        if cfg.max_len > cfg.max_tokens:
+            raise ConfigError(f"max_len={cfg.max_len} is over max_tokens={cfg.max_tokens}: a batch could not "
+                              "hold one sequence; raise max_tokens or lower max_len")  # fmt: skip
         super().check_config(cfg)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):

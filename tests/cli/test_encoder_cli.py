@@ -1,0 +1,115 @@
+"""``aiayn classify``, ``fill-mask``, ``evaluate --data`` and ``attention`` on encoder-only models,
+and every bad input of the issue: one line naming the file, line or field; nothing changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import EncoderConfig, EncoderModel
+from aiayn.cli.main import main
+from aiayn.data import SentencePieceTokenizer
+from aiayn.models.io import save_model
+from tests.cli.test_safety import snapshot
+from tests.decoding.fixtures import translation_dir
+
+TEXTS = ["a gorgeous , witty , seductive movie .", "one long string of cliches .", "the film is great",
+         "the plot is dull and slow", "an absolute delight", "a waste of time"] * 20  # fmt: skip
+SIZES = dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.0)
+
+
+def encoder_dir(path: Path, tok, n_classes: int) -> Path:
+    torch.manual_seed(0)
+    model = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=n_classes, **SIZES))
+    extra = {"labels": ["negative", "positive"]} if n_classes else {}
+    save_model(model, path, **extra)
+    tok.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("encoders")
+    tok = SentencePieceTokenizer.train(TEXTS, 300, mask=True)
+    return {"classifier": encoder_dir(root / "classifier", tok, 2), "mlm": encoder_dir(root / "mlm", tok, 0),
+            "translation": translation_dir(root / "translation")}  # fmt: skip
+
+
+@pytest.fixture
+def ws(tmp_path, originals, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+    for name, path in originals.items():
+        shutil.copytree(path, tmp_path / name)
+    (tmp_path / "in.txt").write_text("a great movie\nawful\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nnice\tpositive\nbad\tnegative\n", encoding="utf-8")
+    (tmp_path / "unseen.tsv").write_text("sentence\tlabel\nnice\tpositive\nmeh\tneutral\n", encoding="utf-8")
+    (tmp_path / "short.tsv").write_text("sentence\tlabel\nnice\tpositive\nbad\n", encoding="utf-8")
+    (tmp_path / "one.tsv").write_text("sentence\tlabel\n" + "nice\tpositive\n" * 30, encoding="utf-8")
+    return tmp_path
+
+
+def test_classify_lines_with_probabilities(ws, capsys):
+    assert main(["classify", "--model", "classifier", "--input", "in.txt", "--top-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        a, pa, b, pb = line.split("\t")
+        assert {a, b} == {"negative", "positive"} and float(pa) >= float(pb)
+        assert float(pa) + float(pb) == pytest.approx(1.0, abs=2e-4)
+    assert main(["classify", "--model", "classifier", "--json", "--input", "in.txt"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(len(r["labels"]) == 1 for r in rows)
+
+
+def test_evaluate_a_classifier_prints_accuracy_f1_and_confusion(ws, capsys):
+    assert main(["evaluate", "--model", "classifier", "--data", "dev.tsv", "--json", "dev.json"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy" in out and "macro-F1" in out and "confusion" in out
+    report = json.loads((ws / "dev.json").read_text())
+    assert report["examples"] == 2 and sum(map(sum, report["confusion"])) == 2
+
+
+def test_fill_mask_and_encoder_attention(ws, capsys):
+    assert main(["fill-mask", "--model", "mlm", "--top-k", "2", "a great <mask> ."]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.split("\t")[2].startswith("a great") for line in lines)
+    assert main(["attention", "--model", "classifier", "--src", "a great movie", "--out", "plots"]) == 0
+    assert (ws / "plots" / "encoder_layer0.png").is_file()
+
+
+CASES = [
+    (["classify", "--model", "translation"], "holds a translation model"),
+    (["classify", "--model", "mlm"], "has no classification head"),
+    (["classify", "--model", "classifier", "--top-k", "0", "--input", "in.txt"], "top_k=0"),
+    (["classify", "--model", "classifier", "--input", "in.txt", "--output", "in.txt"], "in.txt"),
+    (["fill-mask", "--model", "mlm", "a great movie ."], "has no <mask>"),
+    (["fill-mask", "--model", "translation", "a <mask> ."], "holds a translation model"),
+    (["evaluate", "--model", "classifier", "--data", "unseen.tsv"], "unseen.tsv:3: label 'neutral' is not one"),
+    (["evaluate", "--model", "classifier", "--data", "short.tsv"], "short.tsv:3: 1 fields where line 1 has 2"),
+    (["evaluate", "--model", "classifier"], "give the labelled file to score with --data"),
+    (["evaluate", "--model", "translation", "--data", "dev.tsv"], "--data scores a classifier"),
+    (["train", "task=classify", "dataset=one.tsv", "out_dir=run", "progress=false"],
+     "one.tsv: every example has the label 'positive'"),
+    (["train", "task=classify", "dataset=short.tsv", "valid_dataset=dev.tsv", "out_dir=run"], "short.tsv:3:"),
+    (["train", "task=classify", "dataset=dev.tsv", "valid_dataset=unseen.tsv", "out_dir=run"],
+     "unseen.tsv:3: label 'neutral'"),
+    (["train", "task=classify", "dataset=dev.tsv", "valid_dataset=dev.tsv", "init_from=translation",
+      "out_dir=run"], "init_from='translation'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "fragment"), CASES, ids=[f"{c[0][0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_one_line_and_changes_nothing(ws, capsys, argv, fragment):
+    before = snapshot(ws)
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith(f"aiayn {argv[0]}: error: ") and fragment in err[-1], err
+    assert len([line for line in err if "error" in line]) == 1
+    after = snapshot(ws)
+    assert not [k for k in before if after.get(k) != before[k]], "files changed"
+    assert not (ws / "run").exists() or not any((ws / "run").glob("step-*"))
