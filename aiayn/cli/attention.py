@@ -8,8 +8,10 @@ import torch
 
 from aiayn.cli.decode_options import add_model_argument, formatter
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.decoding.bidirectional import BidirectionalAdapter
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir
@@ -25,7 +27,9 @@ Writes encoder_layer{l}.png, decoder_self_layer{l}.png and cross_layer{l}.png (a
 decoder_self only; an encoder-only model: encoder only, over <s> + the text + </s>), each a grid
 of heads with query tokens as rows and key tokens as columns.
 Without --tgt the target is the model's greedy translation. The decoder rows are the tokens it
-reads: <s> then the target, each predicting the next.
+reads: <s> then the target, each predicting the next. A bidirectional model adds its right-to-left
+decoder (r2l_self, r2l_cross) and the fourth sublayer (cross_r2l: the decoder reading the
+right-to-left decoder's states, of its own greedy translation or of the reversed --tgt).
 """
 
 
@@ -53,24 +57,36 @@ def token_labels(tok: Tokenizer, ids: list[int], config) -> list[str]:
 
 def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     translator = Translator.from_dir(args.model, args.device)
-    model, c = translator.model, translator.model.config
+    model, c, device = translator.model, translator.model.config, translator.device
     (src,), _ = translator.encode([args.src], strict=True)
     if not src:
         raise ConfigError("--src is blank; give a sentence")
-    if args.tgt is None:
-        out = translator.search([src], SearchConfig(beam=1))[0][0].tokens
-    else:
-        out = translator.tgt_tokenizer.encode(args.tgt)
-    tgt_in = [c.bos_id] + [t for t in out if t != c.eos_id]
     src = src + [c.eos_id]
+    r2l_in = None
+    if args.tgt is not None:
+        out = translator.tgt_tokenizer.encode(args.tgt)
+        r2l_in = [c.bos_id, *out[::-1]]  # a bidirectional model reads the given target backwards too
+    elif c.bidirectional:  # both passes of greedy decoding: the right-to-left one makes the memory
+        limit = SearchConfig().output_limit(len(src) - 1)  # eos excluded, as Translator counts
+        adapter = BidirectionalAdapter(model, SearchConfig(beam=1), limit)
+        with torch.inference_mode():
+            out = search(adapter, torch.tensor([src], device=device), SearchConfig(beam=1), limit)[0][
+                0
+            ].tokens
+        r2l_in = [c.bos_id] + [t for t in adapter.r2l_hypotheses[0][0].tokens if t != c.eos_id]
+    else:
+        out = translator.search([src[:-1]], SearchConfig(beam=1))[0][0].tokens
+    tgt_in = [c.bos_id] + [t for t in out if t != c.eos_id]
+    extra = {"r2l_tgt": torch.tensor([r2l_in], device=device)} if c.bidirectional else {}
+    src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)
     with torch.inference_mode():
-        maps = model.attention_weights(
-            torch.tensor([src], device=translator.device), torch.tensor([tgt_in], device=translator.device)
-        )
+        maps = model.attention_weights(src_t, tgt_t, **extra)
     labels = {
         "src": token_labels(translator.src_tokenizer, src, c),
         "tgt": token_labels(translator.tgt_tokenizer, tgt_in, c),
     }
+    if c.bidirectional:
+        labels["r2l"] = token_labels(translator.tgt_tokenizer, r2l_in, c)
     return maps, labels
 
 

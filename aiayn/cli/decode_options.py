@@ -79,6 +79,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     tokens = f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})"
     g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens)
     g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
+    g.add_argument("--r2l-beam", type=int, default=None,
+                   help="bidirectional model: beam of its right-to-left pass (default: --beam)")  # fmt: skip
     s = p.add_argument_group("sampling")
     s.add_argument("--sample", action="store_true", help="sample instead of beam search")
     s.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")

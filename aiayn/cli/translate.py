@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from aiayn.cli.decode_options import (
     add_io_arguments,
@@ -15,13 +16,16 @@ from aiayn.cli.decode_options import (
     warn,
     write_output,
 )
+from aiayn.decoding.rerank import check_rerankable, rerank
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
+from aiayn.errors import ConfigError
 
 EXAMPLES = """examples:
   echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
   aiayn translate --model runs/de-en --input test.de --output test.hyp.en --beam 5 --lenpen 1.0
   aiayn translate --model runs/de-en --input test.de --nbest 4        # Moses n-best: i ||| text ||| score
   aiayn translate --model runs/de-en --sample --top-p 0.9 --seed 1 < test.de
+  aiayn translate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l < test.de   # n-best reranking
 
 Output line i is the translation of input line i; a blank input line gives a blank output line.
 """
@@ -46,6 +50,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--strict", action="store_true", help="a line over --max-src-len is an error, not a warning"
+    )
+    p.add_argument(
+        "--rerank-with",
+        metavar="DIR",
+        help="re-sort the beam's n-best by this model's score too (e.g. a reverse_target=true model)",
     )
     add_search_arguments(p)
     p.set_defaults(run=run)
@@ -72,7 +81,16 @@ def run(args: argparse.Namespace) -> int:
     sources, cut = translator.encode(lines, strict=args.strict)
     for i in cut:
         warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
-    write_output(
-        args, format_output(translator.search(sources, config, args.max_tokens), translator, config.nbest)
-    )
+    if args.rerank_with:
+        if config.sample or config.beam < 2:
+            raise ConfigError(
+                "--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)"
+            )
+        scorer = Translator.from_dir(args.rerank_with, args.device, args.max_src_len)
+        check_rerankable(translator, scorer)
+        nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
+        results = [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
+    else:
+        results = translator.search(sources, config, args.max_tokens)
+    write_output(args, format_output(results, translator, config.nbest))
     return 0

@@ -13,6 +13,7 @@ from aiayn.data.batching import (
     collate_translation,
     lm_batch,
     non_pad_fraction,
+    reverse_targets,
     sequential_windows,
 )
 from aiayn.data.cache import EncodedParallel, EncodedText, Ragged, encode_parallel, encode_text
@@ -72,6 +73,7 @@ __all__ = [
     "load_tokenizer",
     "load_translation_tokenizers",
     "non_pad_fraction",
+    "reverse_targets",
     "save_translation_tokenizers",
     "sequential_windows",
     "train_translation_tokenizers",

@@ -171,8 +171,9 @@ class TranslationBatch(NamedTuple):
         return TranslationBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
-def _pad(rows: list[np.ndarray], pad_id: int, first: int | None, last: int | None) -> Tensor:
-    """Rows as one (B, max_len + specials) LongTensor, each row ``[first] + row + [last]``."""
+def pad_rows(rows: Sequence, pad_id: int, first: int | None = None, last: int | None = None) -> Tensor:
+    """Rows of ids (lists or arrays) as one right-padded (B, max_len + specials) LongTensor, each
+    row ``[first] + row + [last]`` (either optional)."""
     lead = int(first is not None)
     out = np.full((len(rows), max(map(len, rows)) + lead + (last is not None)), pad_id, np.int64)
     for i, row in enumerate(rows):
@@ -197,8 +198,8 @@ def collate_translation(
         tgt_in, tgt_out: (B, T) with T = max(len(tgt_ids)) + 1
     """
     srcs, tgts = zip(*examples)
-    src = _pad(srcs, pad_id, None, eos_id)
-    return TranslationBatch(src, _pad(tgts, pad_id, bos_id, None), _pad(tgts, pad_id, None, eos_id))
+    src = pad_rows(srcs, pad_id, None, eos_id)
+    return TranslationBatch(src, pad_rows(tgts, pad_id, bos_id, None), pad_rows(tgts, pad_id, None, eos_id))
 
 
 class WindowSampler:
@@ -312,4 +313,24 @@ def collate_sequences(
     Shape:
         -> (B, min(max(len(row)), max_len - 2) + 2)
     """
-    return _pad([np.asarray(r)[: max_len - 2] for r in rows], pad_id, bos_id, eos_id)
+    return pad_rows([np.asarray(r)[: max_len - 2] for r in rows], pad_id, bos_id, eos_id)
+
+
+def reverse_targets(tgt_out: Tensor, pad_id: int = PAD_ID, bos_id: int = BOS_ID, eos_id: int = EOS_ID):
+    """The right-to-left decoder's input and targets for a batch's ``tgt_out`` (target + eos, padded):
+    ``r2l_in = [bos] + reversed(target)`` and ``r2l_out = reversed(target) + [eos]``, padded alike.
+
+    Shape:
+        tgt_out (B, T) -> r2l_in (B, T), r2l_out (B, T)
+    """
+    lengths = (tgt_out != pad_id).sum(1, keepdim=True) - 1  # (B, 1) target tokens, eos excluded
+    pos = torch.arange(tgt_out.size(1), device=tgt_out.device).expand_as(tgt_out)  # (B, T)
+    source = (lengths - 1 - pos).clamp(min=0)  # position i of the reversed target reads L-1-i
+    reversed_ = tgt_out.gather(1, source)
+    real = pos < lengths
+    r2l_out = torch.where(real, reversed_, torch.full_like(tgt_out, pad_id))
+    r2l_out = torch.where(pos == lengths, torch.full_like(tgt_out, eos_id), r2l_out)
+    r2l_in = torch.cat([torch.full_like(tgt_out[:, :1], bos_id), reversed_[:, :-1]], 1)
+    r2l_in = torch.where(pos <= lengths, r2l_in, torch.full_like(tgt_out, pad_id))
+    r2l_in[:, 0] = bos_id
+    return r2l_in, r2l_out

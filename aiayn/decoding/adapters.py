@@ -76,18 +76,29 @@ class Seq2SeqAdapter(IncrementalDecoder):
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:
         src_mask = self.model.src_mask(src)  # (B, 1, 1, S)
-        memory = self.model.encode(src, src_mask)  # (B, S, d_model)
+        return self.start_from(self.model.encode(src, src_mask), src_mask, n)  # memory (B, S, d_model)
+
+    def start_from(self, memory: Tensor, src_mask: Tensor, n: int = 1) -> Tensor:
+        """``start`` for an encoder memory already computed."""
         if n > 1:
             memory, src_mask = memory.repeat_interleave(n, 0), src_mask.repeat_interleave(n, 0)
         self.memory, self.src_mask = memory, src_mask
         self.cache = self._new_cache()
-        return torch.full((memory.size(0), 1), self.bos_id, dtype=torch.long, device=src.device)
+        return torch.full((memory.size(0), 1), self.bos_id, dtype=torch.long, device=memory.device)
 
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
 
     def _select_inputs(self, index: Tensor) -> None:
         self.memory, self.src_mask = self.memory[index], self.src_mask[index]
+
+
+class R2LAdapter(Seq2SeqAdapter):
+    """The right-to-left decoder of a bidirectional ``Transformer``: it writes the target backwards
+    (its tokens are the reversed target, then eos)."""
+
+    def _hidden(self, new: Tensor) -> Tensor:
+        return self.model.decode_r2l(new, self.memory, self.src_mask, cache=self.cache)
 
 
 class LMAdapter(IncrementalDecoder):

@@ -31,6 +31,7 @@ class SearchConfig:
     top_p: float | None = None  # sampling: keep the smallest set with probability ≥ p (None = all)
     seed: int | None = None  # sampling: seed of the torch.Generator (None = torch's global RNG)
     use_cache: bool = True  # False recomputes the whole prefix each step (the reference path)
+    r2l_beam: int | None = None  # a bidirectional model's right-to-left pass: beam size (None = beam)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -42,7 +43,7 @@ class SearchConfig:
         def fail(name: str, problem: str) -> None:
             raise ConfigError(f"{name}={getattr(self, name)!r} {problem}")
 
-        for name in ("beam", "nbest", "max_len_b", "min_len", "max_len", "top_k", "seed"):
+        for name in ("beam", "nbest", "max_len_b", "min_len", "max_len", "top_k", "seed", "r2l_beam"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 fail(name, "must be an integer")
@@ -56,6 +57,8 @@ class SearchConfig:
                 fail(name, "must be a finite number")
         if self.beam < 1:
             fail("beam", "must be at least 1 (1 = greedy decoding)")
+        if self.r2l_beam is not None and self.r2l_beam < 1:
+            fail("r2l_beam", "must be at least 1 (or None: the same as beam)")
         if self.nbest < 1 or (not self.sample and self.nbest > self.beam):
             fail("nbest", f"must be between 1 and the beam size {self.beam}")
         if self.lenpen_kind not in PENALTIES:

@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from aiayn.data.batching import TokenBatchSampler
+from aiayn.data.batching import TokenBatchSampler, pad_rows
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decoding.adapters import Seq2SeqAdapter
+from aiayn.decoding.bidirectional import adapter_for_translation
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError, DataError
-from aiayn.interop.model_dir import load_translation_dir
+from aiayn.interop.model_dir import load_translation_dir, model_meta
 
 DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models, which have no limit
 DEFAULT_MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -42,8 +42,10 @@ class Translator:
         src_tokenizer: Tokenizer,
         tgt_tokenizer: Tokenizer,
         max_src_len: int | None = None,
+        reverse: bool = False,
     ):
         self.model = model.eval()
+        self.reverse = reverse  # the model writes the target right to left (trained with reverse_target)
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         c = model.config
         learned = c.positional == "learned"
@@ -60,7 +62,8 @@ class Translator:
         cls, directory: str | os.PathLike, device: str | torch.device = "cpu", max_src_len: int | None = None
     ) -> Translator:
         model, src_tok, tgt_tok = load_translation_dir(directory, device)
-        return cls(model, src_tok, tgt_tok, max_src_len)
+        reverse = model_meta(directory).get("reverse_target") is True
+        return cls(model, src_tok, tgt_tok, max_src_len, reverse)
 
     @property
     def device(self) -> torch.device:
@@ -114,13 +117,52 @@ class Translator:
             limits = torch.tensor([config.output_limit(len(sources[i])) for i in index])
             if self.max_tgt_len is not None:
                 limits = limits.clamp(max=self.max_tgt_len)
-            hyps = search(Seq2SeqAdapter(self.model, config.use_cache), src.to(self.device), config, limits)
+            adapter = adapter_for_translation(self.model, config, limits)
+            hyps = search(adapter, src.to(self.device), config, limits)
             for i, h in zip(index, hyps):
                 results[i] = h
         return results
 
     def detokenize(self, hyp: Hypothesis) -> str:
-        return self.tgt_tokenizer.decode(hyp.tokens)
+        return self.tgt_tokenizer.decode(self.forward_order(hyp.tokens))
+
+    def forward_order(self, tokens: Sequence[int]) -> list[int]:
+        """A hypothesis's tokens left to right, eos dropped (reversed for a right-to-left model)."""
+        tokens = [t for t in tokens if t != self.model.config.eos_id]
+        return tokens[::-1] if self.reverse else tokens
+
+    @torch.no_grad()
+    def log_probs(
+        self,
+        sources: Sequence[list[int]],
+        targets: Sequence[list[int]],
+        complete: Sequence[bool] | None = None,
+    ) -> list[float]:
+        """Σ log p(target (+ eos) | source) under this model, teacher-forced, for left-to-right
+        ``targets`` (a right-to-left model reads them reversed). eos is scored where ``complete``
+        (default: everywhere); a search hypothesis cut at the length limit has none. Batches of 64.
+
+        Shape: N sources and N targets (ids, no specials) -> N floats
+        """
+        c, out = self.model.config, []
+        if c.bidirectional:
+            raise ConfigError(
+                "scoring with a bidirectional model is not supported; use a plain or right-to-left one"
+            )
+        complete = [True] * len(targets) if complete is None else list(complete)
+        for start in range(0, len(sources), 64):
+            part = slice(start, start + 64)
+            src_rows = [list(s)[: self.max_src_len - 1] for s in sources[part]]
+            tgt_rows = [(list(t)[::-1] if self.reverse else list(t)) + [c.eos_id] * end
+                        for t, end in zip(targets[part], complete[part], strict=True)]  # fmt: skip
+            src = pad_rows(src_rows, c.pad_id, last=c.eos_id).to(self.device)
+            tgt_out = pad_rows(tgt_rows, c.pad_id).to(self.device)
+            tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], c.bos_id), tgt_out[:, :-1]], 1)
+            tgt_in = tgt_in.masked_fill(tgt_out == c.pad_id, c.pad_id)
+            lp = self.model(src, tgt_in).float().log_softmax(-1)  # (B, T, V)
+            picked = lp.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1).masked_fill(tgt_out == c.pad_id, 0.0)
+            out += picked.sum(1).tolist()
+        return out
 
     def translate(
         self,

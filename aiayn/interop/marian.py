@@ -234,6 +234,9 @@ def check_exportable(c: TransformerConfig) -> None:
         problems.append("its positions are learned and Marian's are fixed sinusoids")
     if c.r2l_memory:
         problems.append("it has a right-to-left memory (r2l_memory=True)")
+    if c.bidirectional:
+        problems.append("it is bidirectional (a right-to-left decoder and a fourth sublayer in each decoder "
+                        "layer: bidirectional=True), which MarianMT has no equivalent of")  # fmt: skip
     head = c.d_model // c.n_heads
     if c.d_model % c.n_heads or (c.d_k or head) != head or (c.d_v or head) != head:
         problems.append(f"its heads are not d_model/n_heads wide (d_k={c.d_k}, d_v={c.d_v})")

@@ -23,14 +23,18 @@ class TransformerConfig(LayerConfig):
     share_embeddings: bool = True  # one token embedding for source and target (§3.4)
     tie_output: bool = True  # pre-softmax projection = target embedding matrix (§3.4)
     output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
-    r2l_memory: bool = False  # decoder layers attend to a second, right-to-left memory too
+    r2l_memory: bool = False  # decoder layers attend to a second memory, given by the caller
+    bidirectional: bool = False  # a right-to-left decoder too, its states that memory (Zhang et al. 2018)
 
     def validate(self) -> None:
         super().validate()
         self._vocab_check("src_vocab_size")
         self._vocab_check("tgt_vocab_size")
         self._positive("n_encoder_layers", "n_decoder_layers")
-        self._flag("share_embeddings", "tie_output", "output_bias", "r2l_memory")
+        self._flag("share_embeddings", "tie_output", "output_bias", "r2l_memory", "bidirectional")
+        if self.bidirectional and self.r2l_memory:
+            self._fail("r2l_memory", "is set with bidirectional=True", "leave it false: a bidirectional "
+                       "model builds its decoder's right-to-left memory itself")  # fmt: skip
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             self._fail(
                 "share_embeddings",

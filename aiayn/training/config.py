@@ -66,6 +66,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = off
     label_smoothing: float = 0.1  # ε_ls (paper §5.4)
+    reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
+    r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
+    r2l_detach: bool = False  # translation, model.bidirectional: no gradient from L_l2r into the r2l decoder
     # -- encoder-only tasks -----------------------------------------------------------------------
     mask_prob: float = 0.15  # mlm: tokens chosen for prediction (BERT)
     mask_token_prob: float = 0.8  # mlm: a chosen token becomes <mask> ...
@@ -127,11 +130,11 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0")
         for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "mask_prob",
-                     "mask_token_prob", "random_token_prob",
+                     "mask_token_prob", "random_token_prob", "r2l_weight",
                      "label_smoothing", "max_minutes"):  # fmt: skip
             if not math.isfinite(getattr(self, name)):
                 fail(name, "must be a finite number")
-        for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes"):
+        for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes", "r2l_weight"):
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0 (0 = off)" if name != "min_lr" else "must be ≥ 0")
         for name in ("mask_token_prob", "random_token_prob"):

@@ -90,6 +90,11 @@ class Task:
         wrapped (DDP, ``torch.compile``), so it is only ever called, never looked inside."""
         raise NotImplementedError
 
+    def pop_metrics(self, split: str) -> dict[str, float]:
+        """Metrics the task gathered itself from the ``loss`` calls of ``split`` ("train": since the
+        last log line; "valid": this evaluation), e.g. a second objective's loss; then forgets them."""
+        return {}
+
     def n_targets(self, batch: Batch) -> int:
         """The number of targets the loss of ``batch`` sums over (the loop normalises by it)."""
         raise NotImplementedError

@@ -289,7 +289,8 @@ class Trainer:
             with autocast(self.device, self.cfg.precision):
                 loss, nll, k = self.task.loss(model, batch, self.cfg.label_smoothing)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + int(k)
-        out = {"loss": loss_sum / n, "nll": nll_sum / n, "ppl": math.exp(min(nll_sum / n, 50.0))}
+        out = {"loss": loss_sum / n, "nll": nll_sum / n, "ppl": math.exp(min(nll_sum / n, 50.0)),
+               **self.task.pop_metrics("valid")}  # fmt: skip
         with autocast(self.device, self.cfg.precision):
             out.update(self.task.extra_metrics(model, self.device))
         return out
@@ -402,8 +403,9 @@ class Trainer:
                     bar.set_postfix(
                         loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:.0f}"
                     )
-                    self.log({"step": self.step, "split": "train", **stats, "tokens_per_s": round(tok_s),
-                              "epoch": self.task.epoch, "elapsed": round(self.elapsed, 1)})  # fmt: skip
+                    self.log({"step": self.step, "split": "train", **stats, **self.task.pop_metrics("train"),
+                              "tokens_per_s": round(tok_s), "epoch": self.task.epoch,
+                              "elapsed": round(self.elapsed, 1)})  # fmt: skip
                     self._follow_budget(bar, start)
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()

@@ -23,6 +23,9 @@ KINDS = {  # kind -> (title, which labels are the queries, which the keys)
     "encoder": ("encoder self-attention", "src", "src"),
     "decoder_self": ("decoder self-attention", "tgt", "tgt"),
     "cross": ("cross-attention (decoder → encoder)", "tgt", "src"),
+    "cross_r2l": ("fourth sublayer (decoder → right-to-left decoder)", "tgt", "r2l"),
+    "r2l_self": ("right-to-left decoder self-attention", "r2l", "r2l"),
+    "r2l_cross": ("right-to-left decoder cross-attention", "r2l", "src"),
 }
 
 
@@ -57,7 +60,7 @@ def save_attention_maps(
     """Write ``{kind}_layer{l}.png`` for every kind and layer of ``maps``; return the paths.
 
     ``maps`` is a model's ``attention_weights`` output (``{kind: [L × (B, h, T_q, T_k)]}``);
-    ``labels`` maps ``"src"`` / ``"tgt"`` to the token strings; ``example`` picks the batch row.
+    ``labels`` maps ``"src"`` / ``"tgt"`` (/ ``"r2l"``) to the token strings; ``example`` picks the batch row.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

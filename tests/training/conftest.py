@@ -3,8 +3,7 @@ import random
 import pytest
 
 
-@pytest.fixture
-def corpus(tmp_path):
+def make_corpus(tmp_path):
     """A tiny synthetic de-en corpus as a folder of train/valid files."""
     rng = random.Random(0)
     words = ["hund", "katze", "mann", "frau", "kind", "läuft", "springt", "sitzt", "rot", "blau"]
@@ -21,6 +20,18 @@ def corpus(tmp_path):
         (folder / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
         (folder / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
     return folder
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A tiny synthetic de-en corpus as a folder of train/valid files."""
+    return make_corpus(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def corpus_module(tmp_path_factory):
+    """The same corpus, shared by a module's tests."""
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def tiny_args(corpus, out_dir, *extra):

@@ -23,6 +23,7 @@ from aiayn.data import (
     encode_parallel,
     load_parallel,
     load_translation_tokenizers,
+    reverse_targets,
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
@@ -51,6 +52,9 @@ class TranslationTask(Task):
             )
         if cfg.tokenizer == "char":
             raise ConfigError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
+        if cfg.reverse_target and cfg.model.get("bidirectional"):
+            raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
+                              "already has its right-to-left decoder; choose one")  # fmt: skip
         super().check_config(cfg)
 
     @classmethod
@@ -74,6 +78,8 @@ class TranslationTask(Task):
         self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
         self.valid_refs = [tgt for _, tgt in valid]
+        self.bidirectional = bool(cfg.model.get("bidirectional", False))
+        self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
         self.sampler = TokenBatchSampler(
             self.train.src.lengths, self.train.tgt.lengths, cfg.max_tokens,
             seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
@@ -96,20 +102,45 @@ class TranslationTask(Task):
     def epoch(self) -> int:
         return self.sampler.state_dict()["epoch"]
 
+    def _collate(self, pairs) -> TranslationBatch:
+        batch = collate_translation(pairs)
+        if self.cfg.reverse_target:  # a right-to-left model: bos + reversed target -> reversed target + eos
+            return TranslationBatch(batch.src, *reverse_targets(batch.tgt_out))
+        return batch
+
     def train_batches(self) -> Iterator[TranslationBatch]:
         while True:
             for idx in self.sampler:
-                yield collate_translation([self.train[i] for i in idx])
+                yield self._collate([self.train[i] for i in idx])
 
     def valid_batches(self) -> Iterator[TranslationBatch]:
         sampler = TokenBatchSampler(self.valid.src.lengths, self.valid.tgt.lengths, self.cfg.max_tokens,
                                     shuffle=False)  # fmt: skip
         for idx in sampler.batches(0):
-            yield collate_translation([self.valid[i] for i in idx])
+            yield self._collate([self.valid[i] for i in idx])
 
     def loss(self, model: nn.Module, batch: TranslationBatch, smoothing: float):
-        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``)."""
-        return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing)
+        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``);
+        a bidirectional model adds r2l_weight · the right-to-left decoder's loss on the reversed
+        target, whose NLL is logged as ``r2l_nll``."""
+        if not self.bidirectional:
+            return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing)
+        r2l_in, r2l_out = reverse_targets(batch.tgt_out)
+        loss, nll, n, r2l_nll, r2l_n = model(
+            batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing, r2l_tgt=r2l_in,
+            r2l_targets=r2l_out, r2l_weight=self.cfg.r2l_weight, detach_r2l=self.cfg.r2l_detach,
+        )  # fmt: skip
+        sums = self._r2l["train" if model.training else "valid"]
+        sums[0] += float(r2l_nll.detach())
+        sums[1] += int(r2l_n)
+        return loss, nll, n
+
+    def pop_metrics(self, split: str) -> dict[str, float]:
+        if not self.bidirectional:
+            return {}
+        nll, n = self._r2l[split]
+        self._r2l[split] = [0.0, 0]
+        return {"r2l_nll": nll / n} if n else {}
 
     def n_targets(self, batch: TranslationBatch) -> int:
         return int((batch.tgt_out != SPECIAL_IDS["pad_id"]).sum())
@@ -124,7 +155,7 @@ class TranslationTask(Task):
         from aiayn.decoding.translator import Translator
 
         n = self.cfg.eval_max_sentences or len(self.valid)
-        translator = Translator(model, self.src_tok, self.tgt_tok)
+        translator = Translator(model, self.src_tok, self.tgt_tok, reverse=self.cfg.reverse_target)
         sources = [self.valid[i][0].tolist() for i in range(n)]
         hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
         texts = [translator.detokenize(h[0]) if h else "" for h in hyps]
@@ -134,7 +165,8 @@ class TranslationTask(Task):
         return metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
 
     def model_meta(self) -> dict[str, Any]:
-        return {**super().model_meta(), "src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang}
+        meta = {**super().model_meta(), "src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang}
+        return {**meta, "reverse_target": True} if self.cfg.reverse_target else meta
 
     def save_tokenizers(self, directory: Path) -> None:
         save_translation_tokenizers(directory, self.src_tok, self.tgt_tok)

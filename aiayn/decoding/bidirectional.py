@@ -1,0 +1,93 @@
+"""Asynchronous bidirectional decoding (Zhang et al. 2018): right to left first, then left to right.
+
+``BidirectionalAdapter.start`` encodes the source once, runs a whole search with the right-to-left
+decoder (beam ``r2l_beam``), feeds ``[bos] + its best hypothesis`` (eos dropped) back through that
+decoder in one teacher-forced pass (exactly as training computes the states the left-to-right
+decoder learnt to read), and hands those states, with their padding mask, to the left-to-right
+search as ``r2l_memory``. The fourth sublayer's keys and values are projected from them once per
+sentence (a static ``"cross_r2l"`` cache) and reused at every step and by every beam. Any search
+strategy (greedy, beam, sampling) then runs over this adapter as over a plain one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor
+
+from aiayn.data.batching import pad_rows
+from aiayn.decoding.adapters import R2LAdapter, Seq2SeqAdapter
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.scoring import Hypothesis
+from aiayn.decoding.search import search
+from aiayn.models.transformer import Transformer
+
+
+def r2l_inputs(hyps: list[list[Hypothesis]], bos_id: int, eos_id: int, pad_id: int, device) -> Tensor:
+    """``[bos] + tokens`` of each input's best right-to-left hypothesis (eos dropped), right-padded.
+
+    Shape:
+        -> (B, 1 + longest hypothesis)
+    """
+    return pad_rows([[t for t in h[0].tokens if t != eos_id] for h in hyps], pad_id, first=bos_id).to(device)
+
+
+class BidirectionalAdapter(Seq2SeqAdapter):
+    """The left-to-right decoder of a bidirectional ``Transformer``, attending to the states of the
+    right-to-left decoder's own translation.
+
+    Shape:
+        start: src (B, S) -> first tokens (B·n, 1); ``r2l_hypotheses``: B lists, best first
+    """
+
+    def __init__(self, model: Transformer, config: SearchConfig, max_len: int | Tensor):
+        super().__init__(model, config.use_cache)
+        beam = config.r2l_beam or config.beam
+        self.r2l_config = dataclasses.replace(config, beam=beam, nbest=1, sample=False, r2l_beam=None)
+        self.max_len = max_len
+        self.r2l_hypotheses: list[list[Hypothesis]] = []
+
+    def start(self, src: Tensor, n: int = 1) -> Tensor:
+        m = self.model
+        src_mask = m.src_mask(src)
+        memory = m.encode(src, src_mask)  # (B, S, d_model), shared by both passes
+        backward = R2LAdapter(m, self.use_cache)
+        self.r2l_hypotheses = search(_Started(backward, memory, src_mask), src, self.r2l_config, self.max_len)
+        r2l_in = r2l_inputs(self.r2l_hypotheses, self.bos_id, self.eos_id, self.pad_id, src.device)
+        states = m.decode_r2l(r2l_in, memory, src_mask)  # (B, T', d_model) teacher-forced, as in training
+        mask = m.r2l_mask(r2l_in)  # (B, 1, 1, T')
+        if n > 1:
+            states, mask = states.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        self.r2l_states, self.r2l_mask = states, mask
+        return self.start_from(memory, src_mask, n)
+
+    def _hidden(self, new: Tensor) -> Tensor:
+        return self.model.decode(new, self.memory, self.src_mask, cache=self.cache,
+                                 r2l_memory=self.r2l_states, r2l_mask=self.r2l_mask)  # fmt: skip
+
+    def _select_inputs(self, index: Tensor) -> None:
+        super()._select_inputs(index)
+        self.r2l_states, self.r2l_mask = self.r2l_states[index], self.r2l_mask[index]
+
+
+class _Started:
+    """An adapter whose ``start`` reuses an encoder memory already computed (the search calls
+    ``start(inputs, n)``; everything else passes through)."""
+
+    def __init__(self, adapter: Seq2SeqAdapter, memory: Tensor, src_mask: Tensor):
+        self.adapter, self.memory, self.src_mask = adapter, memory, src_mask
+
+    def start(self, src: Tensor, n: int = 1) -> Tensor:
+        return self.adapter.start_from(self.memory, self.src_mask, n)
+
+    def __getattr__(self, name: str):
+        return getattr(self.adapter, name)
+
+
+def adapter_for_translation(
+    model: Transformer, config: SearchConfig, max_len: int | Tensor
+) -> Seq2SeqAdapter:
+    """The adapter a translation model needs: two passes for a bidirectional one."""
+    if model.config.bidirectional:
+        return BidirectionalAdapter(model, config, max_len)
+    return Seq2SeqAdapter(model, config.use_cache)

@@ -1,0 +1,139 @@
+"""Asynchronous bidirectional decoding: the right-to-left decoder, the fourth sublayer that reads
+its states, the joint loss, and the two-pass search (cached == uncached; the memory the search
+builds is exactly the one training builds for the same sequence)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.data.batching import reverse_targets
+from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.search import search
+from aiayn.errors import ConfigError
+from tests.helpers import assert_close
+
+V = 40
+
+
+def model(seed=0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2, n_decoder_layers=2,
+                            d_model=32, n_heads=4, d_ff=64, dropout=0.0, bidirectional=True, output_bias=True,
+                            **kw)  # fmt: skip
+    m = Transformer(cfg).eval()
+    with torch.no_grad():
+        m.head.bias[cfg.eos_id] = 0.5  # outputs of varied length
+    return m
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(5, V, (3, 7), generator=g)
+    src[1, 5:], src[1, 4] = 0, 2
+    tgt_out = torch.randint(5, V, (3, 6), generator=g)
+    tgt_out[0, 5] = 2
+    tgt_out[1, 3:], tgt_out[1, 2] = 0, 2
+    tgt_out[2, 1:], tgt_out[2, 0] = 0, 2
+    tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), tgt_out[:, :-1]], 1).masked_fill(tgt_out == 0, 0)
+    return src, tgt_in, tgt_out
+
+
+def test_right_to_left_targets_are_reversed_with_bos_and_eos_in_place():
+    tgt_out = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0], [2, 0, 0, 0]])
+    r2l_in, r2l_out = reverse_targets(tgt_out)
+    assert r2l_in.tolist() == [[1, 7, 6, 5], [1, 8, 0, 0], [1, 0, 0, 0]]
+    assert r2l_out.tolist() == [[7, 6, 5, 2], [8, 2, 0, 0], [2, 0, 0, 0]]
+
+
+def test_fourth_sublayer_reads_the_r2l_states_under_their_padding_mask():
+    m = model()
+    src, tgt_in, tgt_out = batch()
+    r2l_in, _ = reverse_targets(tgt_out)
+    with torch.no_grad():
+        base = m(src, tgt_in, r2l_tgt=r2l_in)
+        other = r2l_in.clone()
+        other[0, 2] = 9 if other[0, 2] != 9 else 10
+        assert not torch.allclose(m(src, tgt_in, r2l_tgt=other)[0], base[0]), (
+            "a changed memory changes nothing"
+        )
+        torch.testing.assert_close(m(src, tgt_in, r2l_tgt=other)[1:], base[1:])
+        padded = torch.cat([r2l_in, torch.zeros(3, 3, dtype=torch.long)], 1)
+        assert_close("bidirectional: padded r2l memory", m(src, tgt_in, r2l_tgt=padded), base)
+    plain = Transformer(TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2,
+                                          n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64))  # fmt: skip
+    assert plain.r2l_decoder is None and plain.decoder.layers[0].cross_attn_r2l is None
+
+
+def test_joint_loss_is_l2r_plus_lambda_r2l_cross_entropy():
+    m = model()
+    src, tgt_in, tgt_out = batch()
+    r2l_in, r2l_out = reverse_targets(tgt_out)
+    with torch.no_grad():
+        loss, nll, n, r2l_nll, r2l_n = m(src, tgt_in, targets=tgt_out, r2l_tgt=r2l_in, r2l_targets=r2l_out,
+                                         r2l_weight=0.5)  # fmt: skip
+        logits = m(src, tgt_in, r2l_tgt=r2l_in)
+        memory = m.encode(src)
+        r2l_logits = m.head(m.decode_r2l(r2l_in, memory, m.src_mask(src)))
+    ref = F.cross_entropy(logits[tgt_out != 0], tgt_out[tgt_out != 0], reduction="sum")
+    ref_r2l = F.cross_entropy(r2l_logits[r2l_out != 0], r2l_out[r2l_out != 0], reduction="sum")
+    assert_close("bidirectional l2r NLL", nll, ref, atol=1e-4)
+    assert_close("bidirectional r2l NLL", r2l_nll, ref_r2l, atol=1e-4)
+    assert_close("bidirectional joint loss", loss, ref + 0.5 * ref_r2l, atol=1e-4)
+    assert int(n) == int((tgt_out != 0).sum()) and int(r2l_n) == int((r2l_out != 0).sum())
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_detaching_stops_the_l2r_gradient_into_the_r2l_decoder(detach):
+    m = model()
+    m.train()
+    src, tgt_in, tgt_out = batch()
+    r2l_in, r2l_out = reverse_targets(tgt_out)
+    loss = m(src, tgt_in, targets=tgt_out, r2l_tgt=r2l_in, r2l_targets=r2l_out, r2l_weight=0.0,
+             detach_r2l=detach)[0]  # fmt: skip
+    loss.backward()
+    grad = sum(p.grad.abs().sum() for p in m.r2l_decoder.parameters() if p.grad is not None)
+    assert (grad == 0) if detach else (grad > 0)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_two_pass_search_cached_equals_uncached(beam):
+    m = model()
+    src, _, _ = batch()
+    limits = torch.tensor([9, 9, 9])
+    out = {}
+    for cache in (True, False):
+        cfg = SearchConfig(beam=beam, nbest=beam, use_cache=cache)
+        adapter = BidirectionalAdapter(m, cfg, limits)
+        with torch.no_grad():
+            hyps = search(adapter, src, cfg, limits)
+        out[cache] = ([[(h.tokens, round(h.score, 4)) for h in hs] for hs in hyps],
+                      [hs[0].tokens for hs in adapter.r2l_hypotheses])  # fmt: skip
+    assert out[True] == out[False]
+    assert any(len(h[0][0]) > 1 for h in out[True][0]), "only empty outputs: the test would prove little"
+
+
+def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
+    """Each left-to-right step's log-probabilities equal the teacher-forced forward pass given the
+    right-to-left pass's own hypothesis as ``r2l_tgt``: decoding feeds the fourth sublayer exactly
+    the states that training computes for that sequence."""
+    m = model()
+    src, _, _ = batch()
+    limits = torch.tensor([9, 9, 9])
+    cfg = SearchConfig(beam=1)
+    adapter = BidirectionalAdapter(m, cfg, limits)
+    with torch.no_grad():
+        hyps = search(adapter, src, cfg, limits)
+        r2l_in = r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device)
+        for i, h in enumerate(hyps):
+            tokens = h[0].tokens
+            tgt_in = torch.tensor([[1, *tokens[:-1]]])
+            logits = m(src[i : i + 1], tgt_in, r2l_tgt=r2l_in[i : i + 1])[0].log_softmax(-1)  # (T, V)
+            chosen = logits.gather(1, torch.tensor(tokens)[:, None]).sum()
+            assert chosen.item() == pytest.approx(h[0].log_prob, abs=1e-4)
+
+
+def test_bidirectional_with_r2l_memory_is_a_config_error():
+    with pytest.raises(ConfigError, match="r2l_memory"):
+        TransformerConfig(bidirectional=True, r2l_memory=True)

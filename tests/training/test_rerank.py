@@ -1,0 +1,75 @@
+"""The classic baseline of bidirectional decoding: a model trained right to left
+(``reverse_target=true``) translates in the right order and reranks another model's n-best."""
+
+import json
+
+import pytest
+
+from aiayn.cli.main import main
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.rerank import rerank
+from aiayn.decoding.scoring import length_penalty
+from aiayn.decoding.translator import Translator
+from tests.training.conftest import tiny_args
+
+
+@pytest.fixture(scope="module")
+def pair(corpus_module, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rerank")
+    l2r, r2l = root / "l2r", root / "r2l"
+    assert main(["train", *tiny_args(corpus_module, l2r, "max_steps=30", "eval_every=30")]) == 0
+    assert (
+        main(
+            ["train", *tiny_args(corpus_module, r2l, "max_steps=30", "eval_every=30", "reverse_target=true")]
+        )
+        == 0
+    )
+    return Translator.from_dir(l2r), Translator.from_dir(r2l), l2r, r2l
+
+
+def test_a_right_to_left_model_scores_its_own_search_and_writes_left_to_right(pair):
+    l2r, r2l, _, r2l_dir = pair
+    assert r2l.reverse and not l2r.reverse
+    assert json.loads((r2l_dir / "best" / "config.json").read_text())["reverse_target"] is True
+    sources, _ = r2l.encode(["hund läuft rot", "katze springt"])
+    for translator in (l2r, r2l):
+        hyps = translator.search(sources, SearchConfig(beam=3, nbest=3))
+        flat = [(i, h) for i, hs in enumerate(hyps) for h in hs]
+        complete = [h.tokens[-1] == 2 for _, h in flat]  # eos scored only where the search emitted it
+        targets = [translator.forward_order(h.tokens) for _, h in flat]
+        scores = translator.log_probs([sources[i] for i, _ in flat], targets, complete)
+        assert scores == pytest.approx([h.log_prob for _, h in flat], abs=1e-3)
+
+
+def test_rerank_sums_both_log_probs_under_one_length_penalty(pair):
+    l2r, r2l, _, _ = pair
+    sources, _ = l2r.encode(["hund läuft rot", "katze springt blau"])
+    config = SearchConfig(beam=4, nbest=4)
+    nbest = l2r.search(sources, config)
+    out = rerank(l2r, r2l, sources, nbest, config)
+    for hyps, new in zip(nbest, out, strict=True):
+        assert sorted(h.tokens for h in hyps) == sorted(h.tokens for h in new)
+        assert [h.score for h in new] == sorted((h.score for h in new), reverse=True)
+        for h in new:
+            src = [sources[0 if hyps is nbest[0] else 1]]
+            other = r2l.log_probs(src, [l2r.forward_order(h.tokens)], [h.tokens[-1] == 2])[0]
+            lp = float(length_penalty(len(h.tokens), config.lenpen))
+            assert h.score == pytest.approx((h.log_prob + other) / lp, abs=1e-4)
+
+
+def test_rerank_from_the_command_line(pair, tmp_path, capsys):
+    _, _, l2r_dir, r2l_dir = pair
+    (tmp_path / "in.txt").write_text("hund läuft\nkatze sitzt\n", encoding="utf-8")
+    argv = [
+        "translate",
+        "--model",
+        str(l2r_dir),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--rerank-with",
+        str(r2l_dir),
+    ]
+    assert main([*argv, "--beam", "4", "--nbest", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    assert main([*argv, "--beam", "1"]) == 1
+    assert "--rerank-with re-sorts a beam's n-best" in capsys.readouterr().err
