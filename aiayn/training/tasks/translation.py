@@ -52,6 +52,9 @@ class TranslationTask(Task):
             )
         if cfg.tokenizer == "char":
             raise ConfigError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
+        if cfg.model.get("bidirectional") and cfg.r2l_detach and cfg.r2l_weight == 0:
+            raise ConfigError("r2l_weight=0 with r2l_detach=true leaves the right-to-left decoder untrained; "
+                              "give r2l_weight > 0 or r2l_detach=false")  # fmt: skip
         if cfg.reverse_target and cfg.model.get("bidirectional"):
             raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
                               "already has its right-to-left decoder; choose one")  # fmt: skip
