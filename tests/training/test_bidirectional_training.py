@@ -52,3 +52,23 @@ def test_bidirectional_trains_resumes_exactly_and_translates(corpus, tmp_path, c
     ).is_file()
     assert main(["export", "--model", str(straight), "--to", "hf", str(tmp_path / "hf")]) == 1
     assert "bidirectional" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            ["model.bidirectional=true", "r2l_detach=true", "r2l_weight=0"],
+            "leaves the right-to-left decoder untrained",
+        ),
+        (["model.bidirectional=true", "reverse_target=true"], "choose one"),
+        (["model.bidirectional=true", "model.r2l_memory=true"], "r2l_memory"),
+        (["r2l_weight=-1"], r"r2l_weight=-1.0 must be ≥ 0"),
+    ],
+)
+def test_bad_bidirectional_configs(overrides, match):
+    from aiayn.errors import ConfigError
+    from aiayn.training.config import load_recipe
+
+    with pytest.raises(ConfigError, match=match):
+        load_recipe(None, overrides)
