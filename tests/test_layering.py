@@ -1,7 +1,7 @@
 """Dependencies inside the package flow one way (README, "What is where"); the base is masks, errors,
 atomic, textfiles, version and device:
 
-    cli → training → decoding → interop → data → models → modules → base
+    cli → serve → training → decoding → interop → data → models → modules → base
 
 A module may import from its own layer or any layer to its right, never to its left; ``viz``
 imports the base only, and only cli imports viz. Every ``import`` statement is read with ``ast`` (those inside
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
-ORDER = ["base", "modules", "models", "data", "interop", "decoding", "training", "cli"]
+ORDER = ["base", "modules", "models", "data", "interop", "decoding", "training", "serve", "cli"]
 BASE = {"masks", "errors", "atomic", "textfiles", "version", "device"}
 LAYERED = BASE | set(ORDER) | {"viz"}
 FACADES = {"__init__", "__main__"}  # the package's public face and entry point may import anything

@@ -24,6 +24,7 @@ from aiayn.cli import (
     fill_mask,
     generate,
     plot,
+    serve,
     train,
     translate,
 )
@@ -31,7 +32,20 @@ from aiayn.device import resolve_device
 from aiayn.errors import AiaynError
 from aiayn.version import __version__
 
-COMMANDS = [train, translate, evaluate, generate, classify, fill_mask, attention, average, plot, export, demo]
+COMMANDS = [
+    train,
+    translate,
+    evaluate,
+    generate,
+    classify,
+    fill_mask,
+    attention,
+    serve,
+    average,
+    plot,
+    export,
+    demo,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

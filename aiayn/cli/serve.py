@@ -1,0 +1,99 @@
+"""``aiayn serve``: models behind an HTTP API and a web page (FastAPI + uvicorn, the serve extra:
+``pip install 'aiayn[serve]'``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+from aiayn.cli.decode_options import formatter
+from aiayn.errors import ConfigError
+
+DESCRIPTION = "Serve models over HTTP: translation, generation, classification; a page shows attention."
+EXAMPLES = """examples:
+  aiayn serve --model runs/multi30k-de-en                       # http://127.0.0.1:5000/
+  aiayn serve --model de-en=runs/de-en --model en-de=runs/en-de --model lm=runs/shakespeare
+  aiayn serve --model runs/de-en --host 0.0.0.0 --port 8080 --api-keys keys.txt
+
+  curl -s 127.0.0.1:5000/translate -H 'Content-Type: application/json' \\
+       -d '{"q": "Ein Mann fährt Fahrrad.", "source": "de", "target": "en"}'
+
+LibreTranslate's API (/translate, /languages) works with its clients unchanged; the native API is
+/v1/translate, /v1/generate (server-sent events with "stream": true), /v1/classify, /v1/fill-mask;
+/health, /metrics (Prometheus), /docs (OpenAPI), and / (the page). Binds to loopback unless --host
+says otherwise.
+"""
+
+
+def add_parser(sub) -> None:
+    from aiayn.serve.settings import Settings
+
+    d = Settings()
+    p = sub.add_parser("serve", help="serve models over HTTP (API + web page)", description=DESCRIPTION,
+                       epilog=EXAMPLES, formatter_class=formatter)  # fmt: skip
+    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
+                   help="a model directory (repeat for several); NAME: the folder's by default")  # fmt: skip
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
+    )
+    p.add_argument("--port", type=int, default=5000, help="default: 5000 (LibreTranslate's)")
+    p.add_argument("--device", default="cpu", help="torch device for the models (default: cpu)")
+    p.add_argument("--api-keys", metavar="FILE", help="require one of these keys (one per line)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads for the model (0 = PyTorch's default)"
+    )
+    limits = p.add_argument_group("limits")
+    for f in dataclasses.fields(Settings):
+        if f.name == "api_keys":
+            continue
+        kind = float if isinstance(getattr(d, f.name), float) else int
+        flag = "--timeout" if f.name == "timeout_s" else f"--{f.name.replace('_', '-')}"
+        limits.add_argument(flag, dest=f.name, type=kind, default=getattr(d, f.name),
+                            help=f"default: {getattr(d, f.name)}")  # fmt: skip
+    p.set_defaults(run=run)
+
+
+def parse_models(items: list[str]) -> list[tuple[str, Path]]:
+    """``[NAME=]DIR`` items -> unique (name, directory) pairs."""
+    out, seen = [], set()
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).resolve().name, item
+        if not name or name in seen:
+            raise ConfigError(f"--model {item!r}: the name {name!r} is empty or already used; give NAME=DIR")
+        seen.add(name)
+        out.append((name, Path(path)))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from aiayn.serve.app import create_app
+    except ImportError as e:
+        raise ConfigError(
+            f"aiayn serve needs the serve extra ({e.name} is missing): pip install 'aiayn[serve]'"
+        ) from None
+    import torch
+
+    from aiayn.serve.services import load_service
+    from aiayn.serve.settings import Settings, read_api_keys
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port (1..65535)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name != "api_keys"}
+    keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
+    settings = Settings(**fields, api_keys=keys)
+    services = [load_service(name, path, args.device) for name, path in parse_models(args.model)]
+    app = create_app(services, settings)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",
+          flush=True)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,136 @@
+"""Dynamic batching: concurrent requests decoded together by one worker thread.
+
+The event loop never runs a model. ``Batcher.submit`` puts a job on a bounded queue and awaits its
+future; a full queue raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
+memory never grows with the number of waiting clients. The worker thread takes the oldest job,
+waits up to ``window`` seconds for more jobs with the same *key* (same model, same decoding
+options: they can share one search), stops at ``max_items`` texts, and runs them as one call of
+``run(key, payloads)``; each job's result (or exception) goes back to its own future. A job whose
+caller gave up (a timeout, a client that disconnected) is cancelled and skipped if it has not run.
+Jobs of other keys wait, in order, for the next rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class QueueFull(Exception):
+    """The bounded queue has no room: try again later."""
+
+
+@dataclass
+class Job:
+    key: Hashable
+    payload: Any
+    size: int  # texts in the job (what ``max_items`` counts)
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    queued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """One worker thread running ``run(key, payloads) -> results`` on batches of jobs.
+
+    ``on_batch(n_jobs, n_items, seconds)`` is called after each batch (for metrics).
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Hashable, list[Any]], list[Any]],
+        max_queue: int,
+        window: float,
+        max_items: int,
+        on_batch: Callable[[int, int, float], None] | None = None,
+    ):
+        self.run, self.window, self.max_items = run, window, max_items
+        self.on_batch = on_batch or (lambda *_: None)
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their key
+        self.thread = threading.Thread(target=self._work, name="aiayn-model", daemon=True)
+        self.thread.start()
+
+    def depth(self) -> int:
+        return self.queue.qsize() + len(self.held)
+
+    async def submit(self, key: Hashable, payload: Any, size: int = 1) -> Any:
+        loop = asyncio.get_running_loop()
+        job = Job(key, payload, size, loop.create_future(), loop)
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+        return await job.future
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+    # -- the worker thread ----------------------------------------------------------------------
+    def _next(self, timeout: float | None) -> Job | None:
+        if self.held:
+            return self.held.popleft()
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _work(self) -> None:
+        while True:
+            first = self._next(None)
+            if first is None:
+                return  # close() was called
+            if first.future.cancelled():
+                continue
+            batch, items = [first], first.size
+            deadline = time.perf_counter() + self.window
+            others: list[Job] = []
+            while self.max_items and items < self.max_items:
+                remaining = deadline - time.perf_counter()
+                try:
+                    job = (
+                        self.queue.get(timeout=max(remaining, 0))
+                        if remaining > 0
+                        else self.queue.get_nowait()
+                    )
+                except queue.Empty:
+                    break
+                if job is None:
+                    self.queue.put(None)  # keep the stop signal for after this batch
+                    break
+                if job.future.cancelled():
+                    continue
+                if job.key == first.key and items + job.size <= self.max_items:
+                    batch.append(job)
+                    items += job.size
+                else:
+                    others.append(job)
+            self.held.extendleft(reversed(others))
+            self._run(batch, items)
+
+    def _run(self, batch: list[Job], items: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = self.run(batch[0].key, [job.payload for job in batch])
+            outcomes = [(job, result, None) for job, result in zip(batch, results, strict=True)]
+        except Exception as e:  # noqa: BLE001 -- every caller of the batch gets the error
+            outcomes = [(job, None, e) for job in batch]
+        self.on_batch(len(batch), items, time.perf_counter() - t0)
+        for job, result, error in outcomes:
+            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+
+def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:
+    if future.done():  # cancelled meanwhile: the caller is gone
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,171 @@
+"""The models a server holds, each wrapped with what it can do for a batch of requests.
+
+A service runs on the batcher's worker thread only. ``TranslationService.run`` translates the texts
+of several requests in one search (they share decoding options: the batcher groups by them) and
+splits the results back; with ``attention`` it adds each sentence's attention weights (encoder
+self, decoder self, cross: per layer and head) for the page. ``LMService.stream`` samples one token
+at a time and hands each to a callback (server-sent events). ``EncoderService`` classifies texts
+and fills masks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from aiayn.decoding.adapters import LMAdapter
+from aiayn.decoding.classifier import MaskFiller, TextClassifier
+from aiayn.decoding.generator import Generator
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.sampling import filter_logits
+from aiayn.decoding.translator import Translator
+from aiayn.errors import ConfigError
+from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
+
+LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+                  "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pt": "Portuguese",
+                  "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "zh": "Chinese"}  # fmt: skip
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code, code)
+
+
+def _weights(maps: dict[str, list[torch.Tensor]]) -> dict[str, list]:
+    """``{kind: [L × (1, h, T_q, T_k)]}`` -> ``{kind: [L][h][T_q][T_k]}`` floats rounded to 4 places."""
+    return {kind: [[[[round(v, 4) for v in row] for row in head] for head in w[0].float().tolist()]
+                   for w in layers] for kind, layers in maps.items()}  # fmt: skip
+
+
+class TranslationService:
+    kind = "translation"
+
+    def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
+        self.name, self.directory = name, Path(directory)
+        self.translator = Translator.from_dir(directory, device)
+        meta = model_meta(directory)
+        self.source, self.target = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
+
+    def run(
+        self, config: SearchConfig, requests: Sequence[Sequence[str]], attention: bool
+    ) -> list[list[dict]]:
+        """One result list per request, one dict per text: translation, alternatives, scores, tokens."""
+        texts = [t for r in requests for t in r]
+        t = self.translator
+        sources, _ = t.encode(texts)  # too long: truncated, as the CLI does
+        nbest = t.search(sources, config)
+        results = []
+        for src, hyps in zip(sources, nbest, strict=True):
+            items = [
+                {"text": t.detokenize(h), "score": round(h.score, 4), "tokens": t.forward_order(h.tokens)}
+                for h in hyps
+            ]
+            result = {"translation": items[0]["text"] if items else "", "hypotheses": items}
+            if attention and items:
+                result["attention"] = self._attention(src, items[0]["tokens"])
+            results.append(result)
+        out, start = [], 0
+        for r in requests:
+            out.append(results[start : start + len(r)])
+            start += len(r)
+        return out
+
+    def _attention(self, src: list[int], out: list[int]) -> dict:
+        t, c = self.translator, self.translator.model.config
+        if c.bidirectional:
+            return {}  # the page shows plain models; aiayn attention plots the fourth sublayer
+        src_ids, tgt_in = src + [c.eos_id], [c.bos_id, *out]
+        with torch.inference_mode():
+            maps = t.model.attention_weights(torch.tensor([src_ids], device=t.device),
+                                             torch.tensor([tgt_in], device=t.device))  # fmt: skip
+        return {"src_tokens": [_piece(t.src_tokenizer, i, c) for i in src_ids],
+                "tgt_tokens": [_piece(t.tgt_tokenizer, i, c) for i in tgt_in], **_weights(maps)}  # fmt: skip
+
+
+def _piece(tok, i: int, c) -> str:
+    return {c.eos_id: "</s>", c.bos_id: "<s>", c.pad_id: "<pad>"}.get(i) or tok.decode([i]) or f"<{i}>"
+
+
+class LMService:
+    kind = "lm"
+
+    def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
+        self.name, self.directory = name, Path(directory)
+        self.generator = Generator.from_dir(directory, device)
+
+    @torch.inference_mode()
+    def stream(
+        self, prompt: str, max_new_tokens: int, config: SearchConfig, emit: Callable[[str], bool]
+    ) -> str:
+        """Sample (or, with ``config.sample=False``, take the argmax of) one token at a time, calling
+        ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left)."""
+        g, c = self.generator, self.generator.model.config
+        ids = g.tokenizer.encode(prompt)
+        if not ids:
+            raise ConfigError("the prompt is empty; give at least one character")
+        if c.positional == "learned":
+            max_new_tokens = min(max_new_tokens, c.max_len - len(ids) + 1)
+            if max_new_tokens < 1:
+                raise ConfigError(f"the prompt has {len(ids)} tokens; this model reads at most {c.max_len}")
+        adapter = LMAdapter(g.model, use_cache=True)
+        prefix = adapter.start(torch.tensor([ids], device=g.device))
+        generator = torch.Generator(device=g.device)
+        generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            logp = adapter.step(prefix)[0]  # (V,)
+            if config.sample:
+                logits = filter_logits(logp / config.temperature, config.top_k, config.top_p)
+                token = int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+            else:
+                token = int(logp.argmax())
+            if token == c.eos_id and len(out) >= config.min_len:
+                break
+            before = g.tokenizer.decode(out)
+            out.append(token)
+            if not emit(g.tokenizer.decode(out)[len(before) :]):
+                break
+            prefix = torch.cat([prefix, prefix.new_tensor([[token]])], 1)
+        return g.tokenizer.decode(out)
+
+
+class EncoderService:
+    kind = "encoder"
+
+    def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
+        self.name, self.directory = name, Path(directory)
+        model, tok, meta = load_encoder_dir(directory, device)
+        self.classifier = (
+            TextClassifier(model, tok, meta.get("labels") or []) if model.config.n_classes else None
+        )
+        self.filler = MaskFiller(model, tok) if tok.mask_id is not None else None
+
+    def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:
+        if self.classifier is None:
+            raise ConfigError(f"model {self.name!r} has no classification head")
+        texts = [t for r in requests for t in r]
+        ranked = self.classifier.predict(texts, top_k) if texts else []
+        flat = [[{"label": y, "probability": round(p, 6)} for y, p in r] for r in ranked]
+        out, start = [], 0
+        for r in requests:
+            out.append(flat[start : start + len(r)])
+            start += len(r)
+        return out
+
+    def fill(self, query: str, top_k: int) -> list[list[dict]]:
+        if self.filler is None:
+            raise ConfigError(f"model {self.name!r} has no <mask> in its vocabulary")
+        masks = self.filler.fill(query, top_k)
+        return [[{**vars(f), "probability": round(f.probability, 6)} for f in fillers] for fillers in masks]
+
+
+SERVICES = {"transformer": TranslationService, "lm": LMService, "encoder": EncoderService}
+
+
+def load_service(name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
+    """The service for a model directory of any kind (``ModelDirError`` if it is not one)."""
+    kind = check_kind(directory, tuple(SERVICES))
+    return SERVICES[kind](name, directory, device)

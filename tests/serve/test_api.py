@@ -1,0 +1,165 @@
+"""The routes in-process (FastAPI's TestClient): LibreTranslate's API, the native API, limits,
+errors, metrics. Every answer to a bad request is 4xx JSON and the next good request succeeds."""
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from aiayn.cli.main import main  # noqa: E402
+from aiayn.decoding.options import SearchConfig  # noqa: E402
+from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.serve.app import create_app  # noqa: E402
+from aiayn.serve.services import load_service  # noqa: E402
+from aiayn.serve.settings import Settings  # noqa: E402
+
+
+def de_en_meta(path):
+    meta = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**meta, "src_lang": "de", "tgt_lang": "en"}))
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    de_en_meta(served["de-en"])
+    services = [load_service(name, path) for name, path in served.items()]
+    settings = Settings(char_limit=100, batch_limit=4, max_body_bytes=4096, max_beam=8,
+                        api_keys=frozenset({"secret"}))  # fmt: skip
+    with TestClient(create_app(services, settings)) as c:
+        yield c
+
+
+KEY = {"api_key": "secret"}
+
+
+def test_languages_and_translate_as_libretranslate(client, served):
+    assert client.get("/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]}]
+    r = client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY})
+    assert r.status_code == 200
+    expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann"], SearchConfig(beam=4))[0]
+    assert r.json() == {"translatedText": expected}  # what aiayn translate gives, beam 4
+    r = client.post(
+        "/translate", data={"q": "Ein Mann", "source": "auto", "target": "en", **KEY}
+    )  # form-encoded
+    assert r.json()["translatedText"] == expected and r.json()["detectedLanguage"]["language"] == "de"
+    r = client.post("/translate", json={"q": ["Ein Mann", "Zwei"], "source": "de", "target": "en",
+                                        "alternatives": 2, **KEY})  # fmt: skip
+    body = r.json()
+    assert len(body["translatedText"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
+
+
+def test_native_translate_with_options_and_attention(client):
+    r = client.post(
+        "/v1/translate", json={"q": ["Ein Mann"], "beam": 3, "nbest": 2, "attention": True, **KEY}
+    )
+    result = r.json()["results"][0]
+    assert (
+        len(result["hypotheses"]) == 2
+        and result["hypotheses"][0]["score"] >= result["hypotheses"][1]["score"]
+    )
+    att = result["attention"]
+    src, tgt = len(att["src_tokens"]), len(att["tgt_tokens"])
+    assert len(att["encoder"]) == 2 and len(att["encoder"][0]) == 4  # layers, heads
+    assert len(att["cross"][0][0]) == tgt and len(att["cross"][0][0][0]) == src
+    assert all(abs(sum(row) - 1) < 1e-3 for row in att["decoder_self"][1][2])
+
+
+def test_generate_classify_fill_mask(client):
+    r = client.post("/v1/generate", json={"prompt": "Ein", "max_new_tokens": 5, "seed": 1, **KEY})
+    assert r.status_code == 200 and r.json()["text"]
+    again = client.post("/v1/generate", json={"prompt": "Ein", "max_new_tokens": 5, "seed": 1, **KEY})
+    assert again.json()["text"] == r.json()["text"]  # seeded
+    with client.stream("POST", "/v1/generate", json={"prompt": "Ein", "max_new_tokens": 4, "stream": True,
+                                                    "greedy": True, **KEY}) as s:  # fmt: skip
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["done"] and "".join(e["text"] for e in events[:-1]) == events[-1]["text"]
+    r = client.post(
+        "/v1/classify", json={"q": ["a great movie", "dull"], "top_k": 2, "model": "sentiment", **KEY}
+    )
+    results = r.json()["results"]
+    assert len(results) == 2 and {x["label"] for x in results[0]} == {"negative", "positive"}
+    r = client.post("/v1/fill-mask", json={"q": "a great <mask> .", "top_k": 3, "model": "mlm", **KEY})
+    assert len(r.json()["masks"][0]) == 3
+
+
+@pytest.mark.parametrize(
+    "path, kwargs, status, fragment",
+    [
+        (
+            "/translate",
+            {"content": b"{", "headers": {"content-type": "application/json"}},
+            400,
+            "malformed JSON",
+        ),
+        ("/translate", {"content": b"q=a", "headers": {"content-type": "text/plain"}}, 415, "text/plain"),
+        (
+            "/translate",
+            {"json": {"q": "x" * 101, "source": "de", "target": "en", **KEY}},
+            400,
+            "character limit",
+        ),
+        ("/translate", {"json": {"q": ["a"] * 5, "source": "de", "target": "en", **KEY}}, 400, "text limit"),
+        ("/translate", {"json": {"q": "a", "source": "de", "target": "xx", **KEY}}, 400, "not available"),
+        (
+            "/translate",
+            {"json": {"q": "a", "source": "de", "target": "en", "api_key": "wrong"}},
+            403,
+            "API key",
+        ),
+        ("/translate", {"json": {"q": "a", "source": "de", "target": "en"}}, 403, "API key"),
+        (
+            "/translate",
+            {"content": b'{"q": "\xff", "target": "en"}', "headers": {"content-type": "application/json"}},
+            400,
+            "not UTF-8",
+        ),
+        (
+            "/translate",
+            {"content": b"x" * 5000, "headers": {"content-type": "application/json"}},
+            413,
+            "4096",
+        ),
+        ("/v1/translate", {"json": {"q": "a", "beam": -1, **KEY}}, 400, "beam=-1"),
+        ("/v1/translate", {"json": {"q": "a", "beam": 9, **KEY}}, 400, "limit of 8"),
+        ("/v1/translate", {"json": {"q": 3, **KEY}}, 400, "q must be a string"),
+        ("/v1/generate", {"json": {"prompt": "a", "max_new_tokens": 0, **KEY}}, 400, "max_new_tokens"),
+        ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),
+        ("/v1/fill-mask", {"json": {"q": "no mask here", "model": "mlm", **KEY}}, 400, "has no <mask>"),
+    ],
+)
+def test_bad_requests_are_4xx_json_and_the_server_keeps_serving(client, path, kwargs, status, fragment):
+    r = client.post(path, **kwargs)
+    assert r.status_code == status and fragment in r.json()["error"], r.text
+    ok = client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY})
+    assert ok.status_code == 200
+
+
+def test_health_metrics_and_docs(client):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and {m["kind"] for m in health["models"]} == {
+        "translation",
+        "lm",
+        "encoder",
+    }
+    text = client.get("/metrics").text
+    for name in ("aiayn_requests_total", "aiayn_request_seconds_bucket", "aiayn_batch_texts_bucket",
+                 "aiayn_queue_depth", "aiayn_tokens_per_second"):  # fmt: skip
+        assert name in text
+    assert client.get("/docs").status_code == 200 and "/v1/translate" in client.get("/openapi.json").text
+
+
+def test_serve_refuses_bad_options_in_one_line(served, capsys, tmp_path):
+    (tmp_path / "keys").write_text("\n", encoding="utf-8")
+    cases = [
+        (["serve", "--model", str(served["lm"]), "--api-keys", str(tmp_path / "keys")], "holds no API key"),
+        (["serve", "--model", str(served["lm"]), "--port", "0"], "not a TCP port"),
+        (["serve", "--model", f"a={served['lm']}", "--model", f"a={served['mlm']}"], "already used"),
+        (["serve", "--model", str(tmp_path)], "not an aiayn model directory"),
+        (["serve", "--model", str(served["lm"]), "--queue-size", "0"], "--queue-size=0"),
+    ]
+    for argv, fragment in cases:
+        assert main(argv) == 1
+        assert fragment in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""The dynamic batcher: same-key jobs decoded together, a bounded queue, cancelled jobs skipped,
+a failure reaching every caller of its batch."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from aiayn.serve.batcher import Batcher, QueueFull
+
+
+class Recorder:
+    def __init__(self, delay=0.0, fail=False):
+        self.calls, self.delay, self.fail = [], delay, fail
+        self.release = threading.Event()
+
+    def __call__(self, key, payloads):
+        self.calls.append((key, list(payloads)))
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("model failed")
+        return [f"{key}:{p}" for p in payloads]
+
+
+def test_concurrent_jobs_of_one_key_run_as_one_batch():
+    run = Recorder(delay=0.05)
+    b = Batcher(run, max_queue=16, window=0.05, max_items=8)
+
+    async def go():
+        return await asyncio.gather(*(b.submit("k", i) for i in range(6)), b.submit("other", 9))
+
+    out = asyncio.run(go())
+    b.close()
+    assert out == [f"k:{i}" for i in range(6)] + ["other:9"]
+    sizes = sorted(len(p) for _, p in run.calls)
+    assert sizes[-1] >= 5 and sum(sizes) == 7  # the k jobs shared a batch; "other" ran on its own
+    assert all(len({key for key, _ in [c]}) == 1 for c in run.calls)
+
+
+def test_max_items_zero_runs_one_job_at_a_time():
+    run = Recorder()
+    b = Batcher(run, max_queue=16, window=0.05, max_items=0)
+
+    async def go():
+        return await asyncio.gather(*(b.submit("k", i) for i in range(4)))
+
+    assert asyncio.run(go()) == [f"k:{i}" for i in range(4)]
+    b.close()
+    assert [len(p) for _, p in run.calls] == [1, 1, 1, 1]
+
+
+def test_a_full_queue_refuses_at_once_and_cancelled_jobs_are_skipped():
+    run = Recorder(delay=0.3)
+    b = Batcher(run, max_queue=1, window=0.0, max_items=1)
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("k", 1))
+        await asyncio.sleep(0.1)  # the worker is busy with job 1
+        second = asyncio.ensure_future(b.submit("k", 2))  # waits in the queue (size 1)
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):
+            await b.submit("k", 3)
+        second.cancel()  # its caller gave up: the slot's job must not run
+        return await first
+
+    assert asyncio.run(go()) == "k:1"
+    time.sleep(0.4)
+    b.close()
+    assert [p for _, p in run.calls] == [[1]]
+
+
+def test_a_failure_reaches_every_caller_of_the_batch():
+    b = Batcher(Recorder(fail=True), max_queue=4, window=0.05, max_items=4)
+
+    async def go():
+        return await asyncio.gather(b.submit("k", 1), b.submit("k", 2), return_exceptions=True)
+
+    out = asyncio.run(go())
+    b.close()
+    assert all(isinstance(e, RuntimeError) and "model failed" in str(e) for e in out)

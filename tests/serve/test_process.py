@@ -1,0 +1,101 @@
+"""``aiayn serve`` as a real uvicorn process on 127.0.0.1, used by the real LibreTranslate client
+(libretranslatepy) and by concurrent plain HTTP clients."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+libretranslatepy = pytest.importorskip("libretranslatepy")
+pytest.importorskip("uvicorn")
+
+from aiayn.decoding.options import SearchConfig  # noqa: E402
+from aiayn.decoding.translator import Translator  # noqa: E402
+from tests.serve.test_api import de_en_meta  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    de_en_meta(served["de-en"])
+    port = free_port()
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"])]
+    argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen([*argv, "--threads", "1"], **pipe)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "health", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"aiayn serve exited: {proc.stdout.read()}")
+            time.sleep(0.2)
+    yield url, proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+
+
+def test_the_libretranslate_client_translates_as_the_cli(server, served):
+    url, _ = server
+    lt = libretranslatepy.LibreTranslateAPI(url)
+    expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann fährt."], SearchConfig(beam=4))[0]
+    assert lt.translate("Ein Mann fährt.", "de", "en") == expected
+    assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]}]
+
+
+def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server):
+    url, _ = server
+    sentences = [f"Ein Mann {i}" for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda q: post(url + "v1/translate", {"q": q, "beam": 2}), sentences))
+    assert all(status == 200 for status, _ in answers)
+    metrics = urllib.request.urlopen(url + "metrics").read().decode()
+    lines = dict(
+        line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("aiayn_batch_texts_")
+    )
+    assert float(lines['aiayn_batch_texts_bucket{le="1.0"}']) < float(
+        lines["aiayn_batch_texts_count"]
+    )  # some batch > 1
+    assert post(url + "translate", {"q": "a", "source": "de", "target": "fr"})[0] == 400
+    assert post(url + "v1/translate", {"q": "a", "beam": -3})[0] == 400
+    assert post(url + "translate", {"q": "Ein Mann", "source": "de", "target": "en"})[0] == 200
+
+
+def test_it_binds_to_loopback_and_logs_one_line_per_request(server):
+    url, proc = server
+    assert url.startswith("http://127.0.0.1:")
+    post(url + "translate", {"q": "Ein", "source": "de", "target": "en"})
+    time.sleep(0.3)
+    os.set_blocking(proc.stdout.fileno(), False)
+    out = proc.stdout.read() or ""
+    assert (
+        "on http://127.0.0.1:" in out
+        and "POST /translate 200" in out
+        and "Ein" not in out.split("POST", 1)[1]
+    )
