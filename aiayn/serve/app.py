@@ -427,21 +427,40 @@ def create_app(services: list, settings: Settings | None = None) -> FastAPI:
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "version": __version__, "queue": server.batcher.depth(),
-                "models": [{"name": s.name, "kind": s.kind} for s in server.services.values()]}  # fmt: skip
+                "models": [_describe(s) for s in server.services.values()]}  # fmt: skip
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    static = resources.files("aiayn.serve").joinpath("static")
+
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        return HTMLResponse(resources.files("aiayn.serve").joinpath("static/index.html").read_text("utf-8"))
+        return HTMLResponse(static.joinpath("index.html").read_text("utf-8"))
+
+    @app.get("/static/{name}")
+    async def asset(name: str) -> Response:
+        kinds = {"app.js": "text/javascript", "style.css": "text/css"}
+        if name not in kinds:  # a fixed list: no path ever reaches the file system
+            raise HTTPError(404, f"no such file: {name}")
+        return Response(static.joinpath(name).read_text("utf-8"), media_type=kinds[name])
 
     return app
 
 
 ROUTES = {"/translate", "/languages", "/v1/translate", "/v1/generate", "/v1/classify", "/v1/fill-mask",
-          "/health", "/metrics", "/"}  # fmt: skip
+          "/health", "/metrics", "/", "/static/app.js", "/static/style.css"}  # fmt: skip
+
+
+def _describe(service) -> dict:
+    """A model as /health lists it (the page builds its controls from this)."""
+    out = {"name": service.name, "kind": service.kind}
+    if isinstance(service, TranslationService):
+        out.update(source=service.source, target=service.target)
+    if isinstance(service, EncoderService):
+        out.update(classify=service.classifier is not None, fill_mask=service.filler is not None)
+    return out
 
 
 def _int(value: Any, name: str, lo: int, hi: int) -> int:

@@ -1,5 +1,13 @@
 """Tiny model directories of every kind, for the server tests."""
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,3 +28,41 @@ def served(tmp_path_factory) -> dict[str, Path]:
         "sentiment": encoder_dir(root / "sentiment", tok, 2),
         "mlm": encoder_dir(root / "mlm", tok, 0),
     }
+
+
+def de_en_meta(path: Path) -> None:
+    """Name the languages of a test translation model, as a training run records them."""
+    meta = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**meta, "src_lang": "de", "tgt_lang": "en"}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(served, tmp_path_factory):
+    """``aiayn serve`` as its own process on a free port: (base URL, process, log file)."""
+    de_en_meta(served["de-en"])
+    port = free_port()
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"])]
+    argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server
+        proc = subprocess.Popen([*argv, "--threads", "1"], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "health", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"aiayn serve exited: {log.read_text()}")
+            time.sleep(0.2)
+    yield url, proc, log
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)

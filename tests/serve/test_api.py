@@ -15,11 +15,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
-
-
-def de_en_meta(path):
-    meta = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**meta, "src_lang": "de", "tgt_lang": "en"}))
+from tests.serve.conftest import de_en_meta  # noqa: E402
 
 
 @pytest.fixture(scope="module")

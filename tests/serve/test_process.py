@@ -2,11 +2,6 @@
 (libretranslatepy) and by concurrent plain HTTP clients."""
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,13 +14,6 @@ pytest.importorskip("uvicorn")
 
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
-from tests.serve.test_api import de_en_meta  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -37,32 +25,8 @@ def post(url: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    de_en_meta(served["de-en"])
-    port = free_port()
-    models = ["--model", str(served["de-en"]), "--model", str(served["lm"])]
-    argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    proc = subprocess.Popen([*argv, "--threads", "1"], **pipe)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"aiayn serve exited: {proc.stdout.read()}")
-            time.sleep(0.2)
-    yield url, proc
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=20)
-
-
 def test_the_libretranslate_client_translates_as_the_cli(server, served):
-    url, _ = server
+    url, _, _ = server
     lt = libretranslatepy.LibreTranslateAPI(url)
     expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann fährt."], SearchConfig(beam=4))[0]
     assert lt.translate("Ein Mann fährt.", "de", "en") == expected
@@ -70,7 +34,7 @@ def test_the_libretranslate_client_translates_as_the_cli(server, served):
 
 
 def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server):
-    url, _ = server
+    url, _, _ = server
     sentences = [f"Ein Mann {i}" for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda q: post(url + "v1/translate", {"q": q, "beam": 2}), sentences))
@@ -88,12 +52,11 @@ def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server
 
 
 def test_it_binds_to_loopback_and_logs_one_line_per_request(server):
-    url, proc = server
+    url, _, log = server
     assert url.startswith("http://127.0.0.1:")
     post(url + "translate", {"q": "Ein", "source": "de", "target": "en"})
     time.sleep(0.3)
-    os.set_blocking(proc.stdout.fileno(), False)
-    out = proc.stdout.read() or ""
+    out = log.read_text()
     assert (
         "on http://127.0.0.1:" in out
         and "POST /translate 200" in out
