@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                   "updates_per_s": round(speed, 3), "training_minutes": round(train_s / 60, 2),
                   "machine": machine(), "signature": signatures["bleu"]}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=2) + "\n")
+    print(f"\nserve it (an API and a page that shows its attention): .venv/bin/aiayn serve --model {out}")
     return 0
 
 
