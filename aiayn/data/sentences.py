@@ -19,6 +19,12 @@ from aiayn.errors import DataError
 VALID_FRACTION = 0.1
 
 
+def split_for(source: str | os.PathLike, wanted: str) -> str:
+    """The split to read of a source given *separately* for training or validation: a file is used
+    whole ("all"); a bundled name or a folder gives its own ``wanted`` split."""
+    return "all" if Path(source).is_file() else wanted
+
+
 def _cut(corpus: LabelledCorpus, split: str) -> LabelledCorpus:
     if split == "all":
         return corpus
@@ -44,7 +50,9 @@ def load_examples(
         raise DataError(f"split={split!r} is not one of train, valid, all")
     path = Path(source)
     if path.is_dir():
-        found = find_table(path, "train" if split == "all" else split)
+        if split == "all":
+            raise DataError(f"{path} is a folder: read its train or valid table, not split='all'")
+        found = find_table(path, split)
         if found is None:
             raise DataError(
                 f"{path}: no {split} file (expected {split}.tsv, .csv or .jsonl, optionally .gz; "

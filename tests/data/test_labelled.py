@@ -107,3 +107,16 @@ def test_sentences_of_bundled_and_tables(tmp_path):
     assert load_sentences(table, "all")[0] == [f"s{i}" for i in range(10)]
     text = write(tmp_path / "a.txt", "one\n\ntwo\n")
     assert load_sentences(text, "all")[0] == ["one", "two"]
+
+
+def test_a_separate_source_is_read_whole_if_a_file_and_by_split_if_a_folder(tmp_path):
+    from aiayn.data.sentences import split_for
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    write(folder / "train.tsv", "text\tlabel\na\t0\n")
+    assert split_for(folder / "train.tsv", "valid") == "all" and split_for(folder, "valid") == "valid"
+    assert split_for("multi30k", "valid") == "valid"
+    assert load_sentences("multi30k", "valid")[1] == "multi30k.valid"
+    with pytest.raises(DataError, match="is a folder"):
+        load_examples(folder, "all")

@@ -22,7 +22,7 @@ from torch import nn
 from aiayn.data import load_tokenizer
 from aiayn.data.batching import ClassifyBatch, collate_sequences
 from aiayn.data.labelled import LabelMap
-from aiayn.data.sentences import load_examples
+from aiayn.data.sentences import load_examples, split_for
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import check_kind
@@ -54,10 +54,12 @@ class ClassifyTask(EncoderTask):
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
         columns = (cfg.text_column, cfg.label_column)
-        separate = bool(cfg.valid_dataset)
-        self.train = load_examples(cfg.dataset, "all" if separate and not Path(cfg.dataset).is_dir()
-                                   else "train", *columns)  # fmt: skip
-        valid = load_examples(cfg.valid_dataset or cfg.dataset, "all" if separate else "valid", *columns)
+        if cfg.valid_dataset:  # a file is used whole, a folder gives its train / valid table
+            self.train = load_examples(cfg.dataset, split_for(cfg.dataset, "train"), *columns)
+            valid = load_examples(cfg.valid_dataset, split_for(cfg.valid_dataset, "valid"), *columns)
+        else:  # a folder's train and valid tables, or a file's first 90% and last 10% of rows
+            self.train = load_examples(cfg.dataset, "train", *columns)
+            valid = load_examples(cfg.dataset, "valid", *columns)
         self.labels = LabelMap.from_corpus(self.train)
         self.train_y, self.valid_y = self.labels.ids(self.train), self.labels.ids(valid)
         self.pretrained = self._pretrained_dir() if cfg.init_from else None

@@ -22,7 +22,7 @@ from torch import nn
 from aiayn.data import PAD_ID
 from aiayn.data.batching import MaskedBatch, collate_sequences
 from aiayn.data.masking import Masking, mask_tokens
-from aiayn.data.sentences import load_sentences
+from aiayn.data.sentences import load_sentences, split_for
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
 from aiayn.training.distributed import DistInfo
@@ -46,14 +46,15 @@ class MLMTask(EncoderTask):
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
         self.masking = Masking(cfg.mask_prob, cfg.mask_token_prob, cfg.random_token_prob, cfg.whole_word_mask)
-        train, source = load_sentences(cfg.dataset, "all" if cfg.valid_dataset else "train", cfg.text_column)
-        for extra in cfg.extra_text:  # training text only: all of it
-            more, name = load_sentences(extra, "all", cfg.text_column)
+        separate = bool(cfg.valid_dataset)  # else validation is the dataset's own split (or last tenth)
+        train_split = split_for(cfg.dataset, "train") if separate else "train"
+        train, source = load_sentences(cfg.dataset, train_split, cfg.text_column)
+        for extra in cfg.extra_text:  # more training text: a file whole, a name or folder its train split
+            more, name = load_sentences(extra, split_for(extra, "train"), cfg.text_column)
             train, source = train + more, f"{source} and {name}"
-        if cfg.valid_dataset:
-            valid, _ = load_sentences(cfg.valid_dataset, "all", cfg.text_column)
-        else:
-            valid, _ = load_sentences(cfg.dataset, "valid", cfg.text_column)
+        valid_source = cfg.valid_dataset or cfg.dataset
+        valid_split = split_for(valid_source, "valid") if separate else "valid"
+        valid, _ = load_sentences(valid_source, valid_split, cfg.text_column)
         self.tok = self._tokenizer(train, source)
         self.train, self.valid = self._encode(train), self._encode(valid)
         self.word_starts = torch.tensor(self.tok.word_starts()) if cfg.whole_word_mask else None
