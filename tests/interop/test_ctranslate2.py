@@ -1,0 +1,88 @@
+"""Export to CTranslate2: ``ctranslate2.Translator`` on the converted model gives token for token
+aiayn's greedy and beam-4 outputs, in several configurations; what cannot map is refused by name."""
+
+import gzip
+
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from aiayn import Transformer, TransformerConfig  # noqa: E402
+from aiayn.data import CharTokenizer, SentencePieceTokenizer, data_dir  # noqa: E402
+from aiayn.decoding.options import SearchConfig  # noqa: E402
+from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.errors import ModelDirError  # noqa: E402
+from aiayn.interop.ctranslate2 import export_ctranslate2  # noqa: E402
+
+CONFIGS = {
+    "paper": {},
+    "pre-norm-gelu": dict(norm_first=True, activation="gelu"),
+    "prj-bias-learned": dict(emb_scale="prj", output_bias=True, positional="learned"),
+    "marian-like": dict(emb_scale="none", activation="silu", positional="sinusoidal_halves", ln_eps=1e-6),
+    "untied-unshared-nobias": dict(share_embeddings=False, tie_output=False, bias=False),
+}
+
+
+@pytest.fixture(scope="module")
+def data():
+    def read(name):
+        with gzip.open(data_dir() / "multi30k" / name, "rt", encoding="utf-8") as f:
+            return f.read().splitlines()
+
+    tok = SentencePieceTokenizer.train(read("train.de.gz")[:3000], 1000)
+    return tok, read("val.de.gz")[:40]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
+    tok, sentences = data
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                                      n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64,
+                                      dropout=0.0, **CONFIGS[name])).eval()  # fmt: skip
+    if m.head.bias is not None:
+        with torch.no_grad():
+            m.head.bias.normal_()  # a bias that matters
+    export_ctranslate2(m, tok, tok, tmp_path / "ct2")
+    theirs_model = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    ours_model = Translator(m, tok, tok)
+    sources, _ = ours_model.encode(sentences)
+    for beam in (1, 4):
+        ours = ours_model.search(sources, SearchConfig(beam=beam, lenpen=0.0, max_len=20))
+        pieces = [[tok.sp.id_to_piece(i) for i in s] for s in sources]
+        options = dict(
+            beam_size=beam, length_penalty=0.0, max_decoding_length=20, min_decoding_length=0
+        )  # its default: 1
+        theirs = theirs_model.translate_batch(pieces, **options)
+        a = [[t for t in h[0].tokens if t != m.config.eos_id] for h in ours]
+        b = [[tok.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs]
+        assert a == b, f"{name}, beam {beam}"
+    assert any(len(x) > 2 for x in a)
+
+
+def test_int8_exports_and_translates(data, tmp_path):
+    tok, sentences = data
+    sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
+    m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, **sizes))
+    out = export_ctranslate2(m.eval(), tok, tok, tmp_path / "int8", quantization="int8")
+    result = ctranslate2.Translator(str(out), compute_type="int8").translate_batch(
+        [tok.sp.encode(sentences[0], out_type=str)]
+    )
+    assert isinstance(result[0].hypotheses[0], list)
+
+
+def test_what_does_not_map_is_refused_by_name(data, tmp_path):
+    tok, _ = data
+    small = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, n_encoder_layers=1,
+                 n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)  # fmt: skip
+    cases = [
+        (Transformer(TransformerConfig(**small, bidirectional=True)), tok, "bidirectional"),
+        (Transformer(TransformerConfig(**small, d_k=4, d_v=4)), tok, "d_k=4"),
+        (Transformer(TransformerConfig(**small)), CharTokenizer.train("abc"), "CharTokenizer"),
+    ]
+    for model, t, fragment in cases:
+        with pytest.raises(ModelDirError, match=fragment):
+            export_ctranslate2(model, t, t, tmp_path / "x")
+    with pytest.raises(ModelDirError, match="quantization 'int3'"):
+        export_ctranslate2(cases[0][0], tok, tok, tmp_path / "x", quantization="int3")
