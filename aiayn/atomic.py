@@ -91,13 +91,19 @@ def remove_temporaries(folder: str | os.PathLike) -> None:
 
 # -- what a command may write over ---------------------------------------------------------------
 
-MODEL_MARKERS = ("config.json", "model.safetensors", "train_config.json")  # aiayn's or HF's
+MODEL_MARKERS = (
+    "config.json",
+    "model.safetensors",
+    "train_config.json",
+    "model.bin",
+)  # aiayn's, HF's, CTranslate2's
 # every name a model directory, a checkpoint or a run of aiayn's (or an HF export) may hold
 MODEL_ENTRIES = {
     *MODEL_MARKERS, "generation_config.json", "tokenizer.json", "spm.model", "src", "tgt", "tokenizer",
     "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "source.spm",
     "target.spm", "trainer_state.json", "trainer_state.safetensors", "metrics.jsonl", "best", "averaged",
-    "tensorboard", "loss.png", "lr.png", "bleu.png", ".aiayn-demo",
+    "tensorboard", "loss.png", "lr.png", "bleu.png", "accuracy.png", ".aiayn-demo", "shared_vocabulary.json",
+    "source_vocabulary.json", "target_vocabulary.json",
 }  # fmt: skip
 
 

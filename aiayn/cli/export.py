@@ -1,19 +1,25 @@
-"""``aiayn export``: write a model directory in another library's layout (today: Hugging Face)."""
+"""``aiayn export``: write a model directory in another library's layout: Hugging Face transformers, or
+CTranslate2 (a translation model, optionally quantized)."""
 
 from __future__ import annotations
 
 import argparse
 
 from aiayn.atomic import atomic_dir, check_output
+from aiayn.errors import ConfigError
 from aiayn.interop import export_hf, from_pretrained
+from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
+from aiayn.interop.model_dir import load_translation_dir
 from aiayn.models.io import resolve_model_dir
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory
   aiayn export --model runs/lm --to hf lm-hf           # a LanguageModel -> GPT2LMHeadModel directory
+  aiayn export --model runs/de-en --to ctranslate2 de-en-ct2 --quantization int8  # ctranslate2.Translator
 
 A Transformer must be post-norm with sinusoidal positions (either layout) and LayerNorm ε 1e-5;
-a LanguageModel must be pre-norm. Anything else is refused with the reason.
+a LanguageModel must be pre-norm. CTranslate2 takes any translation model but a bidirectional one
+(docs/interop.md). Anything else is refused with the reason.
 
 OUT is written whole or not at all. It may not be the model being exported (nor contain it); a
 directory that already holds a model is replaced only with --force, and any other non-empty
@@ -25,7 +31,11 @@ def add_parser(sub) -> None:
     p = sub.add_parser("export", help="write a model as a Hugging Face (transformers) directory",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", required=True, metavar="DIR", help="model directory (aiayn's or HF's)")
-    p.add_argument("--to", choices=["hf"], default="hf", help="the layout to write (default: hf)")
+    p.add_argument(
+        "--to", choices=["hf", "ctranslate2"], default="hf", help="the layout to write (default: hf)"
+    )
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
+                   help="--to ctranslate2: the weights' type (default: float32)")  # fmt: skip
     p.add_argument("out", metavar="OUT", help="directory to write (created if missing)")
     p.add_argument("--force", action="store_true", help="replace OUT if it already holds a model")
     p.set_defaults(run=run)
@@ -35,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
     out = check_output(
         args.out, (resolve_model_dir(args.model),), directory=True, force=args.force, option="OUT"
     )
+    if args.to == "ctranslate2":
+        model, src_tok, tgt_tok = load_translation_dir(args.model)
+        check_exportable(model, src_tok, tgt_tok)  # before any work
+        with atomic_dir(out) as tmp:
+            export_ctranslate2(model, src_tok, tgt_tok, tmp, args.quantization)
+        print(f"wrote {out / 'model.bin'} ({args.quantization}) + vocabularies for ctranslate2.Translator")
+        return 0
+    if args.quantization != "float32":
+        raise ConfigError("--quantization is for --to ctranslate2")
     model = from_pretrained(args.model)
     with atomic_dir(out) as tmp:
         export_hf(model, tmp)

@@ -86,3 +86,37 @@ def test_what_does_not_map_is_refused_by_name(data, tmp_path):
             export_ctranslate2(model, t, t, tmp_path / "x")
     with pytest.raises(ModelDirError, match="quantization 'int3'"):
         export_ctranslate2(cases[0][0], tok, tok, tmp_path / "x", quantization="int3")
+
+
+def test_export_from_the_command_line(data, tmp_path, capsys):
+    from aiayn.cli.main import main
+    from aiayn.models.io import save_model
+
+    tok, sentences = data
+    sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
+    model_dir = tmp_path / "model"
+    vocab = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+    save_model(Transformer(TransformerConfig(**vocab, **sizes)), model_dir)
+    tok.save(model_dir)
+    out = tmp_path / "ct2"
+    assert main(["export", "--model", str(model_dir), "--to", "ctranslate2", str(out)]) == 0
+    assert (out / "model.bin").is_file()
+    assert main(["export", "--model", str(model_dir), "--to", "ctranslate2", str(out)]) == 1  # holds a model
+    assert main(["export", "--model", str(model_dir), "--to", "ctranslate2", str(out), "--force",
+                 "--quantization", "int8"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                "--model",
+                str(model_dir),
+                "--to",
+                "hf",
+                str(tmp_path / "hf"),
+                "--quantization",
+                "int8",
+            ]
+        )
+        == 1
+    )
+    assert "--quantization is for --to ctranslate2" in capsys.readouterr().err
