@@ -116,11 +116,7 @@ class Server:
     async def submit(self, key: Hashable, payload: Any, size: int, request: Request | None = None) -> Any:
         """The job's result; 429 when the queue is full, 503 past the timeout, a freed slot when the
         client disconnects first."""
-        try:
-            task = asyncio.ensure_future(self.batcher.submit(key, payload, size))
-        except QueueFull:
-            raise HTTPError(429, "Slowdown: too many requests are waiting; retry shortly",
-                            {"Retry-After": "1"}) from None  # fmt: skip
+        task = asyncio.ensure_future(self.batcher.submit(key, payload, size))  # a full queue fails it at once
         watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
         try:
             waiting = {task} | ({watch} if watch else set())
