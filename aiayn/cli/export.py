@@ -8,18 +8,22 @@ import argparse
 from aiayn.atomic import atomic_dir, check_output
 from aiayn.errors import ConfigError
 from aiayn.interop import export_hf, from_pretrained
+from aiayn.interop.bert import check_exportable as check_bert
+from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
-from aiayn.interop.model_dir import load_translation_dir
+from aiayn.interop.model_dir import load_encoder_dir, load_translation_dir, model_meta
 from aiayn.models.io import resolve_model_dir
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory
   aiayn export --model runs/lm --to hf lm-hf           # a LanguageModel -> GPT2LMHeadModel directory
+  aiayn export --model runs/sst2 --to hf sst2-hf       # an EncoderModel -> BertForSequenceClassification
   aiayn export --model runs/de-en --to ctranslate2 de-en-ct2 --quantization int8  # ctranslate2.Translator
 
 A Transformer must be post-norm with sinusoidal positions (either layout) and LayerNorm ε 1e-5;
-a LanguageModel must be pre-norm. CTranslate2 takes any translation model but a bidirectional one
-(docs/interop.md). Anything else is refused with the reason.
+a LanguageModel must be pre-norm; an EncoderModel needs BERT's fields (docs/interop.md).
+CTranslate2 takes any translation model but a bidirectional one. Anything else is refused with
+the reason.
 
 OUT is written whole or not at all. It may not be the model being exported (nor contain it); a
 directory that already holds a model is replaced only with --force, and any other non-empty
@@ -54,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.quantization != "float32":
         raise ConfigError("--quantization is for --to ctranslate2")
+    if model_meta(args.model)["kind"] == "encoder":  # BERT, with the class names and aiayn's tokenizer
+        model, tok, meta = load_encoder_dir(args.model)
+        check_bert(model)
+        with atomic_dir(out) as tmp:
+            export_bert(model, tmp, meta.get("labels"))
+            tok.save(tmp)
+        print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
+        return 0
     model = from_pretrained(args.model)
     with atomic_dir(out) as tmp:
         export_hf(model, tmp)

@@ -35,7 +35,7 @@ KIND_NAMES = {
 }
 
 
-HF_KINDS = {"marian": "transformer", "gpt2": "lm", "bert": "encoder"}  # HF model_type -> aiayn kind
+HF_KINDS = {"marian": "transformer", "gpt2": "lm"}  # HF model_type -> the aiayn kind it loads as
 
 
 def model_meta(directory: str | os.PathLike) -> dict:
@@ -113,10 +113,6 @@ def load_encoder_dir(
     """``(model, tokenizer, meta)`` of an encoder-only model directory (or of a training run: its
     best checkpoint), in eval mode; ``meta`` is its ``config.json`` (``labels`` for a classifier)."""
     directory = resolve_model_dir(directory)
-    if hf_model_type(directory) == "bert":  # a Hugging Face BERT directory (docs/interop.md)
-        from aiayn.interop.bert import load_bert_dir
-
-        return load_bert_dir(directory, device)
     check_kind(directory, ("encoder",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)

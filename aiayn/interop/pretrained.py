@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from aiayn.errors import ModelDirError
+from aiayn.interop.bert import export_bert
 from aiayn.interop.gpt2 import export_gpt2, load_gpt2
 from aiayn.interop.hf import HF_CONFIG, read_hf_config
 from aiayn.interop.marian import export_marian, load_marian
@@ -26,6 +27,7 @@ from aiayn.interop.tokenizers import (
     load_gpt2_tokenizer,
     load_marian_tokenizers,
 )
+from aiayn.models.encoder import EncoderModel
 from aiayn.models.io import load_model
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
@@ -97,12 +99,15 @@ def load_marian_translation(
 
 
 def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Write ``model`` as an HF directory: MarianMT for a ``Transformer``, GPT-2 for a ``LanguageModel``."""
+    """Write ``model`` as an HF directory: MarianMT for a ``Transformer``, GPT-2 for a ``LanguageModel``,
+    BERT for an ``EncoderModel``."""
     if isinstance(model, Transformer):
         return export_marian(model, directory)
     if isinstance(model, LanguageModel):
         return export_gpt2(model, directory)
+    if isinstance(model, EncoderModel):
+        return export_bert(model, directory)
     raise ModelDirError(
-        f"cannot export a {type(model).__name__} to HF: only a Transformer (as MarianMT) or a LanguageModel "
-        "(as GPT-2) maps to a Hugging Face architecture"
+        f"cannot export a {type(model).__name__} to HF: only a Transformer (as MarianMT), a LanguageModel "
+        "(as GPT-2) or an EncoderModel (as BERT) maps to a Hugging Face architecture"
     )
