@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 
 from aiayn.atomic import atomic_dir, check_output
+from aiayn.cli.decode_options import warn
+from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.errors import ConfigError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
 from aiayn.interop.model_dir import load_encoder_dir, load_translation_dir, model_meta
+from aiayn.interop.tokenizers import save_marian_tokenizer
 from aiayn.models.io import resolve_model_dir
 
 EXAMPLES = """examples:
@@ -67,7 +70,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model = from_pretrained(args.model)
+    meta, tokenizers = model_meta(args.model), None
+    if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
+        tokenizers = load_translation_dir(args.model)[1:]
+        if not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
+            warn("no tokenizer files written: MarianTokenizer segments with sentencepiece only")
+            tokenizers = None
     with atomic_dir(out) as tmp:
         export_hf(model, tmp)
-    print(f"wrote {type(model).__name__} as {out / 'config.json'} + model.safetensors")
+        if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
+            save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"))
+    extra = " + MarianTokenizer files" if tokenizers is not None else ""
+    print(f"wrote {type(model).__name__} as {out / 'config.json'} + model.safetensors{extra}")
     return 0

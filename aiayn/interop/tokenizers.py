@@ -28,7 +28,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from aiayn.data.tokenizer import Tokenizer
+from aiayn.atomic import write_bytes, write_json
+from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import read_json
 from aiayn.textfiles import read_text
@@ -204,3 +205,34 @@ def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None)
         return GPT2Tokenizer(vocab, merges, pad_id=pad_id)
     except ModelDirError as e:
         raise ModelDirError(f"{directory / 'vocab.json'}: {e}") from None
+
+
+def save_marian_tokenizer(
+    directory: str | os.PathLike, src: Tokenizer, tgt: Tokenizer, src_lang: str | None, tgt_lang: str | None
+) -> Path:
+    """Write the files of HF's ``MarianTokenizer`` for aiayn's sentencepiece tokenizers:
+    ``source.spm``/``target.spm`` (the models as they are), ``vocab.json`` (every piece -> its id:
+    aiayn's ids *are* sentencepiece's), ``target_vocab.json`` when the vocabularies differ, and a
+    ``tokenizer_config.json`` that makes ``<s>`` (the decoder's start) special, so that
+    ``decode(..., skip_special_tokens=True)`` drops it. A tokenizer that is not sentencepiece
+    (characters, an imported Marian or GPT-2 one) is a ``ModelDirError``: MarianTokenizer segments
+    with sentencepiece only."""
+    for side, tok in (("source", src), ("target", tgt)):
+        if not isinstance(tok, SentencePieceTokenizer):
+            raise ModelDirError(
+                f"the {side} tokenizer is {type(tok).__name__}; MarianTokenizer needs sentencepiece"
+            )
+    directory = Path(directory)
+    vocab = {tok.sp.id_to_piece(i): i for tok in (src,) for i in range(tok.vocab_size)}
+    separate = src.model_bytes() != tgt.model_bytes()
+    write_bytes(directory / "source.spm", src.model_bytes())
+    write_bytes(directory / "target.spm", tgt.model_bytes())
+    write_json(directory / "vocab.json", vocab)
+    if separate:
+        write_json(directory / "target_vocab.json", {tgt.sp.id_to_piece(i): i for i in range(tgt.vocab_size)})
+    write_json(directory / "tokenizer_config.json", {
+        "tokenizer_class": "MarianTokenizer", "source_lang": src_lang, "target_lang": tgt_lang,
+        "separate_vocabs": separate, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
+        "bos_token": "<s>", "model_max_length": 512,
+    })  # fmt: skip
+    return directory
