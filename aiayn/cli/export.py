@@ -8,7 +8,7 @@ import argparse
 from aiayn.atomic import atomic_dir, check_output
 from aiayn.cli.decode_options import warn
 from aiayn.data.tokenizer import SentencePieceTokenizer
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
@@ -72,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
     model = from_pretrained(args.model)
     meta, tokenizers = model_meta(args.model), None
     if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
-        tokenizers = load_translation_dir(args.model)[1:]
-        if not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
+        try:
+            tokenizers = load_translation_dir(args.model)[1:]
+        except ModelDirError as e:  # weights without a tokenizer still export
+            warn(f"no tokenizer files written: {e}")
+        if tokenizers and not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
             warn("no tokenizer files written: MarianTokenizer segments with sentencepiece only")
             tokenizers = None
     with atomic_dir(out) as tmp:
