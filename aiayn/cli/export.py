@@ -70,19 +70,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model = from_pretrained(args.model)
-    meta, tokenizers = model_meta(args.model), None
+    meta, tokenizers, why_not = model_meta(args.model), None, None
     if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
         try:
             tokenizers = load_translation_dir(args.model)[1:]
         except ModelDirError as e:  # weights without a tokenizer still export
-            warn(f"no tokenizer files written: {e}")
+            why_not = str(e)
         if tokenizers and not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
-            warn("no tokenizer files written: MarianTokenizer segments with sentencepiece only")
-            tokenizers = None
+            tokenizers, why_not = None, "MarianTokenizer segments with sentencepiece only"
     with atomic_dir(out) as tmp:
         export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
             save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"))
+    if why_not:
+        warn(f"no tokenizer files written: {why_not}")
     extra = " + MarianTokenizer files" if tokenizers is not None else ""
     print(f"wrote {type(model).__name__} as {out / 'config.json'} + model.safetensors{extra}")
     return 0
