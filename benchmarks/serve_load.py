@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import socket
 import statistics
@@ -31,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
@@ -122,8 +121,7 @@ def main() -> int:
     t0 = time.perf_counter()
     translator.translate(texts, SearchConfig(beam=args.beam))
     bound = len(texts) / (time.perf_counter() - t0)
-    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    out = {"machine": cpu, "beam": args.beam, "requests": len(texts), "rows": rows,
+    out = {"machine": machine(), "beam": args.beam, "requests": len(texts), "rows": rows,
            "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.json:
