@@ -159,3 +159,18 @@ def test_serve_refuses_bad_options_in_one_line(served, capsys, tmp_path):
     for argv, fragment in cases:
         assert main(argv) == 1
         assert fragment in capsys.readouterr().err
+
+
+def test_a_10mb_body_and_a_request_past_its_timeout(served):
+    de_en_meta(served["de-en"])
+    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.001))
+    with TestClient(app) as c:
+        r = c.post(
+            "/translate",
+            content=b"{" + b" " * (10 << 20) + b"}",
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]  # the default limit, 1 MiB
+        r = c.post("/v1/translate", json={"q": ["Ein Mann"] * 4, "beam": 8})
+        assert r.status_code == 503 and "waited more than 0.001 s" in r.json()["error"]
+        assert c.get("/health").json()["status"] == "ok"
