@@ -25,6 +25,13 @@ DEFAULT_MAX_LEN = 512  # tokens per text (bos and eos included) for models witho
 DEFAULT_MAX_TOKENS = 8192  # padded tokens per batch
 
 
+def _collate(model: nn.Module, rows, max_len: int) -> torch.Tensor:
+    """``[bos] + row + [eos]``, padded, with the model's own special ids (an imported BERT's [CLS],
+    [SEP] and [PAD] are not aiayn's 1, 2 and 0)."""
+    c = model.config
+    return collate_sequences(rows, max_len, c.pad_id, c.bos_id, c.eos_id)
+
+
 def _max_len(model: nn.Module) -> int:
     c = model.config
     return c.max_len if c.positional == "learned" else max(c.max_len, DEFAULT_MAX_LEN)
@@ -60,7 +67,7 @@ class TextClassifier:
         lengths = np.minimum([len(r) for r in rows], self.max_len - 2) + 1
         device = next(self.model.parameters()).device
         for idx in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches(0):
-            ids = collate_sequences([rows[i] for i in idx], self.max_len).to(device)
+            ids = _collate(self.model, [rows[i] for i in idx], self.max_len).to(device)
             out[torch.from_numpy(idx)] = self.model.classify(ids).float().softmax(-1).cpu()
         return out
 
@@ -117,7 +124,7 @@ class MaskFiller:
         if len(ids) + 2 > self.max_len:
             raise DataError(f"the query has {len(ids)} pieces; this model reads at most {self.max_len - 2}")
         device = next(self.model.parameters()).device
-        batch = collate_sequences([np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
+        batch = _collate(self.model, [np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
         logits = self.model(batch)[0].float()  # (T, V)
         logits[:, : tok.mask_id + 1] = -torch.inf  # never predict a special or <mask> itself
         probs = logits.softmax(-1)

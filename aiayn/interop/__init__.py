@@ -1,10 +1,11 @@
-"""Pretrained checkpoints in, Hugging Face directories out: OPUS-MT (MarianMT) and GPT-2.
+"""Pretrained checkpoints in, Hugging Face directories out: OPUS-MT (MarianMT), GPT-2 and BERT.
 
 ``from_pretrained(path)`` loads a local HF directory onto aiayn's own modules (strictly: every
 tensor mapped, shapes checked); ``export_hf(model, out)`` writes the directory ``transformers``
-loads; ``load_marian_tokenizers(path)`` and ``load_gpt2_tokenizer(path)`` give OPUS-MT's and
-GPT-2's tokenization behind aiayn's tokenizer interface, so that ``aiayn translate`` and
-``aiayn generate`` run downloaded checkpoints. Logits agree with ``transformers`` to float32
+loads; ``load_marian_tokenizers(path)``, ``load_gpt2_tokenizer(path)`` and
+``load_bert_tokenizer(path)`` give OPUS-MT's, GPT-2's and BERT's tokenization behind aiayn's
+tokenizer interface, so that ``aiayn translate``, ``aiayn generate``, ``aiayn classify`` and
+``aiayn fill-mask`` run downloaded checkpoints. Logits agree with ``transformers`` to float32
 rounding (``tests/interop``); see docs/interop.md.
 """
 
@@ -19,6 +20,8 @@ from aiayn.interop.pretrained import (
 from aiayn.interop.tokenizers import (
     GPT2Tokenizer,
     MarianTokenizer,
+    WordPieceTokenizer,
+    load_bert_tokenizer,
     load_gpt2_tokenizer,
     load_marian_tokenizers,
 )
@@ -26,9 +29,11 @@ from aiayn.interop.tokenizers import (
 __all__ = [
     "GPT2Tokenizer",
     "MarianTokenizer",
+    "WordPieceTokenizer",
     "export_hf",
     "from_pretrained",
     "hf_model_type",
+    "load_bert_tokenizer",
     "load_gpt2_generation",
     "load_gpt2_tokenizer",
     "load_marian_tokenizers",

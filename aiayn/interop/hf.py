@@ -9,7 +9,7 @@ along dim 0 (HF's ``q_proj``, ``k_proj``, ``v_proj`` make our ``w_qkv``), and GP
 weights are stored transposed. The same map loads (``to_aiayn``) and exports (``to_hf``), and
 loading is strict: every aiayn tensor must be filled with the right shape and every HF tensor used.
 A file that is missing, corrupt or does not fit is a ``ModelDirError`` naming it.
-This module knows no architecture; ``marian.py`` and ``gpt2.py`` build the maps.
+This module knows no architecture; ``marian.py``, ``gpt2.py`` and ``bert.py`` build the maps.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ ACTIVATIONS_FROM_HF = {
 ACTIVATIONS_TO_HF = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "swish"}
 
 
-def activation_from_hf(name: str) -> str:
+def activation_from_hf(name: str, field: str = "activation_function") -> str:
+    """Our activation for HF's ``name`` (``field`` is the config key it came from, for the error)."""
     if not isinstance(name, str) or name not in ACTIVATIONS_FROM_HF:
-        raise ModelDirError(
-            f"activation_function={name!r} has no aiayn equivalent ({sorted(ACTIVATIONS_FROM_HF)})"
-        )
+        raise ModelDirError(f"{field}={name!r} has no aiayn equivalent ({sorted(ACTIVATIONS_FROM_HF)})")
     return ACTIVATIONS_FROM_HF[name]
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.errors import ModelDirError
+from aiayn.interop.bert import load_bert_dir
 from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
@@ -35,7 +36,7 @@ KIND_NAMES = {
 }
 
 
-HF_KINDS = {"marian": "transformer", "gpt2": "lm"}  # HF model_type -> the aiayn kind it loads as
+HF_KINDS = {"marian": "transformer", "gpt2": "lm", "bert": "encoder"}  # HF model_type -> aiayn kind
 
 
 def model_meta(directory: str | os.PathLike) -> dict:
@@ -113,6 +114,8 @@ def load_encoder_dir(
     """``(model, tokenizer, meta)`` of an encoder-only model directory (or of a training run: its
     best checkpoint), in eval mode; ``meta`` is its ``config.json`` (``labels`` for a classifier)."""
     directory = resolve_model_dir(directory)
+    if hf_model_type(directory) == "bert":  # a downloaded or exported BERT (docs/interop.md)
+        return load_bert_dir(directory, device)
     check_kind(directory, ("encoder",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)

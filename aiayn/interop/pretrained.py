@@ -2,10 +2,12 @@
 
 ``from_pretrained(path)`` reads ``path/config.json``: with aiayn's ``kind`` field it is
 ``aiayn.models.io.load_model``; with HF's ``model_type`` it is ``"marian"`` (OPUS-MT, as a
-``Transformer``) or ``"gpt2"`` (as a ``LanguageModel``). Nothing is downloaded: fetch a model first
+``Transformer``), ``"gpt2"`` (as a ``LanguageModel``) or ``"bert"`` (as an ``EncoderModel``).
+Nothing is downloaded: fetch a model first
 (``huggingface-cli download Helsinki-NLP/opus-mt-de-en --local-dir opus-mt-de-en``).
-``export_hf(model, out)`` writes the HF directory of a ``Transformer`` (MarianMT) or
-``LanguageModel`` (GPT-2), refusing, with the reason, what those architectures cannot express.
+``export_hf(model, out)`` writes the HF directory of a ``Transformer`` (MarianMT), a
+``LanguageModel`` (GPT-2) or an ``EncoderModel`` (BERT), refusing, with the reason, what those
+architectures cannot express.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from aiayn.errors import ModelDirError
-from aiayn.interop.bert import export_bert
+from aiayn.interop.bert import export_bert, load_bert
 from aiayn.interop.gpt2 import export_gpt2, load_gpt2
 from aiayn.interop.hf import HF_CONFIG, read_hf_config
 from aiayn.interop.marian import export_marian, load_marian
@@ -60,10 +62,12 @@ def from_pretrained(
         model = load_marian(path)
     elif model_type == "gpt2":
         model = load_gpt2(path, pad_id)
+    elif model_type == "bert":
+        model = load_bert(path)
     else:
         raise ModelDirError(
             f"{Path(path) / HF_CONFIG}: model_type {model_type!r} is not supported; "
-            "aiayn reads marian (OPUS-MT), gpt2 and its own model directories"
+            "aiayn reads marian (OPUS-MT), gpt2, bert and its own model directories"
         )
     return model.to(device=device, dtype=dtype).eval()
 

@@ -16,20 +16,36 @@ text with GPT-2's pattern (which needs the ``regex`` package, a dependency of tr
 each piece's UTF-8 bytes to printable characters and applies the merges by rank, as HF's
 ``GPT2Tokenizer`` does. ``decode`` drops ``<|endoftext|>`` only: GPT-2's aiayn ``pad_id`` is a real
 token (``aiayn/interop/gpt2.py``), which a decoded continuation must keep.
+
+A BERT directory has ``vocab.txt`` (one WordPiece token per line, its id the line number) and
+``tokenizer_config.json`` (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars`` and the
+special tokens' names). ``WordPieceTokenizer`` does what HF's ``BertTokenizer`` (the tokenizers
+library's ``BertNormalizer``, ``BertPreTokenizer`` and ``WordPiece``) does: special tokens such as
+``[MASK]`` are cut out of the raw text first; the rest is cleaned (control characters dropped,
+whitespace made spaces), CJK ideographs spaced apart, accents stripped and letters lowercased (per
+character) for an uncased vocabulary, split at whitespace and around punctuation, and each word
+cut greedily into the longest tokens of the vocabulary (``##`` marks a continuation; a word that
+cannot be cut, or is over 100 characters, is ``[UNK]``). ``encode`` returns no ``[CLS]``/``[SEP]``:
+they are the tokenizer's ``bos_id``/``eos_id``, which aiayn's batching adds. aiayn's ``<mask>`` is
+read as ``[MASK]`` too, so ``aiayn fill-mask`` queries work unchanged. ``decode`` equals
+``BertTokenizer.decode(ids, skip_special_tokens=True)``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import string
+import unicodedata
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
 import sentencepiece as spm
 
-from aiayn.atomic import write_bytes, write_json
-from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
+from aiayn.atomic import write_bytes, write_json, write_text
+from aiayn.data.tokenizer import MASK, SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import read_json
 from aiayn.textfiles import read_text
@@ -205,6 +221,188 @@ def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None)
         return GPT2Tokenizer(vocab, merges, pad_id=pad_id)
     except ModelDirError as e:
         raise ModelDirError(f"{directory / 'vocab.json'}: {e}") from None
+
+
+# the tokenizers library's WordPiece decoder cleans each token's text with these replacements, in order
+WORDPIECE_CLEANUP = (
+    (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+    (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
+)  # fmt: skip
+CJK_RANGES = (  # BERT's "Chinese characters": the CJK Unified Ideographs blocks
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+)  # fmt: skip
+BERT_SPECIALS = dict(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
+
+
+def _is_punctuation(ch: str) -> bool:
+    """ASCII punctuation and symbols (``$``, ``+``, ``^``, …) or any Unicode punctuation (P*)."""
+    return ch in string.punctuation or unicodedata.category(ch).startswith("P")
+
+
+class WordPieceTokenizer(Tokenizer):
+    """BERT's WordPiece tokenization of ``vocab.txt`` (see the module docstring): ``[CLS]``, ``[SEP]``,
+    ``[PAD]`` and ``[UNK]`` are bos, eos, pad and unk; ``[MASK]`` is ``mask_id``.
+
+    ``tokens`` lists the vocabulary in id order; ``strip_accents=None`` follows ``lowercase``, as in
+    BERT; ``specials`` renames the special tokens (keys of ``BERT_SPECIALS``).
+    """
+
+    kind = "wordpiece"
+    prefix = "##"  # marks a token that continues a word
+    max_word = 100  # characters; a longer word is [UNK]
+
+    def __init__(
+        self,
+        tokens: list[str],
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        chinese_chars: bool = True,
+        **specials: str,
+    ):
+        self.tokens = list(tokens)
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}  # a repeated token: its last line, as in HF
+        names = {**BERT_SPECIALS, **specials}
+        missing = [names[k] for k in ("pad", "unk", "cls", "sep") if names[k] not in self.vocab]
+        if missing:
+            raise ModelDirError(f"the vocabulary lacks the special token(s) {missing}")
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            self.vocab[names[k]] for k in ("pad", "unk", "cls", "sep")
+        )
+        self.mask_id = self.vocab.get(names["mask"])
+        self.vocab_size = len(self.tokens)
+        self.lowercase, self.chinese_chars = lowercase, chinese_chars
+        self.strip_accents = lowercase if strip_accents is None else strip_accents
+        self.names = names
+        self.specials = {names[k]: self.vocab[names[k]] for k in names if names[k] in self.vocab}
+        self.skip = set(self.specials.values())
+        if self.mask_id is not None:
+            self.specials[MASK] = self.mask_id  # aiayn's "<mask>", as fill-mask writes it
+        alternatives = sorted(self.specials, key=len, reverse=True)  # leftmost, then longest
+        self.special_pattern = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
+
+    def _normalize(self, text: str) -> str:
+        """BertNormalizer: clean, space CJK ideographs apart, strip accents, lowercase."""
+        out = []
+        for ch in text:
+            if ch in "\t\n\r":  # control characters that count as whitespace
+                out.append(" ")
+            elif ch == "\ufffd" or unicodedata.category(ch).startswith("C"):  # control, format, unassigned
+                continue
+            elif ch.isspace():
+                out.append(" ")
+            elif self.chinese_chars and any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES):
+                out.append(f" {ch} ")
+            else:
+                out.append(ch)
+        text = "".join(out)
+        if self.strip_accents:
+            text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+        return "".join(c.lower() for c in text) if self.lowercase else text  # per character, as Rust does
+
+    def _words(self, text: str) -> list[str]:
+        """BertPreTokenizer: split at whitespace, and every punctuation character is a word."""
+        words = []
+        for chunk in text.split():
+            start = 0
+            for i, ch in enumerate(chunk):
+                if _is_punctuation(ch):
+                    words += [chunk[start:i], ch] if i > start else [ch]
+                    start = i + 1
+            if start < len(chunk):
+                words.append(chunk[start:])
+        return words
+
+    def _wordpiece(self, word: str) -> list[int]:
+        """Greedy longest-match-first cut of one word; [UNK] for the whole word if it fails."""
+        if len(word) > self.max_word:
+            return [self.unk_id]
+        ids, start = [], 0
+        while start < len(word):
+            for end in range(len(word), start, -1):
+                piece = word[start:end] if start == 0 else self.prefix + word[start:end]
+                if piece in self.vocab:
+                    ids.append(self.vocab[piece])
+                    start = end
+                    break
+            else:
+                return [self.unk_id]
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for i, part in enumerate(self.special_pattern.split(text)):
+            if i % 2:  # a special token, as written
+                ids.append(self.specials[part])
+            else:
+                for word in self._words(self._normalize(part)):
+                    ids += self._wordpiece(word)
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        tokens = [self.tokens[i] for i in self._ids(ids) if i not in self.skip]
+        out = []
+        for i, token in enumerate(tokens):
+            if i:
+                token = token[len(self.prefix) :] if token.startswith(self.prefix) else " " + token
+            for dirty, clean in WORDPIECE_CLEANUP:
+                token = token.replace(dirty, clean)
+            out.append(token)
+        return "".join(out)
+
+    def options(self) -> dict:
+        """``tokenizer_config.json``'s fields for this tokenizer (what ``BertTokenizer`` reads)."""
+        return {
+            "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
+            **{f"{k}_token": v for k, v in self.names.items()},
+        }  # fmt: skip
+
+    def model_bytes(self) -> bytes:
+        return json.dumps([self.tokens, self.options()], sort_keys=True).encode("utf-8")
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """``vocab.txt`` and ``tokenizer_config.json``, as ``BertTokenizer.save_pretrained`` writes them."""
+        directory = Path(directory)
+        write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
+        write_json(directory / "tokenizer_config.json", self.options())
+        return directory
+
+
+def _token_name(value) -> str | None:
+    """A special token's name in tokenizer_config.json: a string, or an AddedToken's ``content``."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def load_bert_tokenizer(directory: str | os.PathLike) -> WordPieceTokenizer:
+    """The WordPiece tokenizer of a BERT directory (``vocab.txt`` and, if there, ``tokenizer_config.json``,
+    whose absence means BertTokenizer's defaults: lowercase); ``ModelDirError`` naming a file that is
+    missing, corrupt or lacks a special token."""
+    directory = Path(directory)
+    path = directory / "vocab.txt"
+    text = read_text(
+        path, "a BERT directory needs its WordPiece vocabulary", fix="download or restore it again"
+    )
+    lines = text.split("\n")
+    if lines[-1] == "":  # the newline that ends the last line
+        lines.pop()
+    tokens = [line.rstrip() for line in lines]  # as the tokenizers library reads vocab.txt
+    config = directory / "tokenizer_config.json"
+    options = read_json(config, "") if config.is_file() else {}
+    flags = {}
+    for key, name in (("lowercase", "do_lower_case"), ("strip_accents", "strip_accents"),
+                      ("chinese_chars", "tokenize_chinese_chars")):  # fmt: skip
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ModelDirError(f"{config}: {name} must be true or false, got {value!r}")
+        if value is not None:
+            flags[key] = value
+    names = {k: _token_name(options.get(f"{k}_token")) for k in BERT_SPECIALS}
+    try:
+        return WordPieceTokenizer(tokens, **flags, **{k: v for k, v in names.items() if v})
+    except ModelDirError as e:
+        raise ModelDirError(f"{path}: {e}") from None
 
 
 def save_marian_tokenizer(

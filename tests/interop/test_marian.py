@@ -90,8 +90,8 @@ def test_unsupported_and_broken_directories(tmp_path):
     marian(tmp_path, encoder_attention_heads=2)
     with pytest.raises(ModelDirError, match="encoder_attention_heads=2 but decoder_attention_heads=4"):
         from_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(ModelDirError, match="model_type 'bert' is not supported"):
+    (tmp_path / "config.json").write_text('{"model_type": "t5"}')
+    with pytest.raises(ModelDirError, match="model_type 't5' is not supported"):
         from_pretrained(tmp_path)
     marian(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"junk")
