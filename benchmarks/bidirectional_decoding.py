@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 
 import torch
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
 from aiayn.decoding.bidirectional import BidirectionalAdapter
 
@@ -49,6 +48,7 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=20, help="source and output tokens")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,9 +66,12 @@ def main() -> int:
         }
         rows.append({**row, "cost_ratio": round(one / two, 2)})
         print(json.dumps(rows[-1]), flush=True)
-    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    cpu += f", {torch.get_num_threads()} threads"
-    print(json.dumps({"machine": cpu, "torch": torch.__version__}))
+    out = {"machine": machine(), "threads": torch.get_num_threads(), "sentences": args.sentences,
+           "length": args.length, "batch": args.batch, "rows": rows}  # fmt: skip
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=2)
     return 0
 
 
