@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
-from aiayn.data.labelled import LabelMap, find_table  # noqa: E402
+from aiayn.data.labelled import find_table  # noqa: E402
 from aiayn.data.sentences import load_examples  # noqa: E402
-from aiayn.decoding.classifier import TextClassifier, classification_metrics  # noqa: E402
+from aiayn.decoding.classifier import TextClassifier  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
 from aiayn.training.config import load_recipe  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
@@ -69,10 +69,8 @@ def dev_scores(run_dir: Path, dev: Path) -> dict:
     """Accuracy and macro-F1 of the run's best checkpoint on ``dev``, recomputed from the saved model."""
     classifier = TextClassifier.from_dir(run_dir)
     data = load_examples(dev, "all")
-    gold = LabelMap(classifier.labels).ids(data)
-    predicted = classifier.probabilities(data.texts).argmax(-1).tolist()
-    m = classification_metrics(gold, predicted, len(classifier.labels))
-    return {**m, "parameters": count_parameters(classifier.model), "examples": len(gold)}
+    m, _ = classifier.score(data)
+    return {**m, "parameters": count_parameters(classifier.model), "examples": len(data)}
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ from aiayn.cli.decode_options import (
     warn,
 )
 from aiayn.data.corpus import load_parallel
-from aiayn.data.labelled import LabelMap, load_labelled
-from aiayn.decoding.classifier import TextClassifier, classification_metrics
+from aiayn.data.labelled import load_labelled
+from aiayn.decoding.classifier import TextClassifier
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
@@ -121,12 +121,10 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
     classifier = TextClassifier.from_dir(args.model, args.device)
-    gold = LabelMap(classifier.labels).ids(data)  # a label the model does not know: an error naming the line
-    predicted = classifier.probabilities(data.texts, args.max_tokens).argmax(-1).tolist()
-    m = classification_metrics(gold, predicted, len(classifier.labels))
+    m, predicted = classifier.score(data, args.max_tokens)  # a label the model does not know: an error
     if args.output:
         write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))
-    print(f"{data.path}: {len(gold)} examples, {args.model}")
+    print(f"{data.path}: {len(data)} examples, {args.model}")
     print(f"accuracy {m['accuracy']:6.2f}   macro-F1 {m['macro_f1']:6.2f}")
     width = max(len(y) for y in classifier.labels)
     print("confusion (rows: gold, columns: predicted)")
@@ -134,7 +132,7 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     for y, row in zip(classifier.labels, m["confusion"], strict=True):
         print(f"{y:>{width}}" + "".join(f" {c:>8}" for c in row))
     if args.json:
-        report = {"data": str(data.path), "model": str(args.model), "examples": len(gold),
+        report = {"data": str(data.path), "model": str(args.model), "examples": len(data),
                   "labels": classifier.labels, **m}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from aiayn.data.batching import TokenBatchSampler, collate_sequences
+from aiayn.data.labelled import LabelledCorpus, LabelMap
 from aiayn.data.tokenizer import MASK, Tokenizer
 from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop.model_dir import load_encoder_dir
@@ -70,6 +71,13 @@ class TextClassifier:
             ids = _collate(self.model, [rows[i] for i in idx], self.max_len).to(device)
             out[torch.from_numpy(idx)] = self.model.classify(ids).float().softmax(-1).cpu()
         return out
+
+    def score(self, data: LabelledCorpus, max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[dict, list[int]]:
+        """``classification_metrics`` of a labelled corpus, and the predicted class ids; a label the
+        model does not know is a ``DataError`` naming its line."""
+        gold = LabelMap(self.labels).ids(data)
+        predicted = self.probabilities(data.texts, max_tokens).argmax(-1).tolist()
+        return classification_metrics(gold, predicted, len(self.labels)), predicted
 
     def predict(
         self, texts: Sequence[str], top_k: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS

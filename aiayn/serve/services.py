@@ -34,6 +34,15 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 
 
+def per_request(flat: list, requests: Sequence[Sequence[str]]) -> list[list]:
+    """The results of all requests' texts, decoded together, handed back request by request."""
+    out, start = [], 0
+    for r in requests:
+        out.append(flat[start : start + len(r)])
+        start += len(r)
+    return out
+
+
 def _weights(maps: dict[str, list[torch.Tensor]]) -> dict[str, list]:
     """``{kind: [L × (1, h, T_q, T_k)]}`` -> ``{kind: [L][h][T_q][T_k]}`` floats rounded to 4 places."""
     return {kind: [[[[round(v, 4) for v in row] for row in head] for head in w[0].float().tolist()]
@@ -67,11 +76,7 @@ class TranslationService:
             if attention and items:
                 result["attention"] = self._attention(src, items[0]["tokens"])
             results.append(result)
-        out, start = [], 0
-        for r in requests:
-            out.append(results[start : start + len(r)])
-            start += len(r)
-        return out
+        return per_request(results, requests)
 
     def _attention(self, src: list[int], out: list[int]) -> dict:
         t, c = self.translator, self.translator.model.config
@@ -149,11 +154,7 @@ class EncoderService:
         texts = [t for r in requests for t in r]
         ranked = self.classifier.predict(texts, top_k) if texts else []
         flat = [[{"label": y, "probability": round(p, 6)} for y, p in r] for r in ranked]
-        out, start = [], 0
-        for r in requests:
-            out.append(flat[start : start + len(r)])
-            start += len(r)
-        return out
+        return per_request(flat, requests)
 
     def fill(self, query: str, top_k: int) -> list[list[dict]]:
         if self.filler is None:

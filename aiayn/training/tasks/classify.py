@@ -28,7 +28,7 @@ from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import check_kind
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
-from aiayn.models.io import load_model, read_config, resolve_model_dir
+from aiayn.models.io import load_model, resolve_model_dir
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, register_task
 from aiayn.training.tasks.encoder import EncoderTask
@@ -93,7 +93,8 @@ class ClassifyTask(EncoderTask):
         n = len(self.labels)
         if self.pretrained is None:
             return EncoderModel(self.encoder_config(n_classes=n))
-        base = read_config(self.pretrained)["config"]
+        pretrained = load_model(self.pretrained)
+        base = pretrained.config.to_dict()
         for key, value in self.cfg.model.items():
             if key not in HEAD_FIELDS and base.get(key) != value:
                 raise ConfigError(
@@ -101,8 +102,7 @@ class ClassifyTask(EncoderTask):
                     f"(init_from={self.cfg.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
                 )
         model = EncoderModel(EncoderConfig.from_dict({**base, **self.cfg.model, "n_classes": n}))
-        state = {k: v for k, v in load_model(self.pretrained).state_dict().items()
-                 if not k.startswith("classifier.")}  # fmt: skip
+        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("classifier.")}
         missing, unexpected = model.load_state_dict(state, strict=False)
         new = [k for k in missing if not k.startswith("classifier.")]
         if new or unexpected:
