@@ -33,6 +33,7 @@ from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.serve.settings import Settings  # noqa: E402
 
 
 def free_port() -> int:
@@ -48,10 +49,11 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start(model: str, batching: bool, threads: int) -> tuple[subprocess.Popen, str]:
+def start(model: str, batching: bool, threads: int, window_ms: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--threads",
-            str(threads), "--max-batch-texts", "64" if batching else "0", "--queue-size", "256"]  # fmt: skip
+            str(threads), "--max-batch-texts", "64" if batching else "0", "--queue-size", "256",
+            "--batch-window-ms", str(window_ms)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     for _ in range(300):
@@ -96,12 +98,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--window-ms", type=float, default=None, help="the server's --batch-window-ms")
+    ap.add_argument("--batching", nargs="+", default=["off", "on"], choices=["off", "on"])
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     texts = [src for src, _ in load_parallel("multi30k", "test", "de", "en")][: args.requests]
     rows = []
-    for batching in (False, True):
-        proc, url = start(args.model, batching, args.threads)
+    window = Settings().batch_window_ms if args.window_ms is None else args.window_ms
+    for batching in (mode == "on" for mode in args.batching):
+        proc, url = start(args.model, batching, args.threads, window)
         try:
             one(url, texts[0], args.beam)  # warm-up
             for n in args.clients:
@@ -121,8 +126,8 @@ def main() -> int:
     t0 = time.perf_counter()
     translator.translate(texts, SearchConfig(beam=args.beam))
     bound = len(texts) / (time.perf_counter() - t0)
-    out = {"machine": machine(), "beam": args.beam, "requests": len(texts), "rows": rows,
-           "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
+    out = {"machine": machine(), "beam": args.beam, "requests": len(texts), "batch_window_ms": window,
+           "rows": rows, "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

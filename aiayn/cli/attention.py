@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
         epilog=EXAMPLES,
         formatter_class=formatter,
     )
-    add_model_argument(p)
+    add_model_argument(p, quantize=False)
     p.add_argument("--src", required=True, help="source sentence (a language model: the text)")
     p.add_argument("--tgt", help="target sentence (default: the model's greedy translation)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")

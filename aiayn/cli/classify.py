@@ -10,6 +10,7 @@ from aiayn.cli.decode_options import (
     add_model_argument,
     check_outputs,
     formatter,
+    quantized,
     read_input,
     write_output,
 )
@@ -44,7 +45,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args, "--output", inputs=(args.input,))
-    classifier = TextClassifier.from_dir(args.model, args.device)
+    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device))
     results = classifier.predict(read_input(args), args.top_k, args.max_tokens)
     if args.json:
         out = [json.dumps({"labels": [y for y, _ in r], "probabilities": [round(p, 6) for _, p in r]},

@@ -11,20 +11,38 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from aiayn.atomic import check_output, write_text
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
 from aiayn.errors import DataError, OutputError
 from aiayn.models.io import resolve_model_dir
+from aiayn.models.quantize import QUANTIZATIONS, quantize
+
+T = TypeVar("T")
 
 
-def add_model_argument(p: argparse.ArgumentParser) -> None:
+def add_model_argument(p: argparse.ArgumentParser, quantize: bool = True) -> None:
     p.add_argument(
         "--model", required=True, metavar="DIR", help="model directory (config.json, weights, tokenizer)"
     )
     p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+    if quantize:
+        add_quantize_argument(p)
+
+
+def add_quantize_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize", choices=QUANTIZATIONS, default="none",
+        help="int8: dynamic int8 quantization of every linear layer, faster on a CPU (default: none)",
+    )  # fmt: skip
+
+
+def quantized(args: argparse.Namespace, runner: T) -> T:
+    """``runner`` (a Translator, Generator, …) with its model quantized as ``--quantize`` asks."""
+    quantize(runner.model, args.quantize)
+    return runner
 
 
 def add_io_arguments(p: argparse.ArgumentParser, what: str) -> None:

@@ -15,6 +15,7 @@ from aiayn.cli.decode_options import (
     add_search_arguments,
     check_outputs,
     formatter,
+    quantized,
     search_config,
     warn,
 )
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     source = (args.src, args.ref) if args.src else args.dataset
     corpus = load_parallel(source, args.split, src_lang, tgt_lang)
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
-    translator = Translator.from_dir(args.model, args.device)
+    translator = quantized(args, Translator.from_dir(args.model, args.device))
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
     if args.output:
@@ -120,7 +121,7 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     label_column = args.label_column if args.label_column is not None else meta.get("label_column", "")
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
-    classifier = TextClassifier.from_dir(args.model, args.device)
+    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device))
     m, predicted = classifier.score(data, args.max_tokens)  # a label the model does not know: an error
     if args.output:
         write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))

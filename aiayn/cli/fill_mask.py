@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from aiayn.cli.decode_options import add_model_argument, formatter
+from aiayn.cli.decode_options import add_model_argument, formatter, quantized
 from aiayn.decoding.classifier import MaskFiller
 
 EXAMPLES = """examples:
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    filler = MaskFiller.from_dir(args.model, args.device)
+    filler = quantized(args, MaskFiller.from_dir(args.model, args.device))
     masks = filler.fill(args.text, args.top_k)
     if args.json:
         print(json.dumps([[f.__dict__ for f in fillers] for fillers in masks], ensure_ascii=False, indent=1))

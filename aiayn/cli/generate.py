@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.decode_options import add_model_argument, formatter, warn
+from aiayn.cli.decode_options import add_model_argument, formatter, quantized, warn
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.errors import ConfigError
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_len=0 if args.stop_at_eos else args.max_new_tokens,
     )
-    generator = Generator.from_dir(args.model, args.device)
+    generator = quantized(args, Generator.from_dir(args.model, args.device))
     texts = generator.generate(args.prompt, args.max_new_tokens, config, warn=warn)
     print("\n---------------\n".join(texts))
     return 0

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from aiayn.cli.decode_options import formatter
+from aiayn.cli.decode_options import add_quantize_argument, formatter
 from aiayn.errors import ConfigError
 
 DESCRIPTION = "Serve models over HTTP: translation, generation, classification; a page shows attention."
@@ -40,6 +40,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--port", type=int, default=5000, help="default: 5000 (LibreTranslate's)")
     p.add_argument("--device", default="cpu", help="torch device for the models (default: cpu)")
+    add_quantize_argument(p)
     p.add_argument("--api-keys", metavar="FILE", help="require one of these keys (one per line)")
     p.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads for the model (0 = PyTorch's default)"
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name != "api_keys"}
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
     settings = Settings(**fields, api_keys=keys)
-    services = [load_service(name, path, args.device) for name, path in parse_models(args.model)]
+    models = parse_models(args.model)
+    services = [load_service(name, path, args.device, args.quantize) for name, path in models]
     app = create_app(services, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",

@@ -11,6 +11,7 @@ from aiayn.cli.decode_options import (
     add_search_arguments,
     check_outputs,
     formatter,
+    quantized,
     read_input,
     search_config,
     warn,
@@ -76,7 +77,7 @@ def format_output(nbest: list[list], translator: Translator, n: int) -> str:
 def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     check_outputs(args, "--output", inputs=(args.input,))
-    translator = Translator.from_dir(args.model, args.device, args.max_src_len)
+    translator = quantized(args, Translator.from_dir(args.model, args.device, args.max_src_len))
     lines = read_input(args)
     sources, cut = translator.encode(lines, strict=args.strict)
     for i in cut:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)"
             )
-        scorer = Translator.from_dir(args.rerank_with, args.device, args.max_src_len)
+        scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
         nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
         results = [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]

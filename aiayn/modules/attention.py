@@ -103,22 +103,44 @@ class MultiHeadAttention(nn.Module):
         self.w_qkv = nn.Linear(d_model, 2 * hk + hv, bias=bias)  # [W^Q; W^K; W^V] of all heads
         self.w_o = nn.Linear(hv, d_model, bias=bias)  # W^O
         self._split = (hk, hk, hv)
+        # the row blocks of w_qkv that cross-attention applies on their own
+        self._rows = {"q": (0, hk), "kv": (hk, 2 * hk + hv), "k": (hk, 2 * hk), "v": (2 * hk, 2 * hk + hv)}
+        self.row_blocks: nn.ModuleDict | None = None  # set by split_row_blocks (quantized models)
 
-    def _project(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of the stacked projection applied to x (a view, no weight copy)."""
+    def split_row_blocks(self) -> None:
+        """Copy each row block of ``w_qkv`` into a Linear of its own.
+
+        A quantized Linear packs its weight and cannot be sliced; after this, a dynamic quantization
+        (``aiayn.models.quantize``) turns these copies into quantized Linears too. Outputs are unchanged.
+        """
+        w, b = self.w_qkv.weight.detach(), self.w_qkv.bias
+        blocks = nn.ModuleDict()
+        for name, (start, stop) in self._rows.items():
+            block = nn.Linear(w.size(1), stop - start, bias=b is not None).to(w)
+            block.weight.data.copy_(w[start:stop])
+            if b is not None:
+                block.bias.data.copy_(b.detach()[start:stop])
+            blocks[name] = block
+        self.row_blocks = blocks
+
+    def _project(self, x: Tensor, rows: str) -> Tensor:
+        """A row block of the stacked projection (``self._rows[rows]``) applied to x."""
+        if self.row_blocks is not None:
+            return self.row_blocks[rows](x)
+        start, stop = self._rows[rows]
         b = self.w_qkv.bias
-        return F.linear(x, self.w_qkv.weight[start:stop], None if b is None else b[start:stop])
+        return F.linear(x, self.w_qkv.weight[start:stop], None if b is None else b[start:stop])  # a view
 
     def project_qkv(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
         """Q W^Q, K W^K, V W^V with as few matrix products as the inputs allow."""
         hk, _, hv = self._split
         if key is query and value is query:  # self-attention: one product
             return self.w_qkv(query).split(self._split, dim=-1)
-        q = self._project(query, 0, hk)
+        q = self._project(query, "q")
         if key is value:  # cross-attention: keys and values from the same memory
-            k, v = self._project(key, hk, 2 * hk + hv).split((hk, hv), dim=-1)
+            k, v = self._project(key, "kv").split((hk, hv), dim=-1)
             return q, k, v
-        return q, self._project(key, hk, 2 * hk), self._project(value, 2 * hk, 2 * hk + hv)
+        return q, self._project(key, "k"), self._project(value, "v")
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         return x.view(x.size(0), x.size(1), self.n_heads, d).transpose(1, 2)  # (B, h, T, d)
@@ -134,7 +156,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         if cache is not None and cache.static and cache.k is not None:
             # cross-attention while decoding: memory keys/values were projected at the first step
-            q = self._heads(self._project(query, 0, self._split[0]), self.d_k)
+            q = self._heads(self._project(query, "q"), self.d_k)
             k, v = cache.k, cache.v
         else:
             q, k, v = self.project_qkv(query, key, value)

@@ -24,6 +24,7 @@ from aiayn.decoding.sampling import filter_logits
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
+from aiayn.models.quantize import quantize
 
 LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
                   "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pt": "Portuguese",
@@ -55,6 +56,7 @@ class TranslationService:
     def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
         self.name, self.directory = name, Path(directory)
         self.translator = Translator.from_dir(directory, device)
+        self.model = self.translator.model
         meta = model_meta(directory)
         self.source, self.target = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
 
@@ -100,6 +102,7 @@ class LMService:
     def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
         self.name, self.directory = name, Path(directory)
         self.generator = Generator.from_dir(directory, device)
+        self.model = self.generator.model
 
     @torch.inference_mode()
     def stream(
@@ -143,6 +146,7 @@ class EncoderService:
     def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
         self.name, self.directory = name, Path(directory)
         model, tok, meta = load_encoder_dir(directory, device)
+        self.model = model
         self.classifier = (
             TextClassifier(model, tok, meta.get("labels") or []) if model.config.n_classes else None
         )
@@ -166,7 +170,12 @@ class EncoderService:
 SERVICES = {"transformer": TranslationService, "lm": LMService, "encoder": EncoderService}
 
 
-def load_service(name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
-    """The service for a model directory of any kind (``ModelDirError`` if it is not one)."""
+def load_service(
+    name: str, directory: str | os.PathLike, device: str | torch.device = "cpu", quantization: str = "none"
+):
+    """The service for a model directory of any kind (``ModelDirError`` if it is not one), its model
+    quantized as ``quantization`` says (``aiayn.models.quantize``)."""
     kind = check_kind(directory, tuple(SERVICES))
-    return SERVICES[kind](name, directory, device)
+    service = SERVICES[kind](name, directory, device)
+    quantize(service.model, quantization)
+    return service

@@ -85,3 +85,13 @@ def test_works_as_a_pipe(model_dirs):
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert len(proc.stdout.decode().splitlines()) == 1
+
+
+def test_quantize_int8_translates_and_unknown_precisions_are_refused(model_dirs, monkeypatch, capsys):
+    args = ["translate", "--model", str(model_dirs["joint"]), "--beam", "2"]
+    _stdin(monkeypatch, "Ein Mann fährt Fahrrad.\nZwei Hunde\n".encode())
+    assert main([*args, "--quantize", "int8"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--quantize", "int4"])
+    assert exit_info.value.code == 2 and "--quantize: invalid choice: 'int4'" in capsys.readouterr().err

@@ -174,3 +174,18 @@ def test_a_10mb_body_and_a_request_past_its_timeout(served):
         r = c.post("/v1/translate", json={"q": ["Ein Mann"] * 4, "beam": 8})
         assert r.status_code == 503 and "waited more than 0.001 s" in r.json()["error"]
         assert c.get("/health").json()["status"] == "ok"
+
+
+def test_quantized_services_answer_as_the_quantized_translator_does(served):
+    from aiayn.models.quantize import is_quantized, quantize
+
+    de_en_meta(served["de-en"])
+    services = [load_service(name, path, quantization="int8") for name, path in served.items()]
+    assert all(is_quantized(s.model) for s in services)
+    translator = Translator.from_dir(served["de-en"])
+    quantize(translator.model, "int8")
+    expected = translator.translate(["Ein Mann", "Zwei Hunde"], SearchConfig(beam=2))
+    with TestClient(create_app(services, Settings())) as c:
+        r = c.post("/v1/translate", json={"q": ["Ein Mann", "Zwei Hunde"], "beam": 2})
+        assert [x["translation"] for x in r.json()["results"]] == expected
+        assert c.post("/v1/classify", json={"q": ["a great film"], "model": "sentiment"}).status_code == 200

@@ -1,0 +1,310 @@
+"""Decoding engines on the same weights: aiayn float32 and int8, CTranslate2 float32 and int8, HF.
+
+Two models: (a) a trained translation model directory (``--model``, e.g. ``make demo``'s
+runs/demo) over the 1,000 Multi30k test2016 sources, scored with sacreBLEU; (b) a random model of
+OPUS-MT's sizes (d_model 512, 6+6 layers, d_ff 2048, 8 heads; the vocabulary of (a)'s tokenizer,
+since CTranslate2 needs the pieces) decoding every sentence to a fixed length, so that every engine
+does the same work whatever the random weights predict. Settings: batch 32 beam 4 (CTranslate2's own
+benchmark), batch 64 greedy, batch 1 beam 4 (latency, on the first ``--latency-sentences``).
+
+Every engine runs in a process of its own (its peak RSS is its memory, the Python runtime and the
+libraries included) on the same batches: the sources sorted by length, cut into fixed-size batches.
+Outputs are compared with aiayn float32:
+CTranslate2 float32 should give the same tokens (the length penalty is off, as in the export tests),
+int8 engines the same BLEU within a few tenths. Reports target tokens/s (eos excluded), latency per
+sentence at batch 1, peak RSS, and the ratios against aiayn float32 (speed-ups > 1 mean faster).
+
+    python benchmarks/decoding_engines.py --model runs/demo --json results/decoding-engines.json
+    python benchmarks/decoding_engines.py --model runs/demo --threads 1 --sentences 200 --skip-base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ENGINES = ("aiayn-fp32", "aiayn-int8", "ct2-fp32", "ct2-int8", "hf")
+SETTINGS = {"b32-beam4": (32, 4), "b64-greedy": (64, 1), "b1-beam4": (1, 4)}
+BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.0)
+MAX_LEN = 100  # output limit of the trained model: above any Multi30k test translation
+
+
+def machine() -> str:
+    from aiayn.cli.demo import machine as describe
+
+    return describe()
+
+
+# ---------------------------------------------------------------------------------------------- worker
+def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads: int):
+    """``decode(batch of source ids (eos excluded), beam, fixed_len or None) -> target ids`` of an engine."""
+    torch.set_num_threads(threads)
+    if name.startswith("aiayn"):
+        from aiayn.decoding.options import SearchConfig
+        from aiayn.decoding.translator import Translator
+        from aiayn.models.quantize import quantize
+
+        t = Translator.from_dir(model_dir)
+        quantize(t.model, "int8" if name.endswith("int8") else "none")
+        eos = t.model.config.eos_id
+
+        def decode(batch, beam, fixed):
+            n = fixed or MAX_LEN
+            cfg = SearchConfig(beam=beam, lenpen=0.0, max_len=n, min_len=fixed or 0)
+            hyps = t.search(batch, cfg, max_tokens=10**9)  # one batch: the benchmark's own
+            return [[i for i in h[0].tokens if i != eos] for h in hyps]
+
+        return decode
+    if name.startswith("ct2"):
+        import ctranslate2
+
+        from aiayn.interop.model_dir import load_translation_dir
+
+        _, src_tok, tgt_tok = load_translation_dir(model_dir)
+        compute = "int8" if name.endswith("int8") else "float32"
+        tr = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute, intra_threads=threads)
+
+        def decode(batch, beam, fixed):
+            pieces = [[src_tok.sp.id_to_piece(i) for i in s] for s in batch]
+            out = tr.translate_batch(
+                pieces,
+                beam_size=beam,
+                length_penalty=0.0,
+                max_batch_size=len(batch),
+                max_decoding_length=fixed or MAX_LEN,
+                min_decoding_length=fixed or 0,
+            )
+            return [[tgt_tok.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in out]
+
+        return decode
+    from transformers import MarianMTModel
+
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
+
+    def decode(batch, beam, fixed):
+        rows = [torch.tensor([*s, eos]) for s in batch]
+        src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)
+        n = fixed or MAX_LEN
+        with torch.inference_mode():
+            out = hf.generate(
+                input_ids=src,
+                attention_mask=src != pad,
+                num_beams=beam,
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=fixed or 0,
+                length_penalty=0.0,
+                early_stopping=True,
+            )
+        return [[i for i in row[1:] if i not in (pad, eos)] for row in out.tolist()]
+
+    return decode
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def worker(args) -> None:
+    job = json.loads(Path(args.worker).read_text())
+    decode = load_engine(job["engine"], Path(job["model"]), Path(job["ct2"]), Path(job["hf"]), job["threads"])
+    report = {"engine": job["engine"], "threads": job["threads"], "runs": {}}
+    for setting, (size, beam) in SETTINGS.items():
+        sources = job["latency_sources"] if size == 1 else job["sources"]
+        batches = [sources[i : i + size] for i in range(0, len(sources), size)]
+        decode(batches[0], beam, job["fixed"])  # warm-up
+        best, outputs = float("inf"), None
+        for _ in range(job["repeats"]):
+            t0 = time.perf_counter()
+            outputs = [o for b in batches for o in decode(b, beam, job["fixed"])]
+            best = min(best, time.perf_counter() - t0)
+        tokens = sum(len(o) for o in outputs)
+        report["runs"][setting] = {
+            "seconds": round(best, 3),
+            "sentences": len(sources),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / best, 1),
+            "ms_per_sentence": round(1000 * best / len(sources), 2),
+            "outputs": outputs,
+        }
+    report["peak_rss_mb"] = peak_rss_mb()
+    Path(job["out"]).write_text(json.dumps(report))
+
+
+# ---------------------------------------------------------------------------------------------- parent
+def prepare(model_dir: Path, work: Path, base: bool) -> tuple[Path, Path, Path]:
+    """The model directory to decode with (the trained one, or a random base-size one with the
+    trained one's tokenizers), and its CTranslate2 and HF Marian exports."""
+    from aiayn import Transformer, TransformerConfig
+    from aiayn.data.tokenizer import save_translation_tokenizers
+    from aiayn.interop.ctranslate2 import export_ctranslate2
+    from aiayn.interop.marian import export_marian
+    from aiayn.interop.model_dir import load_translation_dir
+    from aiayn.models.io import save_model
+
+    model, src_tok, tgt_tok = load_translation_dir(model_dir)
+    name = "trained"
+    if base:
+        torch.manual_seed(0)
+        c, name = model.config, "base"
+        model = Transformer(
+            TransformerConfig(
+                src_vocab_size=c.src_vocab_size,
+                tgt_vocab_size=c.tgt_vocab_size,
+                share_embeddings=c.share_embeddings,
+                **BASE,
+            )
+        ).eval()
+        model_dir = work / name
+        save_model(model, model_dir)
+        save_translation_tokenizers(model_dir, src_tok, tgt_tok)
+    export_ctranslate2(model, src_tok, tgt_tok, work / f"ct2-{name}")
+    export_marian(model, work / f"hf-{name}")
+    return model_dir, work / f"ct2-{name}", work / f"hf-{name}"
+
+
+def run_engines(args, model_dir, ct2_dir, hf_dir, sources, latency, fixed, work: Path) -> list[dict]:
+    reports = []
+    for threads in args.threads:
+        for engine in args.engines:
+            job = {
+                "engine": engine,
+                "threads": threads,
+                "model": str(model_dir),
+                "ct2": str(ct2_dir),
+                "hf": str(hf_dir),
+                "sources": sources,
+                "latency_sources": sources[:latency],
+                "fixed": fixed,
+                "repeats": args.repeats,
+                "out": str(work / "report.json"),
+            }
+            (work / "job.json").write_text(json.dumps(job))
+            subprocess.run([sys.executable, __file__, "--worker", str(work / "job.json")], check=True)
+            reports.append(json.loads((work / "report.json").read_text()))
+            r = reports[-1]
+            print(
+                f"  {engine:10} {threads} thr  "
+                + "  ".join(f"{k} {v['tokens_per_s']:8.1f} tok/s" for k, v in r["runs"].items())
+                + f"  rss {r['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+    return reports
+
+
+def summarise(reports: list[dict], detok, refs) -> list[dict]:
+    """Per engine and thread count: speeds, ratios to aiayn float32, agreement and BLEU."""
+    import sacrebleu
+
+    rows = []
+    for r in reports:
+        ref = next(x for x in reports if x["engine"] == "aiayn-fp32" and x["threads"] == r["threads"])
+        row = {"engine": r["engine"], "threads": r["threads"], "peak_rss_mb": r["peak_rss_mb"]}
+        for setting, run in r["runs"].items():
+            base = ref["runs"][setting]
+            same = sum(a == b for a, b in zip(run["outputs"], base["outputs"])) / len(base["outputs"])
+            entry = {k: run[k] for k in ("tokens_per_s", "ms_per_sentence", "tokens", "sentences")}
+            entry |= {
+                "speed_vs_aiayn_fp32": round(run["tokens_per_s"] / base["tokens_per_s"], 3),
+                "same_output_as_aiayn_fp32": round(same, 4),
+            }
+            if refs is not None and run["sentences"] == len(refs):
+                hyps = [detok(o) for o in run["outputs"]]
+                entry["bleu"] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+            row[setting] = entry
+        rows.append(row)
+    return rows
+
+
+def table(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"{'engine':11} {'thr':>3} " + " ".join(f"{s:>24}" for s in SETTINGS) + "   RSS MB")
+    for row in rows:
+        cells = []
+        for s in SETTINGS:
+            e = row[s]
+            extra = f" B{e['bleu']:.2f}" if "bleu" in e else f" ={e['same_output_as_aiayn_fp32']:.2f}"
+            cells.append(f"{e['tokens_per_s']:7.0f} ({e['speed_vs_aiayn_fp32']:.2f}x){extra}")
+        print(
+            f"{row['engine']:11} {row['threads']:3d} "
+            + " ".join(f"{c:>24}" for c in cells)
+            + f" {row['peak_rss_mb']:8.0f}"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a trained translation model directory (e.g. runs/demo)")
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--sentences", type=int, default=1000, help="test2016 sources for the trained model")
+    p.add_argument("--base-sentences", type=int, default=128, help="sources for the random base model")
+    p.add_argument("--base-len", type=int, default=30, help="the base model's fixed output length")
+    p.add_argument("--latency-sentences", type=int, default=100, help="sentences for batch 1")
+    p.add_argument("--base-latency-sentences", type=int, default=16, help="batch-1 sentences, base model")
+    p.add_argument("--repeats", type=int, default=2, help="rounds per setting; the fastest is reported")
+    p.add_argument("--skip-base", action="store_true")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    if not args.model:
+        p.error("--model DIR is required")
+
+    from aiayn.data.corpus import load_parallel
+    from aiayn.interop.model_dir import load_translation_dir
+
+    print(f"{machine()}; threads {args.threads}", flush=True)
+    _, src_tok, tgt_tok = load_translation_dir(args.model)
+    test = load_parallel("multi30k", "test", "de", "en")
+    srcs, refs = (list(side)[: args.sentences] for side in zip(*test))
+    ids = sorted((src_tok.encode(s) for s in srcs), key=len)
+    order = sorted(range(len(srcs)), key=lambda i: len(src_tok.encode(srcs[i])))
+    refs_sorted = [refs[i] for i in order]
+    result = {"machine": machine(), "torch": torch.__version__, "settings": SETTINGS, "max_len": MAX_LEN}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        print(f"(a) trained model {args.model}: {len(ids)} test2016 sources", flush=True)
+        dirs = prepare(Path(args.model), work, base=False)
+        reports = run_engines(args, *dirs, ids, args.latency_sentences, None, work)
+        result["trained"] = summarise(reports, tgt_tok.decode, refs_sorted)
+        table("(a) trained model: target tokens/s (× aiayn fp32), BLEU", result["trained"])
+        if not args.skip_base:
+            print(f"\n(b) random base-size model: {args.base_sentences} sources, {args.base_len} tokens each")
+            dirs = prepare(Path(args.model), work, base=True)
+            reports = run_engines(
+                args,
+                *dirs,
+                ids[:: max(len(ids) // args.base_sentences, 1)][: args.base_sentences],
+                args.base_latency_sentences,
+                args.base_len,
+                work,
+            )
+            result["base"] = summarise(reports, None, None)
+            table(
+                "(b) random base-size model: target tokens/s (× aiayn fp32), share of identical outputs",
+                result["base"],
+            )
+    if args.json:
+        for part in ("trained", "base"):
+            for row in result.get(part, []):
+                for s in SETTINGS:
+                    row[s].pop("outputs", None)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

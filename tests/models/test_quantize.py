@@ -1,0 +1,87 @@
+"""Dynamic int8 quantization: every Linear becomes torch's quantized Linear, the split of the stacked
+attention projection changes nothing, and int8 outputs stay close to float32 for all three models."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import EncoderConfig, EncoderModel
+from aiayn.errors import ConfigError
+from aiayn.models.quantize import is_quantized, quantize
+from aiayn.modules.attention import MultiHeadAttention
+from tests.decoding.fixtures import tiny_lm, tiny_transformer
+from tests.helpers import assert_close
+
+QUANTIZED_LINEAR = torch.ao.nn.quantized.dynamic.Linear
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 50, (3, 9), generator=g), torch.randint(4, 50, (3, 7), generator=g)
+    src[1, 6:], tgt[2, 5:] = 0, 0  # padding
+    tgt[:, 0] = 1
+    return src, tgt
+
+
+def _models() -> dict[str, tuple[nn.Module, tuple]]:
+    src, tgt = _inputs()
+    torch.manual_seed(0)
+    encoder = EncoderModel(EncoderConfig(vocab_size=50, n_layers=2, d_model=32, n_heads=4, d_ff=64)).eval()
+    return {
+        "transformer": (tiny_transformer(50), (src, tgt)),
+        "transformer-pre-norm": (tiny_transformer(50, norm_first=True), (src, tgt)),
+        "lm": (tiny_lm(50), (tgt,)),
+        "encoder": (encoder, (src,)),
+    }
+
+
+def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("name", ["transformer", "lm", "encoder"])
+def test_split_row_blocks_changes_no_output(name):
+    model, inputs = _models()[name]
+    with torch.no_grad():
+        before = model(*inputs)
+        for m in model.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.split_row_blocks()
+        after = model(*inputs)
+    assert_close(f"row blocks ({name})", after, before, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_int8_quantizes_every_linear_and_stays_close_to_float32(name):
+    model, inputs = _models()[name]
+    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
+    n_attention = sum(isinstance(m, MultiHeadAttention) for m in model.modules())
+    q = quantize(copy.deepcopy(model), "int8")
+    assert is_quantized(q) and not is_quantized(model)
+    assert not any(type(m) is nn.Linear for m in q.modules())  # nothing left in float32
+    assert sum(isinstance(m, QUANTIZED_LINEAR) for m in q.modules()) == n_linear + 4 * n_attention
+    with torch.no_grad():
+        ref, ours = model(*inputs), q(*inputs)
+    # int8 weights (per output row) and activations (per tensor): about 2% here
+    assert _relative_error(ours, ref) < 0.05
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_wrong_block_would_be_caught():
+    """The closeness bound above is tight enough to see a mis-wired cross-attention block."""
+    model, inputs = _models()["transformer"]
+    q = quantize(copy.deepcopy(model), "int8")
+    for m in q.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.row_blocks["q"], m.row_blocks["k"] = m.row_blocks["k"], m.row_blocks["q"]
+    with torch.no_grad():
+        assert _relative_error(q(*inputs), model(*inputs)) > 0.1
+
+
+def test_none_is_a_no_op_and_unknown_names_are_refused():
+    model = tiny_transformer(50)
+    assert quantize(model, "none") is model and not is_quantized(model)
+    with pytest.raises(ConfigError, match="int4"):
+        quantize(model, "int4")
