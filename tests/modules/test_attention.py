@@ -131,3 +131,22 @@ def test_cache_appends_self_attention_and_reuses_static_memory():
     steps = [mha(x[:, t : t + 1], memory, memory, cache=cache)[0] for t in range(5)]
     assert len(cache) == 7
     assert_close("MultiHeadAttention cached vs full (cross)", torch.cat(steps, 1), cross)
+
+
+def test_cache_buffer_grows_and_reorders_like_concatenation():
+    """The preallocated buffer holds exactly what torch.cat of the updates would, through growth
+    (prefill of 3, then 1, 2, … positions) and beam reorders that copy only the filled part."""
+    cache, ref_k, ref_v, rows = KVCache(), None, None, 4
+    g = torch.Generator().manual_seed(0)
+    for t, n in enumerate([3, 1, 1, 2, 1, 5, 1]):
+        k, v = torch.randn(rows, 2, n, 3, generator=g), torch.randn(rows, 2, n, 5, generator=g)
+        got_k, got_v = cache.update(k, v)
+        ref_k = k if ref_k is None else torch.cat([ref_k, k], 2)
+        ref_v = v if ref_v is None else torch.cat([ref_v, v], 2)
+        assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v) and len(cache) == ref_k.size(2)
+        if t % 2:
+            index = torch.randperm(rows, generator=g)[: rows - t // 3]  # reorder; later, drop rows too
+            cache.reorder(index)
+            rows = len(index)
+            ref_k, ref_v = ref_k[index], ref_v[index]
+            assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
