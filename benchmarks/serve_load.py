@@ -49,11 +49,13 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start(model: str, batching: bool, threads: int, window_ms: float) -> tuple[subprocess.Popen, str]:
+def start(
+    model: str, batching: bool, threads: int, window_ms: float, workers: int
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--threads",
             str(threads), "--max-batch-texts", "64" if batching else "0", "--queue-size", "256",
-            "--batch-window-ms", str(window_ms)]  # fmt: skip
+            "--batch-window-ms", str(window_ms), "--workers", str(workers)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     for _ in range(300):
@@ -99,6 +101,7 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=None, help="the server's --batch-window-ms")
+    ap.add_argument("--workers", type=int, default=1, help="the server's --workers (batches at once)")
     ap.add_argument("--batching", nargs="+", default=["off", "on"], choices=["off", "on"])
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -106,7 +109,7 @@ def main() -> int:
     rows = []
     window = Settings().batch_window_ms if args.window_ms is None else args.window_ms
     for batching in (mode == "on" for mode in args.batching):
-        proc, url = start(args.model, batching, args.threads, window)
+        proc, url = start(args.model, batching, args.threads, window, args.workers)
         try:
             one(url, texts[0], args.beam)  # warm-up
             for n in args.clients:
@@ -127,6 +130,7 @@ def main() -> int:
     translator.translate(texts, SearchConfig(beam=args.beam))
     bound = len(texts) / (time.perf_counter() - t0)
     out = {"machine": machine(), "beam": args.beam, "requests": len(texts), "batch_window_ms": window,
+           "workers": args.workers, "threads": args.threads,
            "rows": rows, "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.json:

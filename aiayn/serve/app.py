@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Hashable
 from importlib import resources
@@ -85,8 +86,8 @@ class Server:
         self.services, self.settings = {s.name: s for s in services}, settings
         self.metrics = Metrics(lambda: self.batcher.depth())
         self.batcher = Batcher(self._run, settings.queue_size, settings.batch_window_ms / 1000,
-                               settings.max_batch_texts, self._on_batch)  # fmt: skip
-        self._last_tokens = 0
+                               settings.max_batch_texts, self._on_batch, settings.workers)  # fmt: skip
+        self._batch = threading.local()  # each worker's last batch: target tokens, for the metrics
 
     # -- the worker side -------------------------------------------------------------------------
     def _run(self, key: Hashable, payloads: list[Any]) -> list[Any]:
@@ -94,7 +95,8 @@ class Server:
         service = self.services[name]
         if what == "translate":
             results = service.run(key[2], payloads, key[3])
-            self._last_tokens = sum(len(h["tokens"]) for r in results for x in r for h in x["hypotheses"][:1])
+            best = (x["hypotheses"][:1] for r in results for x in r)
+            self._batch.tokens = sum(len(h["tokens"]) for hyps in best for h in hyps)
             return results
         if what == "classify":
             return service.classify(payloads, key[2])
@@ -108,10 +110,11 @@ class Server:
 
     def _on_batch(self, jobs: int, texts: int, seconds: float) -> None:
         self.metrics.batch.observe(texts)
-        if self._last_tokens:
-            self.metrics.tokens.inc(self._last_tokens)
-            self.metrics.tokens_per_s.set(self._last_tokens / max(seconds, 1e-9))
-            self._last_tokens = 0
+        tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
+        if tokens:
+            self.metrics.tokens.inc(tokens)
+            self.metrics.tokens_per_s.set(tokens / max(seconds, 1e-9))
+            self._batch.tokens = 0
 
     async def submit(self, key: Hashable, payload: Any, size: int, request: Request | None = None) -> Any:
         """The job's result; 429 when the queue is full, 503 past the timeout, a freed slot when the

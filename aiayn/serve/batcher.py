@@ -2,12 +2,14 @@
 
 The event loop never runs a model. ``Batcher.submit`` puts a job on a bounded queue and awaits its
 future; a full queue raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
-memory never grows with the number of waiting clients. The worker thread takes the oldest job,
+memory never grows with the number of waiting clients. A worker thread takes the oldest job,
 waits up to ``window`` seconds for more jobs with the same *key* (same model, same decoding
 options: they can share one search), stops at ``max_items`` texts, and runs them as one call of
 ``run(key, payloads)``; each job's result (or exception) goes back to its own future. A job whose
 caller gave up (a timeout, a client that disconnected) is cancelled and skipped if it has not run.
-Jobs of other keys wait, in order, for the next rounds.
+Jobs of other keys wait, in order, for the next rounds. With ``workers`` > 1, as many batches run at
+once (each on its own thread; give torch one thread per worker), so that a request arriving while a
+batch runs need not wait for it to end.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Job:
 
 
 class Batcher:
-    """One worker thread running ``run(key, payloads) -> results`` on batches of jobs.
+    """Worker threads running ``run(key, payloads) -> results`` on batches of jobs.
 
     ``on_batch(n_jobs, n_items, seconds)`` is called after each batch (for metrics).
     """
@@ -49,13 +51,17 @@ class Batcher:
         window: float,
         max_items: int,
         on_batch: Callable[[int, int, float], None] | None = None,
+        workers: int = 1,
     ):
         self.run, self.window, self.max_items = run, window, max_items
         self.on_batch = on_batch or (lambda *_: None)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their key
-        self.thread = threading.Thread(target=self._work, name="aiayn-model", daemon=True)
-        self.thread.start()
+        self.held_lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._work, name=f"aiayn-model-{i}", daemon=True)
+                        for i in range(workers)]  # fmt: skip
+        for thread in self.threads:
+            thread.start()
 
     def depth(self) -> int:
         return self.queue.qsize() + len(self.held)
@@ -70,13 +76,16 @@ class Batcher:
         return await job.future
 
     def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=10)
+        for _ in self.threads:
+            self.queue.put(None)  # one stop signal per worker
+        for thread in self.threads:
+            thread.join(timeout=10)
 
     # -- the worker thread ----------------------------------------------------------------------
     def _next(self, timeout: float | None) -> Job | None:
-        if self.held:
-            return self.held.popleft()
+        with self.held_lock:
+            if self.held:
+                return self.held.popleft()
         try:
             return self.queue.get(timeout=timeout)
         except queue.Empty:
@@ -112,7 +121,8 @@ class Batcher:
                     items += job.size
                 else:
                     others.append(job)
-            self.held.extendleft(reversed(others))
+            with self.held_lock:
+                self.held.extendleft(reversed(others))
             self._run(batch, items)
 
     def _run(self, batch: list[Job], items: int) -> None:

@@ -17,6 +17,7 @@ class Settings:
     queue_size: int = 64  # requests waiting for the model; one more is answered 429 with Retry-After
     batch_window_ms: float = 5.0  # how long the worker waits for more requests to decode together
     max_batch_texts: int = 64  # texts decoded together at most (0 = one request at a time)
+    workers: int = 1  # batches decoded at once, each on its own thread (with 2+, give --threads 1)
     timeout_s: float = 60.0  # a request waiting longer is answered 503 and its slot freed
     max_new_tokens: int = 256  # /v1/generate: tokens per request at most
     max_beam: int = 16  # beam size at most
@@ -30,6 +31,7 @@ class Settings:
             "queue_size",
             "max_new_tokens",
             "max_beam",
+            "workers",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

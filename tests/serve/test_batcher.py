@@ -79,3 +79,26 @@ def test_a_failure_reaches_every_caller_of_the_batch():
     out = asyncio.run(go())
     b.close()
     assert all(isinstance(e, RuntimeError) and "model failed" in str(e) for e in out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_two_workers_run_two_batches_at_once(workers):
+    """With 2 workers a second batch starts while the first runs (both meet at a barrier); with 1
+    worker the barrier times out, as batches run one after another."""
+    barrier = threading.Barrier(2, timeout=1.0)
+
+    def run(key, payloads):
+        try:
+            barrier.wait()
+            return [f"together:{p}" for p in payloads]
+        except threading.BrokenBarrierError:
+            return [f"alone:{p}" for p in payloads]
+
+    b = Batcher(run, max_queue=16, window=0.0, max_items=1, workers=workers)
+
+    async def go():
+        return await asyncio.gather(b.submit("k", 1), b.submit("k", 2))
+
+    out = asyncio.run(go())
+    b.close()
+    assert out == (["together:1", "together:2"] if workers == 2 else ["alone:1", "alone:2"])
