@@ -274,7 +274,12 @@ def main() -> None:
     ids = sorted((src_tok.encode(s) for s in srcs), key=len)
     order = sorted(range(len(srcs)), key=lambda i: len(src_tok.encode(srcs[i])))
     refs_sorted = [refs[i] for i in order]
-    result = {"machine": machine(), "torch": torch.__version__, "settings": SETTINGS, "max_len": MAX_LEN}
+    import ctranslate2
+    import transformers
+
+    result = {"machine": machine(), "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
+              "transformers": transformers.__version__, "settings": SETTINGS, "max_len": MAX_LEN,
+              "command": " ".join(sys.argv)}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print(f"(a) trained model {args.model}: {len(ids)} test2016 sources", flush=True)
