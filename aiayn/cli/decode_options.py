@@ -35,7 +35,7 @@ def add_model_argument(p: argparse.ArgumentParser, quantize: bool = True) -> Non
 def add_quantize_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize", choices=QUANTIZATIONS, default="none",
-        help="int8: dynamic int8 quantization of every linear layer, faster on a CPU (default: none)",
+        help="int8: dynamic int8 quantization of every linear layer; pays at larger sizes (default: none)",
     )  # fmt: skip
 
 
