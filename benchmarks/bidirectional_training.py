@@ -97,13 +97,16 @@ def main() -> int:
     budget = [f"max_minutes={args.minutes:g}", *DEMO]
     summary = {"machine": machine(), "budget_minutes": args.minutes, "settings": DEMO, "arms": {}}
 
+    def save() -> None:
+        (ROOT / "results" / "bidirectional-training.json").write_text(json.dumps(summary, indent=1) + "\n")
+
     def record(name: str, recipe: str, overrides: list[str]) -> dict:
         summary["arms"][name] = {
             "recipe": recipe,
             "overrides": overrides,
             **figures(arm(name, recipe, overrides)),
         }
-        (ROOT / "results" / "bidirectional-training.json").write_text(json.dumps(summary, indent=1) + "\n")
+        save()
         print(name, summary["arms"][name], flush=True)
         return summary["arms"][name]
 
@@ -134,13 +137,14 @@ def main() -> int:
         )
     if "rerank" not in args.skip:
         seed = f"seed={args.seeds[0]}"
-        record(f"de-en-r2l-seed{args.seeds[0]}", "multi30k-de-en", [*budget, seed, "reverse_target=true"])
-        plain = chosen_dir("multi30k-de-en", [*budget, seed], arm(f"de-en-plain-seed{args.seeds[0]}", "", []))
-        r2l = chosen_dir("multi30k-de-en", [*budget, seed, "reverse_target=true"],
-                         arm(f"de-en-r2l-seed{args.seeds[0]}", "", []))  # fmt: skip
+        r2l_overrides = [*budget, seed, "reverse_target=true"]
+        r2l_arm = record(f"de-en-r2l-seed{args.seeds[0]}", "multi30k-de-en", r2l_overrides)
+        plain_arm = summary["arms"][f"de-en-plain-seed{args.seeds[0]}"]
+        plain = chosen_dir("multi30k-de-en", [*budget, seed], plain_arm)
+        r2l = chosen_dir("multi30k-de-en", r2l_overrides, r2l_arm)
         summary["rerank"] = {"plain": str(plain.relative_to(ROOT)), "r2l": str(r2l.relative_to(ROOT)),
                              **rerank_bleu(plain, r2l)}  # fmt: skip
-        (ROOT / "results" / "bidirectional-training.json").write_text(json.dumps(summary, indent=1) + "\n")
+        save()
         print("rerank", summary["rerank"], flush=True)
     return 0
 

@@ -271,9 +271,9 @@ def main() -> None:
     _, src_tok, tgt_tok = load_translation_dir(args.model)
     test = load_parallel("multi30k", "test", "de", "en")
     srcs, refs = (list(side)[: args.sentences] for side in zip(*test))
-    ids = sorted((src_tok.encode(s) for s in srcs), key=len)
-    order = sorted(range(len(srcs)), key=lambda i: len(src_tok.encode(srcs[i])))
-    refs_sorted = [refs[i] for i in order]
+    encoded = [src_tok.encode(s) for s in srcs]
+    order = sorted(range(len(srcs)), key=lambda i: len(encoded[i]))  # stable: the same order as before
+    ids, refs_sorted = [encoded[i] for i in order], [refs[i] for i in order]
     import ctranslate2
     import transformers
 

@@ -21,15 +21,10 @@ from aiayn.modules.attention import MultiHeadAttention
 QUANTIZATIONS = ("none", "int8")
 
 
-def check_quantization(name: str, option: str = "--quantize") -> str:
-    if name not in QUANTIZATIONS:
-        raise ConfigError(f"{option}={name!r} is not one of {QUANTIZATIONS}")
-    return name
-
-
 def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
     """Quantize ``model`` in place (``name="int8"``) and return it in eval mode; "none" does nothing."""
-    check_quantization(name)
+    if name not in QUANTIZATIONS:
+        raise ConfigError(f"--quantize={name!r} is not one of {QUANTIZATIONS}")
     model.eval()
     if name == "none":
         return model

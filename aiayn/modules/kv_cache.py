@@ -58,12 +58,8 @@ class KVCache:
         """Keep batch rows ``index`` (beam search: follow each surviving hypothesis's parent).
 
         Only the filled positions are copied, into a buffer of the same capacity."""
-        if self._k is None:
-            return
-        if self.static:
-            self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
-            return
-        self._k, self._v = _gathered(self._k, index, self._len), _gathered(self._v, index, self._len)
+        if self._k is not None:
+            self._k, self._v = _gathered(self._k, index, self._len), _gathered(self._v, index, self._len)
 
 
 def _grown(buf: Tensor, used: int, need: int) -> Tensor:
