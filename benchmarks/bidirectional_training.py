@@ -5,7 +5,9 @@ test2016 with beam 5, sacreBLEU cased and lowercased) under the same short budge
 ``make demo`` (inverse-√ schedule, 1,000 warm-up updates) at ``--minutes`` of training, both cores —
 one arm at a time, so that every arm gets the same machine:
 
-- equal time: plain vs bidirectional, de→en and en→de, seeds from ``--seeds``;
+- equal time: plain vs bidirectional (its memory in training teacher-forced on the reference, or the
+  right-to-left decoder's own greedy translation: ``r2l_memory_from``), de→en and en→de, seeds from
+  ``--seeds``;
 - equal updates: the bidirectional model trained for as many updates as the plain de→en seed-1 run
   made in its budget (no clock);
 - the cheap classic: a plain right-to-left model (``reverse_target=true``) in the same budget, whose
@@ -34,6 +36,11 @@ from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
 DEMO = ["schedule=inverse_sqrt", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
+ARMS = (  # kind -> overrides, run at equal time in each direction
+    ("plain", []),
+    ("bidirectional", ["model.bidirectional=true"]),  # memory: teacher-forced on the reference
+    ("bidirectional-greedy", ["model.bidirectional=true", "r2l_memory_from=greedy"]),  # as at decoding
+)
 
 
 def run_name(recipe: str, overrides: list[str]) -> str:
@@ -116,7 +123,7 @@ def main() -> int:
         ("de-en", args.seeds[1:]),
     ):
         for seed in seeds:
-            for kind, extra in (("plain", []), ("bidirectional", ["model.bidirectional=true"])):
+            for kind, extra in ARMS:
                 record(
                     f"{direction}-{kind}-seed{seed}",
                     f"multi30k-{direction}",

@@ -32,6 +32,29 @@ def r2l_inputs(hyps: list[list[Hypothesis]], bos_id: int, eos_id: int, pad_id: i
     return pad_rows([[t for t in h[0].tokens if t != eos_id] for h in hyps], pad_id, first=bos_id).to(device)
 
 
+def r2l_translation(
+    model: Transformer,
+    src: Tensor,
+    memory: Tensor,
+    src_mask: Tensor,
+    config: SearchConfig,
+    max_len: int | Tensor,
+    use_cache: bool = True,
+) -> tuple[list[list[Hypothesis]], Tensor]:
+    """The right-to-left decoder's own translation of ``src`` (whose encoder ``memory`` is given):
+    its hypotheses (best first) and ``[bos] + the best one`` (``r2l_inputs``), the sequence whose
+    teacher-forced states become the left-to-right decoder's memory. Decoding uses it; so does
+    training with ``r2l_memory_from="greedy"``, so that both read the same kind of memory.
+
+    Shape:
+        src (B, S), memory (B, S, d_model) -> B lists of hypotheses, (B, 1 + longest hypothesis)
+    """
+    backward = _Started(R2LAdapter(model, use_cache), memory, src_mask)
+    hyps = search(backward, src, config, max_len)
+    c = model.config
+    return hyps, r2l_inputs(hyps, c.bos_id, c.eos_id, c.pad_id, src.device)
+
+
 class BidirectionalAdapter(Seq2SeqAdapter):
     """The left-to-right decoder of a bidirectional ``Transformer``, attending to the states of the
     right-to-left decoder's own translation.
@@ -51,9 +74,8 @@ class BidirectionalAdapter(Seq2SeqAdapter):
         m = self.model
         src_mask = m.src_mask(src)
         memory = m.encode(src, src_mask)  # (B, S, d_model), shared by both passes
-        backward = R2LAdapter(m, self.use_cache)
-        self.r2l_hypotheses = search(_Started(backward, memory, src_mask), src, self.r2l_config, self.max_len)
-        r2l_in = r2l_inputs(self.r2l_hypotheses, self.bos_id, self.eos_id, self.pad_id, src.device)
+        self.r2l_hypotheses, r2l_in = r2l_translation(m, src, memory, src_mask, self.r2l_config, self.max_len,
+                                                      self.use_cache)  # fmt: skip
         states = m.decode_r2l(r2l_in, memory, src_mask)  # (B, T', d_model) teacher-forced, as in training
         mask = m.r2l_mask(r2l_in)  # (B, 1, 1, T')
         if n > 1:

@@ -15,6 +15,9 @@ share the target embedding and the output projection. The plain model builds non
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 from torch import Tensor, nn
 
 from aiayn.masks import causal_mask, padding_mask
@@ -121,6 +124,7 @@ class Transformer(nn.Module):
         r2l_targets: Tensor | None = None,
         r2l_weight: float = 1.0,
         detach_r2l: bool = False,
+        r2l_memory_tgt: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         """Logits for every target position; ``r2l_memory`` (B, S', d_model) is the second memory
         of an ``r2l_memory=True`` decoder.
@@ -135,6 +139,9 @@ class Transformer(nn.Module):
         ``aiayn.data.batching.reverse_targets``): its teacher-forced states are the left-to-right
         decoder's ``r2l_memory`` (with ``detach_r2l``, no gradient flows back through them), and the
         loss is L_l2r + r2l_weight · L_r2l, returned as (loss, l2r NLL, l2r count, r2l NLL, r2l count).
+        ``r2l_memory_tgt`` (bos + another reversed sequence, e.g. the right-to-left decoder's own
+        translation) makes the memory that sequence's states instead of the reference's, as decoding
+        does: teacher-forced states of the reference let the left-to-right decoder read the answer.
 
         Shape:
             src (B, S), tgt (B, T) -> logits (B, T, V); targets (B, T) -> three (or five) scalars
@@ -146,8 +153,13 @@ class Transformer(nn.Module):
             if r2l_tgt is None:
                 raise ValueError("a bidirectional model needs r2l_tgt: bos + the reversed target")
             r2l_states = self.decode_r2l(r2l_tgt, memory, src_mask)  # (B, T', d_model)
-            r2l_memory = r2l_states.detach() if detach_r2l else r2l_states
-            r2l_mask = self.r2l_mask(r2l_tgt)
+            if r2l_memory_tgt is None:  # teacher-forced on the reference (Zhang et al.)
+                r2l_memory, r2l_memory_tgt = r2l_states, r2l_tgt
+            else:
+                with torch.no_grad() if detach_r2l else contextlib.nullcontext():
+                    r2l_memory = self.decode_r2l(r2l_memory_tgt, memory, src_mask)  # (B, T'', d_model)
+            r2l_memory = r2l_memory.detach() if detach_r2l else r2l_memory
+            r2l_mask = self.r2l_mask(r2l_memory_tgt)
         h = self.decode(tgt, memory, src_mask, r2l_memory=r2l_memory, r2l_mask=r2l_mask)  # (B, T, d_model)
         if targets is None:
             return self.head(h)

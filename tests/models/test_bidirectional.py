@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.data.batching import reverse_targets
-from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs
+from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs, r2l_translation
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError
@@ -95,6 +95,48 @@ def test_detaching_stops_the_l2r_gradient_into_the_r2l_decoder(detach):
     loss.backward()
     grad = sum(p.grad.abs().sum() for p in m.r2l_decoder.parameters() if p.grad is not None)
     assert (grad == 0) if detach else (grad > 0)
+
+
+def test_memory_of_another_sequence_feeds_the_l2r_loss_only():
+    """With ``r2l_memory_tgt`` the left-to-right loss reads that sequence's states (exactly as if it
+    were the teacher-forced ``r2l_tgt``), and the right-to-left loss stays the reference's."""
+    m = model()
+    src, tgt_in, tgt_out = batch()
+    r2l_in, r2l_out = reverse_targets(tgt_out)
+    other = torch.randint(5, V, (3, 4), generator=torch.Generator().manual_seed(3))
+    other[:, 0], other[2, 2:] = 1, 0
+    kw = {"targets": tgt_out, "r2l_targets": r2l_out}
+    with torch.no_grad():
+        ref = m(src, tgt_in, r2l_tgt=r2l_in, **kw)
+        read_other = m(src, tgt_in, r2l_tgt=r2l_in, r2l_memory_tgt=other, **kw)
+        as_if = m(src, tgt_in, r2l_tgt=other, r2l_targets=torch.zeros_like(other), targets=tgt_out)
+    assert_close("l2r NLL reading another sequence's states", read_other[1], as_if[1])
+    assert_close("r2l NLL stays the reference's", read_other[3], ref[3])
+    assert abs(float(read_other[1] - ref[1])) > 1e-3, "the memory made no difference: the test proves nothing"
+
+
+def test_training_builds_the_memory_sequence_the_greedy_search_reads():
+    """``r2l_memory_from="greedy"`` and decoding with beam 1 use the same right-to-left translation."""
+    from aiayn.training.config import TrainConfig
+    from aiayn.training.tasks.translation import R2L_MARGIN, TranslationTask
+
+    m = model()
+    src, _, _ = batch()
+    limits = (src != 0).sum(1) + R2L_MARGIN
+    adapter = BidirectionalAdapter(m, SearchConfig(beam=1), limits)
+    with torch.no_grad():
+        search(adapter, src, SearchConfig(beam=1), limits)
+    task = TranslationTask.__new__(TranslationTask)  # only the config is needed
+    task.cfg = TrainConfig(task="translation", r2l_memory_from="greedy")
+    m.train()
+    built = task._r2l_memory_input(m, src)
+    assert m.training, "the training mode was not restored"
+    assert torch.equal(built, r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device))
+    with torch.no_grad():
+        _, again = r2l_translation(
+            m.eval(), src, m.encode(src), m.src_mask(src), SearchConfig(beam=1), limits
+        )
+    assert torch.equal(built, again)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

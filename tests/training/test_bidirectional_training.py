@@ -54,6 +54,17 @@ def test_bidirectional_trains_resumes_exactly_and_translates(corpus, tmp_path, c
     assert "bidirectional" in capsys.readouterr().err
 
 
+def test_greedy_memory_trains_and_resumes_exactly(corpus, tmp_path):
+    args = ["model.bidirectional=true", "r2l_memory_from=greedy", "eval_every=2", "keep_last=5"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", *tiny_args(corpus, straight, "max_steps=4", *args)]) == 0
+    assert main(["train", *tiny_args(corpus, split, "max_steps=2", *args)]) == 0
+    assert main(["train", *tiny_args(corpus, split, "max_steps=4", *args), "--resume"]) == 0
+    assert [(r["loss"], r["r2l_nll"]) for r in records(split, "train")] == [
+        (r["loss"], r["r2l_nll"]) for r in records(straight, "train")
+    ]
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [
@@ -64,6 +75,7 @@ def test_bidirectional_trains_resumes_exactly_and_translates(corpus, tmp_path, c
         (["model.bidirectional=true", "reverse_target=true"], "choose one"),
         (["model.bidirectional=true", "model.r2l_memory=true"], "r2l_memory"),
         (["r2l_weight=-1"], r"r2l_weight=-1.0 must be ≥ 0"),
+        (["r2l_memory_from=beam"], r"r2l_memory_from='beam' is not one of \('reference', 'greedy'\)"),
     ],
 )
 def test_bad_bidirectional_configs(overrides, match):

@@ -37,6 +37,8 @@ from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
 
+R2L_MARGIN = 10  # r2l_memory_from="greedy": the training-time translation's tokens beyond the source length
+
 
 @register_task("translation")
 class TranslationTask(Task):
@@ -132,11 +134,34 @@ class TranslationTask(Task):
         loss, nll, n, r2l_nll, r2l_n = model(
             batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing, r2l_tgt=r2l_in,
             r2l_targets=r2l_out, r2l_weight=self.cfg.r2l_weight, detach_r2l=self.cfg.r2l_detach,
+            r2l_memory_tgt=self._r2l_memory_input(model, batch.src),
         )  # fmt: skip
         sums = self._r2l["train" if model.training else "valid"]
         sums[0] += float(r2l_nll.detach())
         sums[1] += int(r2l_n)
         return loss, nll, n
+
+    def _r2l_memory_input(self, model: nn.Module, src: torch.Tensor) -> torch.Tensor | None:
+        """With ``r2l_memory_from="greedy"``: ``[bos] +`` the right-to-left decoder's greedy
+        translation of ``src`` (no dropout, no gradient, at most source length + R2L_MARGIN tokens),
+        the sequence whose states the left-to-right decoder then reads, as at decoding time;
+        ``None`` (the reference) otherwise."""
+        if self.cfg.r2l_memory_from != "greedy":
+            return None
+        from aiayn.decoding.bidirectional import r2l_translation
+        from aiayn.decoding.greedy import GREEDY
+
+        raw = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model))
+        was_training = raw.training
+        raw.eval()
+        try:
+            with torch.no_grad():
+                src_mask = raw.src_mask(src)
+                limit = (src != SPECIAL_IDS["pad_id"]).sum(1) + R2L_MARGIN  # (B,)
+                _, r2l_in = r2l_translation(raw, src, raw.encode(src, src_mask), src_mask, GREEDY, limit)
+        finally:
+            raw.train(was_training)
+        return r2l_in
 
     def pop_metrics(self, split: str) -> dict[str, float]:
         if not self.bidirectional:
