@@ -14,10 +14,12 @@ one arm at a time, so that every arm gets the same machine:
   scores rerank the plain de→en model's beam (``aiayn translate --rerank-with``).
 
 Results (each arm's reproduce.py JSON and curves) go to ``results/bidirectional/``, the summary to
-``results/bidirectional-training.json``. Arms already there are not run again (delete to redo).
+``results/bidirectional-training.json`` (which keeps the arms earlier invocations recorded). Arms
+already there are not run again (delete to redo).
 
     python benchmarks/bidirectional_training.py                 # 10 minutes an arm, ~90 minutes in all
     python benchmarks/bidirectional_training.py --minutes 5 --seeds 1
+    python benchmarks/bidirectional_training.py --seeds 1 2 --kinds plain bidirectional-greedy
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
 DEMO = ["schedule=inverse_sqrt", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
-ARMS = (  # kind -> overrides, run at equal time in each direction
-    ("plain", []),
-    ("bidirectional", ["model.bidirectional=true"]),  # memory: teacher-forced on the reference
-    ("bidirectional-greedy", ["model.bidirectional=true", "r2l_memory_from=greedy"]),  # as at decoding
-)
+ARMS = {  # kind -> overrides, run at equal time in each direction
+    "plain": [],
+    "bidirectional": ["model.bidirectional=true"],  # memory: teacher-forced on the reference
+    "bidirectional-greedy": ["model.bidirectional=true", "r2l_memory_from=greedy"],  # as at decoding
+}
 
 
 def run_name(recipe: str, overrides: list[str]) -> str:
@@ -99,10 +101,15 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0, help="training budget of every arm")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds of the de→en arms")
     ap.add_argument("--en-de-seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--kinds", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms to run")
     ap.add_argument("--skip", nargs="*", default=[], choices=["equal-updates", "rerank"])
     args = ap.parse_args()
     budget = [f"max_minutes={args.minutes:g}", *DEMO]
     summary = {"machine": machine(), "budget_minutes": args.minutes, "settings": DEMO, "arms": {}}
+    previous = ROOT / "results" / "bidirectional-training.json"
+    if previous.is_file():  # arms recorded by earlier invocations stay in the summary
+        before = json.loads(previous.read_text())
+        summary.update({k: before[k] for k in ("arms", "rerank") if k in before})
 
     def save() -> None:
         (ROOT / "results" / "bidirectional-training.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -123,24 +130,22 @@ def main() -> int:
         ("de-en", args.seeds[1:]),
     ):
         for seed in seeds:
-            for kind, extra in ARMS:
+            for kind, extra in ARMS.items():
+                if kind not in args.kinds:
+                    continue
                 record(
                     f"{direction}-{kind}-seed{seed}",
                     f"multi30k-{direction}",
                     [*budget, f"seed={seed}", *extra],
                 )
-    if "equal-updates" not in args.skip:
+    for kind in args.kinds if "equal-updates" not in args.skip else ():
+        if kind == "plain":
+            continue
         steps = summary["arms"][f"de-en-plain-seed{args.seeds[0]}"]["updates"]
         record(
-            f"de-en-bidirectional-seed{args.seeds[0]}-{steps}-updates",
+            f"de-en-{kind}-seed{args.seeds[0]}-{steps}-updates",
             "multi30k-de-en",
-            [
-                f"max_steps={steps}",
-                "max_minutes=0",
-                *DEMO,
-                f"seed={args.seeds[0]}",
-                "model.bidirectional=true",
-            ],
+            [f"max_steps={steps}", "max_minutes=0", *DEMO, f"seed={args.seeds[0]}", *ARMS[kind]],
         )
     if "rerank" not in args.skip:
         seed = f"seed={args.seeds[0]}"
