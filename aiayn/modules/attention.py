@@ -30,6 +30,8 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
     if mask is None:
         return None, None
     row_ok = mask.any(dim=-1, keepdim=True)
+    if mask.device.type == "cpu" and bool(row_ok.all()):  # the usual case: nothing to guard or zero
+        return mask, None  # (on an accelerator the check would cost a synchronisation)
     return mask | ~row_ok, row_ok
 
 

@@ -66,7 +66,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    # the fused kernel: one pass per tensor instead of a dozen elementwise ops (CPU and CUDA)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return cls(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=fused or None)
 
 
 def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:

@@ -69,7 +69,7 @@ def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_by
     for a, r, name in zip(ours, ref, ("loss", "nll", "count")):
         assert_close(f"linear label-smoothed {name} vs projection + reference", a.double(), r.double(), 1e-4)
     inputs = (h, w, b) if bias else (h, w)
-    for combo in ((1.0, 0.0), (0.5, 2.0)):
+    for combo in ((1.0, 0.0), (0.5, 2.0), (3.0, 0.0)):  # gradients from the forward, recomputed, reused
         g_ref = torch.autograd.grad(combo[0] * ref[0] + combo[1] * ref[1], inputs, retain_graph=True)
         g_ours = torch.autograd.grad(combo[0] * ours[0] + combo[1] * ours[1], inputs, retain_graph=True)
         for a, r, name in zip(g_ours, g_ref, ("h", "W", "b")):
