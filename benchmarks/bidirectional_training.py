@@ -40,8 +40,8 @@ OUT = ROOT / "results" / "bidirectional"
 DEMO = ["schedule=inverse_sqrt", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
 ARMS = {  # kind -> overrides, run at equal time in each direction
     "plain": [],
-    "bidirectional": ["model.bidirectional=true"],  # memory: teacher-forced on the reference
-    "bidirectional-greedy": ["model.bidirectional=true", "r2l_memory_from=greedy"],  # as at decoding
+    "bidirectional": ["model.bidirectional=true", "r2l_memory_from=reference"],  # teacher-forced memory
+    "bidirectional-greedy": ["model.bidirectional=true", "r2l_memory_from=greedy"],  # the default
 }
 
 

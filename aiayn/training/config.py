@@ -69,9 +69,10 @@ class TrainConfig:
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
     r2l_detach: bool = False  # translation, model.bidirectional: no gradient from L_l2r into the r2l decoder
-    # translation, model.bidirectional: the r2l states the l2r decoder reads in training: "reference"
-    # (teacher-forced on the reversed reference, Zhang et al.) or "greedy" (its own greedy translation)
-    r2l_memory_from: str = "reference"
+    # translation, model.bidirectional: the r2l states the l2r decoder reads in training: "greedy" (the
+    # r2l decoder's own greedy translation, as decoding gives it) or "reference" (teacher-forced on the
+    # reversed reference, as the issue read Zhang et al.: the l2r decoder then copies; docs/results.md)
+    r2l_memory_from: str = "greedy"
     # -- encoder-only tasks -----------------------------------------------------------------------
     mask_prob: float = 0.15  # mlm: tokens chosen for prediction (BERT)
     mask_token_prob: float = 0.8  # mlm: a chosen token becomes <mask> ...

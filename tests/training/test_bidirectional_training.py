@@ -54,8 +54,9 @@ def test_bidirectional_trains_resumes_exactly_and_translates(corpus, tmp_path, c
     assert "bidirectional" in capsys.readouterr().err
 
 
-def test_greedy_memory_trains_and_resumes_exactly(corpus, tmp_path):
-    args = ["model.bidirectional=true", "r2l_memory_from=greedy", "eval_every=2", "keep_last=5"]
+def test_reference_memory_trains_and_resumes_exactly(corpus, tmp_path):
+    """The other memory (the default, ``greedy``, is the test above)."""
+    args = ["model.bidirectional=true", "r2l_memory_from=reference", "eval_every=2", "keep_last=5"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(["train", *tiny_args(corpus, straight, "max_steps=4", *args)]) == 0
     assert main(["train", *tiny_args(corpus, split, "max_steps=2", *args)]) == 0
