@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import math
-import platform
 import resource
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.cli.demo import machine
 from aiayn.modules.embedding import sinusoidal_table
 from aiayn.training.config import TrainConfig
 from aiayn.training.trainer import make_optimizer
@@ -89,6 +89,22 @@ def batches(n: int, vocab: int, max_tokens: int, seed: int = 0):
             tgt_out[i, :t], tgt_out[i, t] = y, EOS
         out.append((src, tgt_in, tgt_out))
     return out
+
+
+def matmul_gflops(device: torch.device, n: int = 1024, repeat: int = 20) -> float:
+    """The machine's fp32 matrix-product speed now (GFLOP/s of n×n products): the figure that says
+    how fast this machine was while the benchmark ran, since 2-core VMs differ and vary."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for _ in range(3):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return round(2 * n**3 * repeat / (time.perf_counter() - t0) / 1e9, 1)
 
 
 def child_peak(name: str) -> float:
@@ -194,7 +210,8 @@ def main() -> None:
     tokens = statistics.median(int((b[2] != PAD).sum()) for b in data)
     result = {"size": args.size, "precision": args.precision, "device": str(device), "steps": args.steps,
               "threads": torch.get_num_threads(), "target_tokens_per_step": tokens,
-              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+              "machine": f"{machine()}, {torch.get_num_threads()} threads",
+              "matmul_gflops": matmul_gflops(device),
               "torch": torch.__version__,
               "plain_optimizer": "fused Adam" if args.fused_plain else "Adam"}  # fmt: skip
     for name, t in times.items():
