@@ -151,7 +151,8 @@ class TranslationTask(Task):
         from aiayn.decoding.bidirectional import r2l_translation
         from aiayn.decoding.greedy import GREEDY
 
-        raw = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model))
+        raw = getattr(model, "module", model)  # inside DistributedDataParallel
+        raw = getattr(raw, "_orig_mod", raw)  # inside torch.compile
         was_training = raw.training
         raw.eval()
         try:
