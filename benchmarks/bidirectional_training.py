@@ -68,7 +68,7 @@ def arm(name: str, recipe: str, overrides: list[str]) -> dict:
 def figures(r: dict) -> dict:
     return {"bleu": r["test"]["bleu"], "bleu_lc": r["test"]["bleu_lc"], "updates": r["steps"],
             "train_wall_minutes": r["train_wall_minutes"], "chosen": r["chosen"],
-            "valid_bleu": r["valid_bleu"][r["chosen"]]}  # fmt: skip
+            "valid_bleu": r["valid_bleu"][r["chosen"]], "machine": r["machine"], "commit": r["commit"]}  # fmt: skip
 
 
 def chosen_dir(recipe: str, overrides: list[str], result: dict) -> Path:
@@ -141,7 +141,10 @@ def main() -> int:
     for kind in args.kinds if "equal-updates" not in args.skip else ():
         if kind == "plain":
             continue
-        steps = summary["arms"][f"de-en-plain-seed{args.seeds[0]}"]["updates"]
+        plain = summary["arms"].get(f"de-en-plain-seed{args.seeds[0]}")
+        if plain is None:
+            sys.exit("the equal-updates arms need the plain de→en arm: add 'plain' to --kinds")
+        steps = plain["updates"]
         record(
             f"de-en-{kind}-seed{args.seeds[0]}-{steps}-updates",
             "multi30k-de-en",

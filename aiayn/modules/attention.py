@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.errors import ConfigError
 from aiayn.modules.dropout import dropout
 from aiayn.modules.kv_cache import KVCache
+
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)  # torch ≥ 2.3
 
 
 def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
@@ -30,8 +33,10 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
     if mask is None:
         return None, None
     row_ok = mask.any(dim=-1, keepdim=True)
-    if mask.device.type == "cpu" and bool(row_ok.all()):  # the usual case: nothing to guard or zero
-        return mask, None  # (on an accelerator the check would cost a synchronisation)
+    # the usual case, nothing to guard or zero, checked on the CPU only: on an accelerator the check
+    # costs a synchronisation, and under torch.compile a graph break
+    if mask.device.type == "cpu" and not _compiling() and bool(row_ok.all()):
+        return mask, None
     return mask | ~row_ok, row_ok
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 def _at_least_float32(x: Tensor) -> Tensor:
@@ -62,7 +63,8 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
     multiplied out into ∂loss/∂h, ∂W and ∂b while it is still in cache; the backward then only scales
     those by the incoming gradient. Memory for the loss drops from O(N·V) to O(chunk·V), and the
     projection costs three matrix products, as with stored logits (the "cut cross-entropy" idea).
-    The rare backward through the summed NLL (never taken in training) recomputes the chunks.
+    The rare backward through the summed NLL (never taken in training), or a second backward
+    through a retained graph, recomputes the chunks.
     """
 
     @staticmethod
@@ -94,10 +96,11 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss, grad_nll):
         h, weight, bias, target, keep_f, lse = ctx.saved_tensors
-        grads = ctx.grads  # kept: a retained graph may be differentiated again
-        if bool((grad_nll != 0).any()):  # recompute, the NLL's own gradient included
+        grads, ctx.grads = ctx.grads, None  # freed with this backward, as saved tensors are
+        if grads is None or bool((grad_nll != 0).any()):  # recompute, the NLL's own gradient included
             grads = _Grads(h, weight, bias)
             eps, q = ctx.epsilon, ctx.epsilon / ctx.n_classes
             for i in range(0, h.size(0), ctx.chunk):

@@ -58,6 +58,9 @@ class TrainingDiverged(AiaynError):
     """The loss became NaN or infinite; the message names the last good checkpoint."""
 
 
+_TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam(β1, β2, ε) as in the paper; weight decay only on matrices (not biases, norms)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -66,8 +69,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    # the fused kernel: one pass per tensor instead of a dozen elementwise ops (CPU and CUDA)
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    # the fused kernel: one pass per tensor instead of a dozen elementwise ops (CUDA; CPU from torch 2.4)
+    devices = ("cpu", "cuda") if _TORCH_VERSION >= (2, 4) else ("cuda",)
+    fused = all(p.device.type in devices and p.is_floating_point() for p in params)
     return cls(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=fused or None)
 
 

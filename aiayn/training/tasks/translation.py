@@ -143,9 +143,11 @@ class TranslationTask(Task):
 
     def _r2l_memory_input(self, model: nn.Module, src: torch.Tensor) -> torch.Tensor | None:
         """With ``r2l_memory_from="greedy"``: ``[bos] +`` the right-to-left decoder's greedy
-        translation of ``src`` (no dropout, no gradient, at most source length + R2L_MARGIN tokens),
-        the sequence whose states the left-to-right decoder then reads, as at decoding time;
-        ``None`` (the reference) otherwise."""
+        translation of ``src`` (no dropout, no gradient, at most source length + R2L_MARGIN tokens,
+        and no more than learned positions allow), the sequence whose states the left-to-right
+        decoder then reads, as at decoding time (exactly so for decoding with ``r2l_beam=1``; a wider
+        backward beam reads a better translation than training did); ``None`` (the reference)
+        otherwise."""
         if self.cfg.r2l_memory_from != "greedy":
             return None
         from aiayn.decoding.bidirectional import r2l_translation
@@ -159,6 +161,8 @@ class TranslationTask(Task):
             with torch.no_grad():
                 src_mask = raw.src_mask(src)
                 limit = (src != SPECIAL_IDS["pad_id"]).sum(1) + R2L_MARGIN  # (B,)
+                if raw.config.positional == "learned":  # decoder positions: bos + output − 1
+                    limit = limit.clamp(max=raw.config.max_len)
                 _, r2l_in = r2l_translation(raw, src, raw.encode(src, src_mask), src_mask, GREEDY, limit)
         finally:
             raw.train(was_training)
