@@ -68,7 +68,8 @@ def arm(name: str, recipe: str, overrides: list[str]) -> dict:
 def figures(r: dict) -> dict:
     return {"bleu": r["test"]["bleu"], "bleu_lc": r["test"]["bleu_lc"], "updates": r["steps"],
             "train_wall_minutes": r["train_wall_minutes"], "chosen": r["chosen"],
-            "valid_bleu": r["valid_bleu"][r["chosen"]], "machine": r["machine"], "commit": r["commit"]}  # fmt: skip
+            "valid_bleu": r["valid_bleu"][r["chosen"]],
+            "machine": r["machine"], "commit": r["commit"]}  # fmt: skip
 
 
 def chosen_dir(recipe: str, overrides: list[str], result: dict) -> Path:
