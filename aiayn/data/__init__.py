@@ -1,8 +1,9 @@
 """Data: corpora in, padded batches of token ids out.
 
 ``files`` (reading and checking text files) -> ``corpus`` (datasets by name or path, filters) ->
-``tokenizer`` (sentencepiece subwords, characters) -> ``cache`` (encoded, memory-mapped corpora)
--> ``batching`` (token-budget and window samplers, collate). See docs/data.md.
+``tokenizer`` (sentencepiece subwords, characters) -> ``cache`` (encoded, memory-mapped corpora;
+``subword``: re-segmented each epoch for BPE-dropout) -> ``batching`` (token-budget and window
+samplers, collate). See docs/data.md.
 """
 
 from aiayn.data.batching import (

@@ -40,7 +40,23 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank={rank} must be in 0..world_size-1 (world_size={world_size})")
 
 
-class TokenBatchSampler:
+class EpochPosition:
+    """Where an epoch sampler stands: ``state_dict() == {"epoch": e, "position": p}`` (plain ints: p
+    batches of epoch e handed out; a used-up epoch resumes at the next one's start)."""
+
+    epoch: int
+    position: int
+
+    def __len__(self) -> int:  # batches in the current epoch
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, int]:
+        if self.position >= len(self):  # the epoch is used up: resume at the next one
+            return {"epoch": self.epoch + 1, "position": 0}
+        return {"epoch": self.epoch, "position": self.position}
+
+
+class TokenBatchSampler(EpochPosition):
     """Batches of pair indices under a token budget, shuffled per epoch, resumable, sharded.
 
     Iterating yields this rank's remaining batches of the current epoch (lists of indices), then
@@ -116,26 +132,26 @@ class TokenBatchSampler:
         """Start ``epoch`` from its first batch (as ``DistributedSampler.set_epoch``)."""
         self.epoch, self.position = int(epoch), 0
 
-    def state_dict(self) -> dict[str, int]:
-        if self.position >= len(self):  # the epoch is used up: resume at the next one
-            return {"epoch": self.epoch + 1, "position": 0}
-        return {"epoch": self.epoch, "position": self.position}
-
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at a checkpoint's ``state_dict()``; ``ModelDirError`` if it does not fit this data."""
-        try:
-            epoch, position = int(state["epoch"]), int(state["position"])
-        except (KeyError, TypeError, ValueError):
-            raise ModelDirError(
-                f"the checkpoint's data position {state!r} is not {{'epoch': e, 'position': p}}: "
-                "the trainer state is corrupt"
-            ) from None
+        epoch, position = read_position(state)
         if not (epoch >= 0 and 0 <= position <= len(self)):
             raise ModelDirError(
                 f"cannot resume at epoch {epoch}, batch {position} of {len(self)}: the checkpoint was "
                 "trained on other data or with other max_tokens; resume with the run's own settings"
             )
         self.epoch, self.position = epoch, position
+
+
+def read_position(state: dict[str, int]) -> tuple[int, int]:
+    """``(epoch, position)`` of an epoch sampler's ``state_dict()``; ``ModelDirError`` if it is not one."""
+    try:
+        return int(state["epoch"]), int(state["position"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelDirError(
+            f"the checkpoint's data position {state!r} is not {{'epoch': e, 'position': p}}: "
+            "the trainer state is corrupt"
+        ) from None
 
 
 def _greedy_cuts(sizes: list[int], max_tokens: int, max_sentences: int) -> list[int]:

@@ -181,6 +181,20 @@ class SentencePieceTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode(list(texts), out_type=int)
 
+    def sample_batch(self, texts: Sequence[str], dropout: float, seed: int) -> list[list[int]]:
+        """One random segmentation per text (subword regularisation): a BPE model skips each merge
+        with probability ``dropout`` (BPE-dropout, Provilkov et al. 2020); a unigram model samples a
+        segmentation from its lattice with smoothing ``dropout`` (Kudo 2018's α). ``dropout=0`` is
+        ``encode_batch``. One thread, its generator seeded with ``seed``: the same call gives the
+        same ids (sentencepiece's generators are per thread, seeded from the global seed)."""
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout={dropout} must be in [0, 1)")
+        if dropout == 0:
+            return self.encode_batch(texts)
+        spm.set_random_generator_seed(seed % 2**32)
+        return self.sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1,
+                              num_threads=1)  # fmt: skip
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(self._ids(ids))
 

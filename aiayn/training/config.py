@@ -66,6 +66,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = off
     label_smoothing: float = 0.1  # ε_ls (paper §5.4)
+    # translation: BPE-dropout probability (Provilkov et al. 2020; a unigram vocabulary's sampling α):
+    # the training pairs are re-segmented at random every epoch; 0 = off (the paper)
+    subword_dropout: float = 0.0
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
     r2l_detach: bool = False  # translation, model.bidirectional: no gradient from L_l2r into the r2l decoder
@@ -136,7 +139,7 @@ class TrainConfig:
                 fail(name, "must be ≥ 0")
         for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "mask_prob",
                      "mask_token_prob", "random_token_prob", "r2l_weight",
-                     "label_smoothing", "max_minutes"):  # fmt: skip
+                     "label_smoothing", "max_minutes", "subword_dropout"):  # fmt: skip
             if not math.isfinite(getattr(self, name)):
                 fail(name, "must be a finite number")
         for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes", "r2l_weight"):
@@ -149,7 +152,7 @@ class TrainConfig:
             fail("mask_prob", "must be in (0, 1]: the share of tokens the model predicts (BERT: 0.15)")
         if self.mask_token_prob + self.random_token_prob > 1:
             fail("random_token_prob", f"+ mask_token_prob={self.mask_token_prob} is more than 1")
-        for name in ("label_smoothing", "beta1", "beta2"):
+        for name in ("label_smoothing", "beta1", "beta2", "subword_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 fail(name, "must be in [0, 1)")
         if self.lr <= 0:
@@ -166,6 +169,8 @@ class TrainConfig:
             fail("out_dir", "is empty: name the run directory")
         if not all(isinstance(x, str) and x for x in self.extra_text):
             fail("extra_text", "must be a list of dataset names or file paths")
+        if self.subword_dropout and self.task != "translation":
+            fail("subword_dropout", f"re-segments translation pairs; task={self.task!r} has none (set 0)")
         if self.class_weights not in ("none", "balanced"):
             fail("class_weights", "is not one of ('none', 'balanced')")
         task.check_config(self)  # what the task itself needs, the [model] table included

@@ -3,7 +3,8 @@
 The tokenizers (joint or per side) are trained once per run on the training split and saved into
 the run directory; a resumed run or another rank reads them from there, so every process and every
 checkpoint agrees on the vocabulary. Each evaluation adds greedy BLEU on the validation set
-(sacreBLEU), which then picks the best checkpoint.
+(sacreBLEU), which then picks the best checkpoint. With ``subword_dropout > 0`` the training pairs
+are re-segmented each epoch (BPE-dropout, ``aiayn/data/subword.py``); evaluation never is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiayn.data import (
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
+from aiayn.data.subword import ResegmentedEpochs, Resegmenter
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import ConfigError
 from aiayn.models import Transformer
@@ -85,10 +87,15 @@ class TranslationTask(Task):
         self.valid_refs = [tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
-        self.sampler = TokenBatchSampler(
+        self.sampler: TokenBatchSampler | ResegmentedEpochs = TokenBatchSampler(
             self.train.src.lengths, self.train.tgt.lengths, cfg.max_tokens,
             seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
         )  # fmt: skip
+        if cfg.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
+            pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, cfg.subword_dropout,
+                                CorpusFilter(max_len=cfg.max_len))  # fmt: skip
+            self.sampler = ResegmentedEpochs(pairs, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
+                                             world_size=dist.world_size)  # fmt: skip
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
@@ -115,8 +122,12 @@ class TranslationTask(Task):
 
     def train_batches(self) -> Iterator[TranslationBatch]:
         while True:
-            for idx in self.sampler:
-                yield self._collate([self.train[i] for i in idx])
+            if isinstance(self.sampler, ResegmentedEpochs):
+                for pairs in self.sampler:
+                    yield self._collate(pairs)
+            else:
+                for idx in self.sampler:
+                    yield self._collate([self.train[i] for i in idx])
 
     def valid_batches(self) -> Iterator[TranslationBatch]:
         sampler = TokenBatchSampler(self.valid.src.lengths, self.valid.tgt.lengths, self.cfg.max_tokens,
