@@ -10,7 +10,8 @@ encodes every pair with seeds drawn from ``(seed, e)``, filters it like the cach
 (``CorpusFilter``, on the sampled lengths) and cuts it into token-budget batches with
 ``TokenBatchSampler``. Its state is ``{"epoch": e, "position": p}``, as ``TokenBatchSampler``'s, and
 everything is a function of it, so ``--resume`` and every DDP rank see the same segmentation.
-Each epoch costs one encoding pass (about 1 s for Multi30k's 29k pairs on one core).
+``sides`` samples only the source (or target) side and keeps the other deterministic. Each epoch
+costs one encoding pass (about 1 s for Multi30k's 29k pairs on one core).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from aiayn.data.cache import Ragged
 from aiayn.data.corpus import CorpusFilter, FilterStats
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.errors import ModelDirError
+
+SIDES = ("both", "source", "target")
 
 
 class SampledParallel:
@@ -50,16 +53,20 @@ class Resegmenter:
     tgt_tok: SentencePieceTokenizer
     dropout: float  # BPE-dropout's p (a unigram model's α); in (0, 1)
     corpus_filter: CorpusFilter
+    sides: str = "both"  # which are sampled: "both", "source" or "target" (the other stays deterministic)
 
     def __post_init__(self) -> None:
         if not 0 < self.dropout < 1:
             raise ValueError(f"dropout={self.dropout} must be in (0, 1)")
+        if self.sides not in SIDES:
+            raise ValueError(f"sides={self.sides!r} is not one of {SIDES}")
 
     def sample(self, seed: int | list[int]) -> SampledParallel:
         src_seed, tgt_seed = np.random.default_rng(seed).integers(2**32, size=2).tolist()
         srcs, tgts = [s for s, _ in self.pairs], [t for _, t in self.pairs]
-        src_ids = self.src_tok.sample_batch(srcs, self.dropout, src_seed)
-        tgt_ids = self.tgt_tok.sample_batch(tgts, self.dropout, tgt_seed)
+        src_p, tgt_p = (self.dropout if self.sides in (s, "both") else 0.0 for s in ("source", "target"))
+        src_ids = self.src_tok.sample_batch(srcs, src_p, src_seed)
+        tgt_ids = self.tgt_tok.sample_batch(tgts, tgt_p, tgt_seed)
         stats, keep = FilterStats(total=len(srcs)), []
         for i, (s, t, a, b) in enumerate(zip(srcs, tgts, src_ids, tgt_ids)):
             if why := self.corpus_filter.reason(s, t, len(a), len(b)):

@@ -69,6 +69,7 @@ class TrainConfig:
     # translation: BPE-dropout probability (Provilkov et al. 2020; a unigram vocabulary's sampling α):
     # the training pairs are re-segmented at random every epoch; 0 = off (the paper)
     subword_dropout: float = 0.0
+    subword_dropout_sides: str = "both"  # translation: the sides subword_dropout samples ("source", "target")
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
     r2l_detach: bool = False  # translation, model.bidirectional: no gradient from L_l2r into the r2l decoder
@@ -122,6 +123,7 @@ class TrainConfig:
         for name, choices in (("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
                               ("optimizer", ("adam", "adamw")), ("horizon", ("steps", "budget")),
                               ("r2l_memory_from", ("reference", "greedy")),
+                              ("subword_dropout_sides", ("both", "source", "target")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
                 fail(name, f"is not one of {choices}")

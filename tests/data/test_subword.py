@@ -84,3 +84,19 @@ def test_a_position_past_the_epoch_is_refused(tok, pairs):
         epochs.load_state_dict({"epoch": 1, "position": 10_000})
     with pytest.raises(ModelDirError, match="corrupt"):
         epochs.load_state_dict({"epoch": "x"})
+
+
+def test_one_side_only_keeps_the_other_deterministic(tok, pairs):
+    plain = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter()).sample(0)  # both sides sampled
+    src_only = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "source").sample(0)
+    tgt_only = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "target").sample(0)
+    for data, fixed, sampled in ((src_only, "tgt", "src"), (tgt_only, "src", "tgt")):
+        side = 1 if fixed == "tgt" else 0
+        assert [getattr(data, fixed)[i].tolist() for i in range(len(data))] == tok.encode_batch(
+            [p[side] for p in pairs]
+        )
+        assert [getattr(data, sampled)[i].tolist() for i in range(10)] == [
+            getattr(plain, sampled)[i].tolist() for i in range(10)
+        ]  # the same seed draws the same sample for the sampled side
+    with pytest.raises(ValueError, match="sides='neither'"):
+        Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "neither")

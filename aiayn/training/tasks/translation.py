@@ -93,7 +93,7 @@ class TranslationTask(Task):
         )  # fmt: skip
         if cfg.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, cfg.subword_dropout,
-                                CorpusFilter(max_len=cfg.max_len))  # fmt: skip
+                                CorpusFilter(max_len=cfg.max_len), cfg.subword_dropout_sides)  # fmt: skip
             self.sampler = ResegmentedEpochs(pairs, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                              world_size=dist.world_size)  # fmt: skip
 
