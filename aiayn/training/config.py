@@ -173,6 +173,8 @@ class TrainConfig:
             fail("extra_text", "must be a list of dataset names or file paths")
         if self.subword_dropout and self.task != "translation":
             fail("subword_dropout", f"re-segments translation pairs; task={self.task!r} has none (set 0)")
+        if self.subword_dropout_sides != "both" and not self.subword_dropout:
+            fail("subword_dropout_sides", "does nothing while subword_dropout=0: give subword_dropout > 0")
         if self.class_weights not in ("none", "balanced"):
             fail("class_weights", "is not one of ('none', 'balanced')")
         task.check_config(self)  # what the task itself needs, the [model] table included

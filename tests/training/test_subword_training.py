@@ -40,6 +40,7 @@ def test_resume_across_epochs_is_exact_and_the_segmentation_changes(corpus, tmp_
         (["subword_dropout=-0.1"], "subword_dropout=-0.1 must be in [0, 1)"),
         (["task=lm", "subword_dropout=0.1"], "re-segments translation pairs"),
         (["subword_dropout_sides=neither"], "subword_dropout_sides='neither' is not one of"),
+        (["subword_dropout_sides=source"], "does nothing while subword_dropout=0"),
     ],
 )
 def test_subword_dropout_is_validated(corpus, tmp_path, capsys, overrides, message):
