@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
-DEMO = ["schedule=inverse_sqrt", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
+DEMO = ["schedule=inverse_sqrt", "horizon=steps", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
 ARMS = {  # kind -> overrides, run at equal time in each direction
     "plain": [],
     "bidirectional": ["model.bidirectional=true", "r2l_memory_from=reference"],  # teacher-forced memory

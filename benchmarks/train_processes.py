@@ -36,7 +36,7 @@ def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: i
     out = Path(tempfile.mkdtemp(prefix="aiayn-bench-")) / "run"
     args = [str(recipe), f"out_dir={out}", f"threads={threads}", f"max_tokens={max_tokens}",
             f"max_steps={steps}", f"eval_every={steps + 1}", "eval_bleu=false", "eval_iters=1",
-            "log_every=10", "progress=false", "max_minutes=0", "device=cpu"]  # fmt: skip
+            "log_every=10", "progress=false", "max_minutes=0", "horizon=steps", "device=cpu"]  # fmt: skip
     if procs == 1:
         cmd = [sys.executable, "-m", "aiayn", "train", *args]
     else:

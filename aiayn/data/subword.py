@@ -1,41 +1,63 @@
-"""Subword regularisation: the training corpus re-segmented at random every epoch.
+"""Subword regularisation: the training corpus re-segmented at random, a new sample each epoch.
 
 BPE-dropout (Provilkov et al. 2020) skips each merge of a BPE vocabulary with probability ``p``
-while encoding, so the model sees each word split many ways and learns its pieces' composition;
-with a unigram vocabulary the segmentation is sampled from the lattice instead (Kudo 2018). Only
-training pairs are sampled: validation, test and decoding use the deterministic segmentation.
+while encoding, so the model sees each word split many ways and learns its pieces' composition.
+Only training pairs are sampled: validation, test and decoding use the deterministic segmentation.
 
-``ResegmentedEpochs`` is the translation task's sampler when ``subword_dropout > 0``: epoch ``e``
-encodes every pair with seeds drawn from ``(seed, e)``, filters it like the cached corpus
-(``CorpusFilter``, on the sampled lengths) and cuts it into token-budget batches with
-``TokenBatchSampler``. Its state is ``{"epoch": e, "position": p}``, as ``TokenBatchSampler``'s, and
-everything is a function of it, so ``--resume`` and every DDP rank see the same segmentation.
-``sides`` samples only the source (or target) side and keeps the other deterministic. Each epoch
-costs one encoding pass (about 1 s for Multi30k's 29k pairs on one core).
+**Samples are made once and saved.** sentencepiece's sampling repeats for a seed within one process
+but not across processes (measured: same seed, same model, other ids in a new process), so neither
+DDP ranks nor a resumed run could redraw a sample. ``segmentations`` therefore draws
+``SEGMENTATIONS`` samples of the corpus once (rank 0), saves them in the run directory (``.npz``,
+no pickle) and every rank and every resume reads those files. ``ResegmentedEpochs`` is the
+translation task's sampler when ``subword_dropout > 0``: epoch ``e`` uses sample ``e mod
+SEGMENTATIONS``, filtered like the cached corpus (``CorpusFilter``, on the sampled lengths) and cut
+into token-budget batches by ``TokenBatchSampler`` (shuffled by ``(seed, e)``). Its state is
+``{"epoch": e, "position": p}``, as ``TokenBatchSampler``'s. ``sides`` samples only the source (or
+target) side and keeps the other deterministic. A sample costs one encoding pass (about 1 s for
+Multi30k's 29k pairs on one core) and ≈ 2 MB.
 """
 
 from __future__ import annotations
 
+import io
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from aiayn.atomic import write_bytes
 from aiayn.data.batching import EpochPosition, TokenBatchSampler, read_position
 from aiayn.data.cache import Ragged
 from aiayn.data.corpus import CorpusFilter, FilterStats
 from aiayn.data.tokenizer import SentencePieceTokenizer
-from aiayn.errors import ModelDirError
+from aiayn.errors import DataError, ModelDirError
 
 SIDES = ("both", "source", "target")
+SEGMENTATIONS = 8  # samples a run cycles through: epoch e reads sample e mod 8
 
 
 class SampledParallel:
     """One segmentation of a parallel corpus, in memory; item i is ``(src_ids, tgt_ids)`` (numpy
     arrays, no bos/eos), as ``EncodedParallel``'s; ``stats`` says what the filter dropped."""
 
-    def __init__(self, src: Ragged, tgt: Ragged, stats: FilterStats):
+    def __init__(self, src: Ragged, tgt: Ragged, stats: FilterStats | None = None):
         self.src, self.tgt, self.stats = src, tgt, stats
+
+    def save(self, path: Path) -> None:
+        buffer = io.BytesIO()
+        np.savez(buffer, src_ids=self.src.ids, src_offsets=self.src.offsets, tgt_ids=self.tgt.ids,
+                 tgt_offsets=self.tgt.offsets)  # fmt: skip
+        write_bytes(path, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: Path) -> SampledParallel:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return cls(Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
 
     def __len__(self) -> int:
         return len(self.src)
@@ -74,39 +96,59 @@ class Resegmenter:
             else:
                 keep.append(i)
         stats.kept = len(keep)
+        if not keep:
+            raise DataError(f"every pair of this segmentation was filtered out ({stats}): relax the filter")
         src, tgt = (_ragged([ids[i] for i in keep]) for ids in (src_ids, tgt_ids))
         return SampledParallel(src, tgt, stats)
+
+
+def segmentations(resegmenter: Resegmenter, directory: Path, seed: int, n: int = SEGMENTATIONS
+                  ) -> list[SampledParallel]:  # fmt: skip
+    """The run's ``n`` samples: drawn (seeded by ``(seed, k)``) and saved where ``directory`` lacks
+    them, then read back, so that whoever calls this later reads the very same ids."""
+    directory.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for k in range(n):
+        path = directory / f"segmentation-{k}.npz"
+        if not path.is_file():
+            resegmenter.sample([seed, k]).save(path)
+        samples.append(SampledParallel.load(path))
+    return samples
 
 
 def _ragged(seqs: list[list[int]]) -> Ragged:
     offsets = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum([len(s) for s in seqs], out=offsets[1:])
-    flat = np.fromiter((i for s in seqs for i in s), np.int64, count=int(offsets[-1]))
+    flat = np.fromiter((i for s in seqs for i in s), np.int32, count=int(offsets[-1]))
     return Ragged(flat, offsets)
 
 
 class ResegmentedEpochs(EpochPosition):
-    """Token-budget batches of ``(src_ids, tgt_ids)`` pairs, the corpus re-segmented each epoch.
+    """Token-budget batches of ``(src_ids, tgt_ids)`` pairs, epoch ``e`` from sample ``e mod n``.
 
     Iterating yields this rank's remaining batches of the current epoch, then moves to the next;
     ``state_dict``/``load_state_dict`` resume exactly (see the module docstring).
     """
 
-    def __init__(self, resegmenter: Resegmenter, max_tokens: int, seed: int = 0, rank: int = 0,
+    def __init__(self, samples: Sequence[SampledParallel], max_tokens: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1):  # fmt: skip
-        self.resegmenter, self.max_tokens = resegmenter, max_tokens
+        if not samples:
+            raise ValueError("need at least one sample")
+        self.samples, self.max_tokens = samples, max_tokens
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch, self.position = 0, 0
-        self._built: tuple[int, SampledParallel, TokenBatchSampler] | None = None
+        self._samplers: dict[int, TokenBatchSampler] = {}
 
     def data(self, epoch: int) -> tuple[SampledParallel, TokenBatchSampler]:
-        """Epoch ``epoch``'s segmentation and its batch sampler (the last one built is kept)."""
-        if self._built is None or self._built[0] != epoch:
-            data = self.resegmenter.sample([self.seed, epoch])
-            sampler = TokenBatchSampler(data.src.lengths, data.tgt.lengths, self.max_tokens, seed=self.seed,
-                                        rank=self.rank, world_size=self.world_size)  # fmt: skip
-            self._built = epoch, data, sampler
-        return self._built[1], self._built[2]
+        """Epoch ``epoch``'s segmentation and its batch sampler."""
+        k = epoch % len(self.samples)
+        data = self.samples[k]
+        if k not in self._samplers:
+            self._samplers[k] = TokenBatchSampler(
+                data.src.lengths, data.tgt.lengths, self.max_tokens,
+                seed=self.seed, rank=self.rank, world_size=self.world_size,
+            )  # fmt: skip
+        return data, self._samplers[k]
 
     def __len__(self) -> int:
         """This rank's batches in the current epoch (epochs differ by a few batches)."""

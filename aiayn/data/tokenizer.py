@@ -185,13 +185,14 @@ class SentencePieceTokenizer(Tokenizer):
         """One random segmentation per text (subword regularisation): a BPE model skips each merge
         with probability ``dropout`` (BPE-dropout, Provilkov et al. 2020); a unigram model samples a
         segmentation from its lattice with smoothing ``dropout`` (Kudo 2018's α). ``dropout=0`` is
-        ``encode_batch``. One thread, its generator seeded with ``seed``: the same call gives the
-        same ids (sentencepiece's generators are per thread, seeded from the global seed)."""
+        ``encode_batch``. Seeded with ``seed``, one thread: the same call repeats its ids within a
+        process, but not in another process (sentencepiece, measured): save a sample that must be
+        read again (``aiayn/data/subword.py``)."""
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout={dropout} must be in [0, 1)")
         if dropout == 0:
             return self.encode_batch(texts)
-        spm.set_random_generator_seed(seed % 2**32)
+        spm.set_random_generator_seed(seed % (2**32 - 1))  # 2**32 - 1 means "no seed" to sentencepiece
         return self.sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1,
                               num_threads=1)  # fmt: skip
 

@@ -66,8 +66,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = off
     label_smoothing: float = 0.1  # ε_ls (paper §5.4)
-    # translation: BPE-dropout probability (Provilkov et al. 2020; a unigram vocabulary's sampling α):
-    # the training pairs are re-segmented at random every epoch; 0 = off (the paper)
+    # translation, tokenizer="bpe": BPE-dropout probability (Provilkov et al. 2020): the training pairs
+    # are re-segmented at random every epoch; 0 = off (the paper)
     subword_dropout: float = 0.0
     subword_dropout_sides: str = "both"  # translation: the sides subword_dropout samples ("source", "target")
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
@@ -173,6 +173,8 @@ class TrainConfig:
             fail("extra_text", "must be a list of dataset names or file paths")
         if self.subword_dropout and self.task != "translation":
             fail("subword_dropout", f"re-segments translation pairs; task={self.task!r} has none (set 0)")
+        if self.subword_dropout and self.tokenizer != "bpe":
+            fail("subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {self.tokenizer!r}")
         if self.subword_dropout_sides != "both" and not self.subword_dropout:
             fail("subword_dropout_sides", "does nothing while subword_dropout=0: give subword_dropout > 0")
         if self.class_weights not in ("none", "balanced"):

@@ -7,9 +7,10 @@ cosine (nanoGPT):   linear warm-up to peak, cosine decay to min_lr at decay_step
 
 A time-budgeted run (``horizon="budget"``, as in Cramming, Geiping & Goldstein 2023) moves the
 cosine schedule by its *progress*: the larger of the fraction of steps done and the fraction of the
-time budget spent, so the run ends annealed whichever runs out first, on any machine. The warm-up
-counts real updates (a budget that allows far fewer than ``decay_steps`` must not shorten it); after
-it, the cosine is read at the effective step ``max(step, budget_used · decay_steps)``.
+time budget spent, so the run ends annealed whichever runs out first, on any machine. The cosine
+is then read at the effective step ``max(step, budget_used · decay_steps)``, warm-up included: the
+schedule stays continuous and always ends at ``min_lr``, but a ``decay_steps`` far beyond what the
+budget reaches ends the warm-up early in real updates, so set ``max_steps`` near that number.
 
 A schedule's whole state is the step number and, for a budget, the training time spent (saved in
 each checkpoint), so resuming needs nothing else.
@@ -49,9 +50,10 @@ class Schedule:
             return self.peak * min(step / w, math.sqrt(w / step))
         if self.kind == "constant":
             return self.peak * min(1.0, step / w)
-        if step < self.warmup:  # cosine: the warm-up counts updates, whatever the budget
+        # cosine, at the effective step of a time budget
+        step = max(step, min(max(budget_used, 0.0), 1.0) * self.decay_steps)
+        if step < self.warmup:
             return self.peak * step / w
-        step = max(step, min(max(budget_used, 0.0), 1.0) * self.decay_steps)  # the budget's effective step
         if step >= self.decay_steps:
             return self.min_lr
         progress = (step - self.warmup) / max(self.decay_steps - self.warmup, 1)

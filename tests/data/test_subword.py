@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from aiayn.data import CorpusFilter, SentencePieceTokenizer, load_parallel
-from aiayn.data.subword import ResegmentedEpochs, Resegmenter
-from aiayn.errors import ModelDirError
+from aiayn.data.subword import ResegmentedEpochs, Resegmenter, segmentations
+from aiayn.errors import DataError, ModelDirError
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +45,31 @@ def test_a_sampled_corpus_is_filtered_on_its_sampled_lengths(tok, pairs):
     assert data.stats.total == len(pairs) and data.stats.kept == len(data) and data.stats.too_long > 0
     assert lengths.max() <= 30
     src, tgt = data[0]
-    assert src.dtype == np.int64 and tok.decode(tgt.tolist()) in {t for _, t in pairs}
+    assert src.dtype == np.int32 and tok.decode(tgt.tolist()) in {t for _, t in pairs}
 
 
-def _epochs(tok, pairs, **kw):
-    return ResegmentedEpochs(Resegmenter(pairs, tok, tok, 0.1, CorpusFilter()), 600, seed=3, **kw)
+@pytest.fixture(scope="module")
+def samples(tok, pairs):
+    reseg = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter())
+    return [reseg.sample([3, k]) for k in range(3)]
+
+
+def _epochs(samples, **kw):
+    return ResegmentedEpochs(samples, 600, seed=3, **kw)
 
 
 def _key(batch):
     return [tuple(map(tuple, pair)) for pair in batch]
 
 
-def test_epochs_differ_and_resume_exactly(tok, pairs):
-    epochs = _epochs(tok, pairs)
+def test_epochs_differ_and_resume_exactly(samples):
+    epochs = _epochs(samples)
     first = [_key(b) for b in epochs]
     second = [_key(b) for b in epochs]
     assert {p for b in first for p in b} != {p for b in second for p in b}  # a new segmentation
-    assert all(sum(max(len(s), len(t)) + 1 for s, t in b) <= 600 * len(b) for b in first)
-    resumed = _epochs(tok, pairs)
-    stopped = _epochs(tok, pairs)
+    assert all(len(b) * max(max(len(s), len(t)) + 1 for s, t in b) <= 600 for b in first)  # padded budget
+    resumed = _epochs(samples)
+    stopped = _epochs(samples)
     it = iter(stopped)
     head = [_key(next(it)) for _ in range(5)]
     resumed.load_state_dict(stopped.state_dict())
@@ -71,15 +77,49 @@ def test_epochs_differ_and_resume_exactly(tok, pairs):
     assert [_key(b) for b in resumed] == second
 
 
-def test_ranks_share_each_epoch_and_take_disjoint_batches(tok, pairs):
-    ranks = [_epochs(tok, pairs, rank=r, world_size=2) for r in (0, 1)]
+def test_ranks_share_each_epoch_and_take_disjoint_batches(samples):
+    ranks = [_epochs(samples, rank=r, world_size=2) for r in (0, 1)]
     batches = [[_key(b) for b in r] for r in ranks]
     assert len(batches[0]) == len(batches[1]) > 0
     assert not {p for b in batches[0] for p in b} & {p for b in batches[1] for p in b}
+    one = _epochs(samples)  # the same segmentation, its batches dealt out in turn
+    every = [_key([one.data(0)[0][i] for i in idx]) for idx in one.data(0)[1].global_batches(0)]
+    kept = every[: len(every) - len(every) % 2]
+    assert batches[0] == kept[0::2] and batches[1] == kept[1::2]
 
 
-def test_a_position_past_the_epoch_is_refused(tok, pairs):
-    epochs = _epochs(tok, pairs)
+def test_a_used_up_epoch_resumes_at_the_next_one(samples):
+    epochs = _epochs(samples)
+    first = [_key(b) for b in epochs]
+    assert epochs.state_dict() == {"epoch": 1, "position": 0}
+    resumed = _epochs(samples)
+    resumed.load_state_dict({"epoch": 1, "position": 0})
+    second = [_key(b) for b in resumed]
+    fresh = _epochs(samples)
+    assert [_key(b) for b in fresh] == first and [_key(b) for b in fresh] == second
+
+
+def test_samples_are_drawn_once_and_read_back_by_every_later_caller(tok, pairs, tmp_path, monkeypatch):
+    """sentencepiece does not repeat a seeded sample in another process, so ranks and resumed runs
+    read the samples rank 0 saved; a second call must load them, not draw again."""
+    reseg = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter())
+    first = segmentations(reseg, tmp_path / "subword", seed=1, n=2)
+    assert sorted(p.name for p in (tmp_path / "subword").iterdir()) == [
+        "segmentation-0.npz",
+        "segmentation-1.npz",
+    ]
+    monkeypatch.setattr(Resegmenter, "sample", lambda *a: pytest.fail("drew a sample that was saved"))
+    again = segmentations(reseg, tmp_path / "subword", seed=1, n=2)
+    for a, b in zip(first, again):
+        assert np.array_equal(a.src.ids, b.src.ids) and np.array_equal(a.tgt.offsets, b.tgt.offsets)
+    assert first[0].src.ids.tolist() != first[1].src.ids.tolist()  # two different samples
+    (tmp_path / "subword" / "segmentation-1.npz").write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(DataError, match="segmentation-1.npz: not a saved segmentation"):
+        segmentations(reseg, tmp_path / "subword", seed=1, n=2)
+
+
+def test_a_position_past_the_epoch_is_refused(samples):
+    epochs = _epochs(samples)
     with pytest.raises(ModelDirError, match="cannot resume"):
         epochs.load_state_dict({"epoch": 1, "position": 10_000})
     with pytest.raises(ModelDirError, match="corrupt"):
@@ -90,6 +130,7 @@ def test_one_side_only_keeps_the_other_deterministic(tok, pairs):
     plain = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter()).sample(0)  # both sides sampled
     src_only = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "source").sample(0)
     tgt_only = Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "target").sample(0)
+    assert plain.stats.kept == src_only.stats.kept == tgt_only.stats.kept == len(pairs)  # aligned indices
     for data, fixed, sampled in ((src_only, "tgt", "src"), (tgt_only, "src", "tgt")):
         side = 1 if fixed == "tgt" else 0
         assert [getattr(data, fixed)[i].tolist() for i in range(len(data))] == tok.encode_batch(

@@ -163,6 +163,14 @@ def test_every_recipe_is_valid(recipe):
     assert cfg.out_dir.startswith("runs/")
 
 
+def test_the_demo_config_loads_from_the_recipe(tmp_path):
+    """``aiayn demo`` overrides the de→en recipe's schedule: the result must still be a valid config."""
+    from aiayn.cli.demo import demo_config
+
+    cfg = demo_config(tmp_path / "demo", 10)
+    assert (cfg.schedule, cfg.horizon, cfg.max_minutes) == ("inverse_sqrt", "steps", 10)
+
+
 def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=4")]) == 0

@@ -28,7 +28,7 @@ from aiayn.data import (
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
-from aiayn.data.subword import ResegmentedEpochs, Resegmenter
+from aiayn.data.subword import ResegmentedEpochs, Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import ConfigError
 from aiayn.models import Transformer
@@ -39,6 +39,7 @@ from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
 
+SUBWORD_DIR = "subword"  # subword_dropout: the run's saved training-set samples
 R2L_MARGIN = 10  # r2l_memory_from="greedy": the training-time translation's tokens beyond the source length
 
 
@@ -93,8 +94,10 @@ class TranslationTask(Task):
         )  # fmt: skip
         if cfg.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, cfg.subword_dropout,
-                                CorpusFilter(max_len=cfg.max_len), cfg.subword_dropout_sides)  # fmt: skip
-            self.sampler = ResegmentedEpochs(pairs, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
+                                CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
+                                cfg.subword_dropout_sides)  # fmt: skip
+            samples = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
+            self.sampler = ResegmentedEpochs(samples, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                              world_size=dist.world_size)  # fmt: skip
 
     def _encode(self, train, valid):
