@@ -3,8 +3,9 @@
 The tokenizers (joint or per side) are trained once per run on the training split and saved into
 the run directory; a resumed run or another rank reads them from there, so every process and every
 checkpoint agrees on the vocabulary. Each evaluation adds greedy BLEU on the validation set
-(sacreBLEU), which then picks the best checkpoint. With ``subword_dropout > 0`` the training pairs
-are re-segmented each epoch (BPE-dropout, ``aiayn/data/subword.py``); evaluation never is.
+(sacreBLEU), which then picks the best checkpoint. With ``subword_dropout > 0`` each epoch reads
+another of 8 BPE-dropout samples of the training pairs, drawn once and saved in the run directory
+(``aiayn/data/subword.py``); evaluation is never sampled.
 """
 
 from __future__ import annotations
