@@ -7,6 +7,7 @@ samplers, collate). See docs/data.md.
 """
 
 from aiayn.data.batching import (
+    CorpusEpochs,
     LMBatch,
     TokenBatchSampler,
     TranslationBatch,
@@ -47,6 +48,7 @@ __all__ = [
     "PAD_ID",
     "UNK_ID",
     "CharTokenizer",
+    "CorpusEpochs",
     "CorpusFilter",
     "DataError",
     "EncodedParallel",

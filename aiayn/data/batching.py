@@ -143,6 +143,56 @@ class TokenBatchSampler(EpochPosition):
         self.epoch, self.position = epoch, position
 
 
+class CorpusEpochs(EpochPosition):
+    """Token-budget batches of ``(src_ids, tgt_ids)`` pairs, epoch ``e`` from corpus ``e mod n``:
+    one encoded corpus gives ``TokenBatchSampler``'s epochs, n BPE-dropout samples of it
+    (``aiayn/data/subword.py``) a new segmentation each epoch.
+
+    Iterating yields this rank's remaining batches of the current epoch, then moves to the next;
+    ``state_dict``/``load_state_dict`` resume exactly as ``TokenBatchSampler``'s.
+    """
+
+    def __init__(self, corpora: Sequence, max_tokens: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):  # fmt: skip
+        if not corpora:
+            raise ValueError("need at least one corpus")
+        self.corpora, self.max_tokens = corpora, max_tokens
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch, self.position = 0, 0
+        self._samplers: dict[int, TokenBatchSampler] = {}  # per corpus
+
+    def data(self, epoch: int) -> tuple[Sequence, TokenBatchSampler]:
+        """Epoch ``epoch``'s corpus and its batch sampler."""
+        k = epoch % len(self.corpora)
+        data = self.corpora[k]
+        if k not in self._samplers:
+            self._samplers[k] = TokenBatchSampler(
+                data.src.lengths, data.tgt.lengths, self.max_tokens,
+                seed=self.seed, rank=self.rank, world_size=self.world_size,
+            )  # fmt: skip
+        return data, self._samplers[k]
+
+    def __len__(self) -> int:
+        """This rank's batches in the current epoch (samples differ by a few batches)."""
+        return len(self.data(self.epoch)[1])
+
+    def __iter__(self) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        data, sampler = self.data(self.epoch)
+        sampler.load_state_dict({"epoch": self.epoch, "position": self.position})
+        for idx in sampler:
+            self.position += 1
+            yield [data[i] for i in idx]
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at a checkpoint's ``state_dict()``; ``ModelDirError`` if it does not fit this data."""
+        epoch, position = read_position(state)
+        if epoch < 0:
+            raise ModelDirError(f"cannot resume at epoch {epoch}: the trainer state is corrupt")
+        self.data(epoch)[1].load_state_dict({"epoch": epoch, "position": position})  # checks the position
+        self.epoch, self.position = epoch, position
+
+
 def read_position(state: dict[str, int]) -> tuple[int, int]:
     """``(epoch, position)`` of an epoch sampler's ``state_dict()``; ``ModelDirError`` if it is not one."""
     try:

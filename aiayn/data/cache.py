@@ -189,16 +189,9 @@ def encode_parallel(
         for chunk in _batched(corpus, chunk_pairs):
             srcs, tgts = zip(*chunk)
             src_ids, tgt_ids = src_tok.encode_batch(srcs), tgt_tok.encode_batch(tgts)
-            keep = []
-            for i, (s, t, a, b) in enumerate(zip(srcs, tgts, src_ids, tgt_ids)):
-                if why := filt.reason(s, t, len(a), len(b)):
-                    setattr(stats, why, getattr(stats, why) + 1)
-                else:
-                    keep.append(i)
+            keep = filt.keep(srcs, tgts, src_ids, tgt_ids, stats)
             src_out.write([src_ids[i] for i in keep])
             tgt_out.write([tgt_ids[i] for i in keep])
-            stats.total += len(chunk)
-            stats.kept += len(keep)
         src_out.close()
         tgt_out.close()
         if stats.kept == 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +187,19 @@ class CorpusFilter:
             if hi / lo > self.max_ratio:
                 return "bad_ratio"
         return None
+
+    def keep(self, srcs: Sequence[str], tgts: Sequence[str], src_ids: Sequence[Sequence[int]],
+             tgt_ids: Sequence[Sequence[int]], stats: FilterStats) -> list[int]:  # fmt: skip
+        """Indices of the encoded pairs to keep; ``stats`` counts them and why the others went."""
+        keep = []
+        for i, (s, t, a, b) in enumerate(zip(srcs, tgts, src_ids, tgt_ids)):
+            if why := self.reason(s, t, len(a), len(b)):
+                setattr(stats, why, getattr(stats, why) + 1)
+            else:
+                keep.append(i)
+        stats.total += len(srcs)
+        stats.kept += len(keep)
+        return keep
 
 
 @dataclass

@@ -8,31 +8,28 @@ Only training pairs are sampled: validation, test and decoding use the determini
 but not across processes (measured: same seed, same model, other ids in a new process), so neither
 DDP ranks nor a resumed run could redraw a sample. ``segmentations`` therefore draws
 ``SEGMENTATIONS`` samples of the corpus once (rank 0), saves them in the run directory (``.npz``,
-no pickle) and every rank and every resume reads those files. ``ResegmentedEpochs`` is the
-translation task's sampler when ``subword_dropout > 0``: epoch ``e`` uses sample ``e mod
-SEGMENTATIONS``, filtered like the cached corpus (``CorpusFilter``, on the sampled lengths) and cut
-into token-budget batches by ``TokenBatchSampler`` (shuffled by ``(seed, e)``). Its state is
-``{"epoch": e, "position": p}``, as ``TokenBatchSampler``'s. ``sides`` samples only the source (or
-target) side and keeps the other deterministic. A sample costs one encoding pass (about 1 s for
-Multi30k's 29k pairs on one core) and ≈ 2 MB.
+no pickle) and every rank and every resume reads those files. Each sample is filtered like the
+cached corpus (``CorpusFilter``, on the sampled lengths); the translation task hands them to
+``batching.CorpusEpochs``, so epoch ``e`` is batched from sample ``e mod SEGMENTATIONS``. ``sides``
+samples only the source (or target) side and keeps the other deterministic. A sample costs one
+encoding pass (about 1 s for Multi30k's 29k pairs on one core) and ≈ 2 MB.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from aiayn.atomic import write_bytes
-from aiayn.data.batching import EpochPosition, TokenBatchSampler, read_position
 from aiayn.data.cache import Ragged
 from aiayn.data.corpus import CorpusFilter, FilterStats
 from aiayn.data.tokenizer import SentencePieceTokenizer
-from aiayn.errors import DataError, ModelDirError
+from aiayn.errors import DataError
 
 SIDES = ("both", "source", "target")
 SEGMENTATIONS = 8  # samples a run cycles through: epoch e reads sample e mod 8
@@ -89,13 +86,8 @@ class Resegmenter:
         src_p, tgt_p = (self.dropout if self.sides in (s, "both") else 0.0 for s in ("source", "target"))
         src_ids = self.src_tok.sample_batch(srcs, src_p, src_seed)
         tgt_ids = self.tgt_tok.sample_batch(tgts, tgt_p, tgt_seed)
-        stats, keep = FilterStats(total=len(srcs)), []
-        for i, (s, t, a, b) in enumerate(zip(srcs, tgts, src_ids, tgt_ids)):
-            if why := self.corpus_filter.reason(s, t, len(a), len(b)):
-                setattr(stats, why, getattr(stats, why) + 1)
-            else:
-                keep.append(i)
-        stats.kept = len(keep)
+        stats = FilterStats()
+        keep = self.corpus_filter.keep(srcs, tgts, src_ids, tgt_ids, stats)
         if not keep:
             raise DataError(f"every pair of this segmentation was filtered out ({stats}): relax the filter")
         src, tgt = (_ragged([ids[i] for i in keep]) for ids in (src_ids, tgt_ids))
@@ -121,51 +113,3 @@ def _ragged(seqs: list[list[int]]) -> Ragged:
     np.cumsum([len(s) for s in seqs], out=offsets[1:])
     flat = np.fromiter((i for s in seqs for i in s), np.int32, count=int(offsets[-1]))
     return Ragged(flat, offsets)
-
-
-class ResegmentedEpochs(EpochPosition):
-    """Token-budget batches of ``(src_ids, tgt_ids)`` pairs, epoch ``e`` from sample ``e mod n``.
-
-    Iterating yields this rank's remaining batches of the current epoch, then moves to the next;
-    ``state_dict``/``load_state_dict`` resume exactly (see the module docstring).
-    """
-
-    def __init__(self, samples: Sequence[SampledParallel], max_tokens: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1):  # fmt: skip
-        if not samples:
-            raise ValueError("need at least one sample")
-        self.samples, self.max_tokens = samples, max_tokens
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch, self.position = 0, 0
-        self._samplers: dict[int, TokenBatchSampler] = {}
-
-    def data(self, epoch: int) -> tuple[SampledParallel, TokenBatchSampler]:
-        """Epoch ``epoch``'s segmentation and its batch sampler."""
-        k = epoch % len(self.samples)
-        data = self.samples[k]
-        if k not in self._samplers:
-            self._samplers[k] = TokenBatchSampler(
-                data.src.lengths, data.tgt.lengths, self.max_tokens,
-                seed=self.seed, rank=self.rank, world_size=self.world_size,
-            )  # fmt: skip
-        return data, self._samplers[k]
-
-    def __len__(self) -> int:
-        """This rank's batches in the current epoch (epochs differ by a few batches)."""
-        return len(self.data(self.epoch)[1])
-
-    def __iter__(self) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
-        data, sampler = self.data(self.epoch)
-        sampler.load_state_dict({"epoch": self.epoch, "position": self.position})
-        for idx in sampler:
-            self.position += 1
-            yield [data[i] for i in idx]
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at a checkpoint's ``state_dict()``; ``ModelDirError`` if it does not fit this data."""
-        epoch, position = read_position(state)
-        if epoch < 0:
-            raise ModelDirError(f"cannot resume at epoch {epoch}: the trainer state is corrupt")
-        self.data(epoch)[1].load_state_dict({"epoch": epoch, "position": position})  # checks the position
-        self.epoch, self.position = epoch, position

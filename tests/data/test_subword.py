@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from aiayn.data import CorpusFilter, SentencePieceTokenizer, load_parallel
-from aiayn.data.subword import ResegmentedEpochs, Resegmenter, segmentations
+from aiayn.data.batching import CorpusEpochs
+from aiayn.data.subword import Resegmenter, segmentations
 from aiayn.errors import DataError, ModelDirError
 
 
@@ -55,7 +56,7 @@ def samples(tok, pairs):
 
 
 def _epochs(samples, **kw):
-    return ResegmentedEpochs(samples, 600, seed=3, **kw)
+    return CorpusEpochs(samples, 600, seed=3, **kw)
 
 
 def _key(batch):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from aiayn.data import (
+    CorpusEpochs,
     CorpusFilter,
     TokenBatchSampler,
     TranslationBatch,
@@ -29,7 +30,7 @@ from aiayn.data import (
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
-from aiayn.data.subword import ResegmentedEpochs, Resegmenter, segmentations
+from aiayn.data.subword import Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import ConfigError
 from aiayn.models import Transformer
@@ -89,17 +90,14 @@ class TranslationTask(Task):
         self.valid_refs = [tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
-        self.sampler: TokenBatchSampler | ResegmentedEpochs = TokenBatchSampler(
-            self.train.src.lengths, self.train.tgt.lengths, cfg.max_tokens,
-            seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
-        )  # fmt: skip
+        corpora = [self.train]
         if cfg.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, cfg.subword_dropout,
                                 CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
                                 cfg.subword_dropout_sides)  # fmt: skip
-            samples = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
-            self.sampler = ResegmentedEpochs(samples, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
-                                             world_size=dist.world_size)  # fmt: skip
+            corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
+        self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
+                                    world_size=dist.world_size)  # fmt: skip
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
@@ -126,12 +124,8 @@ class TranslationTask(Task):
 
     def train_batches(self) -> Iterator[TranslationBatch]:
         while True:
-            if isinstance(self.sampler, ResegmentedEpochs):
-                for pairs in self.sampler:
-                    yield self._collate(pairs)
-            else:
-                for idx in self.sampler:
-                    yield self._collate([self.train[i] for i in idx])
+            for pairs in self.sampler:
+                yield self._collate(pairs)
 
     def valid_batches(self) -> Iterator[TranslationBatch]:
         sampler = TokenBatchSampler(self.valid.src.lengths, self.valid.tgt.lengths, self.cfg.max_tokens,
