@@ -40,6 +40,16 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
     return mask | ~row_ok, row_ok
 
 
+# Keys up to this many are attended with the explicit products on the CPU: for sentence-length
+# sequences the three batched products beat the fused kernel, which tiles for long ones (forward and
+# backward ≈ 2× faster at 10–30 keys, even at 64, slower from ≈ 100; benchmarks/attention_kernels.py).
+EXPLICIT_MAX_KEYS = 64
+
+
+def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
+    return q.device.type == "cpu" and k.size(-2) <= EXPLICIT_MAX_KEYS
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -50,8 +60,9 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q Kᵀ / √d_k) V, with an optional boolean mask (True = may attend).
 
-    Without ``need_weights`` this calls the fused ``F.scaled_dot_product_attention`` kernel; with
-    it, the scores are computed explicitly so the weights can be returned. Both give the same output.
+    With ``need_weights`` the scores are computed explicitly so the weights can be returned; without
+    it, the fused ``F.scaled_dot_product_attention`` kernel runs, except for short keys on the CPU
+    (``EXPLICIT_MAX_KEYS``), where the explicit products are faster. Both give the same output.
     ``dropout_p`` is applied to the weights; pass 0 at evaluation time.
 
     Shape:
@@ -60,15 +71,15 @@ def scaled_dot_product_attention(
         returns: output (..., T_q, d_v), weights (..., T_q, T_k) or None
     """
     mask, row_ok = _guard_empty_rows(mask)
-    if need_weights:
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    if need_weights or _explicit_is_faster(q, k):
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (..., T_q, T_k)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(dim=-1)
         if row_ok is not None:
             weights = weights.masked_fill(~row_ok, 0.0)
         out = dropout(weights, dropout_p) @ v
-        return out, weights
+        return out, weights if need_weights else None
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)

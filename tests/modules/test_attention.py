@@ -8,19 +8,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.masks import causal_mask, padding_mask
-from aiayn.modules import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.modules import MultiHeadAttention, attention, scaled_dot_product_attention
 from aiayn.modules.kv_cache import KVCache
 from tests.helpers import assert_close, copy_mha, random_mask
 
 
-@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
-def test_sdpa_matches_torch_with_random_masks_and_empty_rows(need_weights):
+@pytest.fixture(params=["fused", "explicit"])
+def kernel(request, monkeypatch):
+    """Run a test with each path: short keys take the explicit products on the CPU, so ``fused``
+    lowers the threshold to force ``F.scaled_dot_product_attention``."""
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0 if request.param == "fused" else 64)
+    return request.param
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["output", "weights"])
+def test_sdpa_matches_torch_with_random_masks_and_empty_rows(need_weights, kernel):
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 6)
     mask = random_mask(2, 3, 5, 7, empty_rows=3)
     out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+    assert (w is not None) == need_weights
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     ok = mask.any(-1)  # rows with something to attend to
-    name = "scaled_dot_product_attention[" + ("explicit" if need_weights else "fused") + "]"
+    name = f"scaled_dot_product_attention[{kernel}, need_weights={need_weights}]"
     assert_close(f"{name} vs F.scaled_dot_product_attention", out[ok], ref[ok])
     assert (out[~ok] == 0).all() and (~ok).sum() == 3
     if need_weights:
@@ -44,7 +53,7 @@ def test_tutorial_attention_shapes():
     assert weights.shape == (1, 2, 4) and out.shape == (1, 2, 64)
 
 
-def test_fully_masked_rows_give_zeros_and_finite_gradients_not_nan():
+def test_fully_masked_rows_give_zeros_and_finite_gradients_not_nan(kernel):
     """Tutorial pitfall: masked_fill(-inf) then softmax turns a fully padded row into NaN."""
     q = torch.randn(1, 1, 3, 4, requires_grad=True)
     mask = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])
@@ -64,8 +73,21 @@ def _reference_mha(d_model=32, n_heads=4, kdim=None):
     return ours, ref
 
 
+def test_short_keys_take_the_explicit_path_on_the_cpu_and_long_ones_the_fused_kernel(monkeypatch):
+    calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or fused(*a, **kw)
+    )
+    for t_k, expected in [(attention.EXPLICIT_MAX_KEYS, 0), (attention.EXPLICIT_MAX_KEYS + 1, 1)]:
+        q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, t_k, 8)
+        out, _ = scaled_dot_product_attention(q, k, k)
+        assert_close(f"attention with {t_k} keys vs F.scaled_dot_product_attention", out, fused(q, k, k))
+        assert len(calls) == expected
+
+
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_self_attention_matches_nn_multihead_attention(need_weights):
+def test_self_attention_matches_nn_multihead_attention(need_weights, kernel):
     ours, ref = _reference_mha()
     x = torch.randn(3, 6, 32)
     ids = torch.tensor([[5, 5, 5, 5, 5, 5], [5, 5, 5, 5, 0, 0], [5, 5, 0, 0, 0, 0]])
@@ -78,7 +100,7 @@ def test_self_attention_matches_nn_multihead_attention(need_weights):
         assert_close("MultiHeadAttention weights vs nn.MultiheadAttention", w, ref_w)
 
 
-def test_cross_attention_and_distinct_key_value_match_nn_multihead_attention():
+def test_cross_attention_and_distinct_key_value_match_nn_multihead_attention(kernel):
     ours, ref = _reference_mha()
     x, memory, other = torch.randn(2, 5, 32), torch.randn(2, 9, 32), torch.randn(2, 9, 32)
     src = torch.randint(1, 9, (2, 9))
@@ -106,7 +128,7 @@ def test_mha_needs_divisible_width_unless_d_k_given():
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_gradcheck_multi_head_attention_float64(need_weights):
+def test_gradcheck_multi_head_attention_float64(need_weights, kernel):
     mha = MultiHeadAttention(8, 2, d_k=3, d_v=5).double()
     q = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     kv = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)

@@ -24,6 +24,19 @@ def test_survivors_are_scaled_and_the_keep_rate_is_one_minus_p():
     assert abs(ref.mean().item() - x.mean().item()) < 5e-3
 
 
+@pytest.mark.parametrize("p", [0.001, 0.1, 0.5, 0.999], ids=["float-uniforms", "15-bit", "half", "near-one"])
+def test_keep_rate_holds_in_every_lane_of_the_64_bit_draws(p):
+    """Elements i ≡ j (mod 4) come from lane j of the 64-bit draws: each lane must keep at 1 − p (the
+    top lane's sign bit is always zero: left in, it would keep everything there or nothing)."""
+    torch.manual_seed(0)
+    n = 4 * 300_000 + 1  # not a multiple of 4: the last draw is only partly used
+    kept = (dropout(torch.ones(n), p) != 0).float()
+    assert kept.shape == (n,)
+    sd = ((1 - p) * p / 300_000) ** 0.5
+    for lane in range(4):
+        assert abs(kept[lane::4].mean().item() - (1 - p)) < 6 * sd + 1e-5, lane
+
+
 def test_masks_are_independent_across_calls_and_elements():
     torch.manual_seed(0)
     x = torch.ones(200_000)
