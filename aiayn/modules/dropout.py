@@ -32,16 +32,18 @@ def _keep_mask(shape: torch.Size, p: float) -> Tensor:
     return (lanes >= round(p * 32768)).view(shape)
 
 
-class _UniformMaskDropout(torch.autograd.Function):
-    """y = x · m with m = keep / (1 − p), keep = (u ≥ p) for uniform u (``_keep_mask``).
+def _scaled_mask(x: Tensor, p: float) -> Tensor:
+    """m = keep / (1 − p) in x's dtype, as ``nn.Dropout`` keeps its mask on the CPU: multiplying by a
+    bool mask would convert it to x's dtype on every use, which costs more than drawing it."""
+    return _keep_mask(x.shape, p).to(x.dtype).mul_(1.0 / (1.0 - p))
 
-    m is saved in x's dtype, as ``nn.Dropout`` saves its mask on the CPU: multiplying by a bool mask
-    would convert it to x's dtype on every use, which costs more than drawing it.
-    """
+
+class _UniformMaskDropout(torch.autograd.Function):
+    """y = x · m (``_scaled_mask``); m is saved for the backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        m = _keep_mask(x.shape, p).to(x.dtype).mul_(1.0 / (1.0 - p))
+        m = _scaled_mask(x, p)
         ctx.save_for_backward(m)
         return x * m
 
@@ -49,6 +51,21 @@ class _UniformMaskDropout(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (m,) = ctx.saved_tensors
         return grad * m, None
+
+
+class _UniformMaskDropoutAdd(torch.autograd.Function):
+    """y = r + x · m in one pass: the residual connection's r + Dropout(x)."""
+
+    @staticmethod
+    def forward(ctx, r: Tensor, x: Tensor, p: float) -> Tensor:
+        m = _scaled_mask(x, p)
+        ctx.save_for_backward(m)
+        return torch.addcmul(r, x, m)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        (m,) = ctx.saved_tensors
+        return grad, grad * m, None
 
 
 def _check(p: float) -> None:
@@ -62,6 +79,12 @@ def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if p == 1.0 or x.device.type != "cpu":
         return F.dropout(x, p, training)
     return _UniformMaskDropout.apply(x, p)
+
+
+def _dropout_add(r: Tensor, x: Tensor, p: float, training: bool) -> Tensor:
+    if training and 0.0 < p < 1.0 and x.device.type == "cpu" and r.shape == x.shape:
+        return _UniformMaskDropoutAdd.apply(r, x, p)
+    return r + _dropout(x, p, training)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -84,6 +107,10 @@ class Dropout(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return _dropout(x, self.p, self.training)
+
+    def add(self, r: Tensor, x: Tensor) -> Tensor:
+        """r + self(x), in one pass on the CPU (the residual connection around a sublayer)."""
+        return _dropout_add(r, x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -46,7 +46,7 @@ class Residual(nn.Module):
 
     def add(self, x: Tensor, h: Tensor) -> Tensor:
         """x + Dropout(h), normalised afterwards for post-norm."""
-        x = x + self.dropout(h)
+        x = self.dropout.add(x, h)
         return x if self.norm_first else self.norm(x)
 
 

@@ -99,3 +99,21 @@ def test_module_is_a_drop_in_for_nn_dropout():
     assert m.state_dict() == ref.state_dict() == {}
     assert repr(m) == "Dropout(p=0.3)"
     assert m.training and not m.eval().training
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_is_the_residual_plus_dropout_with_one_mask_in_both_passes(dtype):
+    torch.manual_seed(0)
+    r = torch.randn(300, 257, requires_grad=True)  # the residual stream stays float32 under autocast
+    x = (torch.rand(300, 257) + 0.5).to(dtype).requires_grad_()  # no zeros of its own
+    y = Dropout(P).add(r, x)
+    dropped = (y - r).detach()  # x · keep / (1 − p)
+    kept = dropped != 0
+    assert abs(kept.float().mean().item() - (1 - P)) < 1e-2
+    torch.testing.assert_close(dropped[kept], (x.detach().float() / (1 - P))[kept], rtol=1e-2, atol=0)
+    g = torch.randn(300, 257)
+    y.backward(g)
+    assert torch.equal(r.grad, g) and x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.float(), (g * kept / (1 - P)).to(dtype).float(), rtol=1e-2, atol=1e-2)
+    m = Dropout(P).eval()
+    assert torch.equal(m.add(r, x), r + x)
