@@ -42,12 +42,13 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 
 # Keys up to this many are attended with the explicit products on the CPU: for sentence-length
 # sequences the three batched products beat the fused kernel, which tiles for long ones (forward and
-# backward ≈ 2× faster at 10–30 keys, even at 64, slower from ≈ 100; benchmarks/attention_kernels.py).
+# backward ≈ 2× faster at 10–30 keys, still faster at 64, slower from ≈ 100). A single query (a
+# decoding step) keeps the fused kernel, which is as fast there and faster for few keys.
 EXPLICIT_MAX_KEYS = 64
 
 
 def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
-    return q.device.type == "cpu" and k.size(-2) <= EXPLICIT_MAX_KEYS
+    return q.device.type == "cpu" and q.size(-2) > 1 and k.size(-2) <= EXPLICIT_MAX_KEYS
 
 
 def scaled_dot_product_attention(

@@ -73,16 +73,18 @@ def _reference_mha(d_model=32, n_heads=4, kdim=None):
     return ours, ref
 
 
-def test_short_keys_take_the_explicit_path_on_the_cpu_and_long_ones_the_fused_kernel(monkeypatch):
+def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query_the_kernel(monkeypatch):
     calls = []
     fused = F.scaled_dot_product_attention
     monkeypatch.setattr(
         attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or fused(*a, **kw)
     )
-    for t_k, expected in [(attention.EXPLICIT_MAX_KEYS, 0), (attention.EXPLICIT_MAX_KEYS + 1, 1)]:
-        q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, t_k, 8)
+    short, long = attention.EXPLICIT_MAX_KEYS, attention.EXPLICIT_MAX_KEYS + 1
+    # (queries, keys) -> calls of the fused kernel so far: one query is a decoding step (fused)
+    for t_q, t_k, expected in [(4, short, 0), (4, long, 1), (1, short, 2)]:
+        q, k = torch.randn(2, 3, t_q, 8), torch.randn(2, 3, t_k, 8)
         out, _ = scaled_dot_product_attention(q, k, k)
-        assert_close(f"attention with {t_k} keys vs F.scaled_dot_product_attention", out, fused(q, k, k))
+        assert_close(f"attention {t_q}×{t_k} vs F.scaled_dot_product_attention", out, fused(q, k, k))
         assert len(calls) == expected
 
 
