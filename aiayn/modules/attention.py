@@ -41,10 +41,12 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 
 
 # Keys up to this many are attended with the explicit products on the CPU: for sentence-length
-# sequences the three batched products beat the fused kernel, which tiles for long ones (forward and
-# backward ≈ 2× faster at 10–30 keys, still faster at 64, slower from ≈ 100). A single query (a
-# decoding step) keeps the fused kernel, which is as fast there and faster for few keys.
-EXPLICIT_MAX_KEYS = 64
+# sequences the three batched products beat the fused kernel, which tiles for long ones. Forward +
+# backward on the 2-core AMD VM: 1.1–1.5× faster at 12–40 keys with one thread, 1.5–2× with two;
+# with one thread the fused kernel wins from ≈ 48 keys (benchmarks/attention_kernels.py,
+# results/bench-attention-kernels*.json). A single query (a decoding step) keeps the fused kernel,
+# which is as fast there and faster for few keys.
+EXPLICIT_MAX_KEYS = 40
 
 
 def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
