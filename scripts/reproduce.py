@@ -5,9 +5,11 @@
     torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en  # 2 DDP processes
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
-keep whichever of {best, averaged} scores higher BLEU on the *validation* set (never the test set),
-then translate test2016 with beam search and score it with sacreBLEU (cased and lowercased BLEU,
-chrF, signatures). Language model: train, then the validation loss over the whole split.
+keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} scores
+higher BLEU on the *validation* set (never the test set), then translate test2016 with that choice
+and score it with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only``
+evaluates an earlier run's directory again (e.g. after the evaluation changed). Language model:
+train, then the validation loss over the whole split.
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
 Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
@@ -65,12 +67,43 @@ def git_commit() -> str:
         return "unknown"
 
 
-def bleu_of(model_dir: Path, split: str, cfg, beam: int, lenpen: float) -> tuple[dict, dict, list, list]:
+EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "beam", "lenpen", "mbr", "test",
+                     "signatures", "test_decode_seconds", "examples", "evaluation_minutes")  # fmt: skip
+
+
+def bleu_of(model_dir: Path, split: str, cfg, search: SearchConfig) -> tuple[dict, dict, list, list]:
     corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
     srcs, refs = (list(side) for side in zip(*corpus))
-    hyps = Translator.from_dir(model_dir).translate(srcs, SearchConfig(beam=beam, lenpen=lenpen))
+    hyps = Translator.from_dir(model_dir).translate(srcs, search)
     scores, signatures = score(hyps, refs)
     return scores, signatures, srcs, hyps
+
+
+def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
+    """Choose checkpoint and decoding on the validation set, then score test2016 with that choice.
+
+    Checkpoints: the best one and the average of the last ``--average``. Decodings: beam search
+    (``--beam``, ``--lenpen``) and, unless ``--mbr-beam 0``, minimum Bayes risk (sentence BLEU) over
+    a ``--mbr-beam`` beam's hypotheses. The test set is decoded once, with the pair that scored highest.
+    """
+    t0 = time.time()
+    candidates = {"best": run_dir / "best"}
+    paths = last_checkpoints(run_dir, args.average)
+    if len(paths) > 1:
+        candidates["averaged"] = average_checkpoints(paths, run_dir / "averaged")
+    decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen)}
+    if args.mbr_beam:
+        decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen, mbr="bleu")
+    choice = {f"{k}/{d}": bleu_of(p, "valid", cfg, search)[0]["bleu"]
+              for k, p in candidates.items() for d, search in decodings.items()}  # fmt: skip
+    chosen, decoding = max(choice, key=choice.get).split("/")
+    t1 = time.time()
+    scores, signatures, srcs, hyps = bleu_of(candidates[chosen], "test", cfg, decodings[decoding])
+    return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
+            "beam": decodings[decoding].beam, "lenpen": args.lenpen, "mbr": decodings[decoding].mbr,
+            "test": scores, "signatures": signatures, "test_decode_seconds": round(time.time() - t1, 1),
+            "examples": [{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])],
+            "evaluation_minutes": round((time.time() - t0) / 60, 2)}  # fmt: skip
 
 
 def main() -> int:
@@ -80,6 +113,11 @@ def main() -> int:
     ap.add_argument("--average", type=int, default=5, help="checkpoints to average (default 5)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
+    mbr = "beam of the minimum-Bayes-risk decoding tried on validation (0: beam search only)"
+    ap.add_argument("--mbr-beam", type=int, default=10, help=mbr)
+    ap.add_argument("--evaluate-only", action="store_true",
+                    help="no training: evaluate again the run directory an earlier run of this command left "
+                    "(runs/reproduce-NAME), keeping its training figures from results/NAME.json")  # fmt: skip
     args = ap.parse_args()
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
@@ -88,8 +126,10 @@ def main() -> int:
     name = args.recipe + "".join(
         f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
     )
-    run_dir = ROOT / "runs" / f"reproduce-{name}"
+    run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
+    if args.evaluate_only:
+        return evaluate_again(name, run_dir, results / f"{name}.json", cfg, args, commit)
     dist = init_distributed(resolve_device(cfg.device))  # under torchrun: every rank trains
     if dist.is_main and run_dir.exists():
         shutil.rmtree(run_dir)
@@ -112,27 +152,39 @@ def main() -> int:
         out["valid_loss"] = round(valid[-1]["loss"], 4)
         out["best_valid_loss"] = round(min(r["loss"] for r in valid), 4)
     else:
-        candidates = {"best": run_dir / "best"}
-        paths = last_checkpoints(run_dir, args.average)
-        if len(paths) > 1:
-            candidates["averaged"] = average_checkpoints(paths, run_dir / "averaged")
-        choice = {k: bleu_of(p, "valid", cfg, args.beam, args.lenpen)[0]["bleu"]
-                  for k, p in candidates.items()}  # fmt: skip
-        chosen = max(choice, key=choice.get)
-        t1 = time.time()
-        scores, signatures, srcs, hyps = bleu_of(candidates[chosen], "test", cfg, args.beam, args.lenpen)
-        out.update(valid_bleu=choice, chosen=chosen, averaged=[p.name for p in paths], beam=args.beam,
-                   lenpen=args.lenpen, test=scores, signatures=signatures,
-                   test_decode_seconds=round(time.time() - t1, 1),
-                   examples=[{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])])  # fmt: skip
-    results = ROOT / "results"
-    results.mkdir(exist_ok=True)
+        out.update(evaluate_translation(run_dir, cfg, args))
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)  # tokenizer to test score
+    write_results(name, run_dir, results, out)
+    return 0
+
+
+def evaluate_again(name: str, run_dir: Path, path: Path, cfg, args: argparse.Namespace, commit: str) -> int:
+    """``--evaluate-only``: the earlier run's results with a new evaluation; the old one is kept
+    under ``previous_evaluation``."""
+    if cfg.task != "translation" or not (run_dir / "best").is_dir() or not path.is_file():
+        print(f"--evaluate-only needs a translation run's {run_dir}/best and {path}: run the command "
+              "without --evaluate-only first", file=sys.stderr)  # fmt: skip
+        return 2
+    old = json.loads(path.read_text())
+    out = {k: v for k, v in old.items() if k not in (*EVALUATION_FIELDS, "previous_evaluation")}
+    out["previous_evaluation"] = {k: old[k] for k in EVALUATION_FIELDS if k in old}
+    out.update(evaluate_translation(run_dir, cfg, args))
+    out["evaluation_commit"], out["evaluation_machine"] = commit, machine()
+    out["end_to_end_minutes"] = round(old["train_wall_minutes"] + out["evaluation_minutes"], 2)
+    out["note_evaluate_only"] = (
+        "evaluated again with --evaluate-only: training figures (steps, train_wall_minutes, commit, "
+        "machine) are the earlier run's; end_to_end_minutes = its training time + this evaluation"
+    )
+    write_results(name, run_dir, path.parent, out)
+    return 0
+
+
+def write_results(name: str, run_dir: Path, results: Path, out: dict) -> None:
+    results.mkdir(exist_ok=True)
     for png in plot_curves(run_dir, run_dir / "plots"):
         shutil.copy(png, results / f"{name}-{png.name}")
     write_json(results / f"{name}.json", out)
     print(json.dumps({k: v for k, v in out.items() if k != "config"}, indent=2, ensure_ascii=False))
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from aiayn.atomic import check_output, write_text
+from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
 from aiayn.errors import DataError, OutputError
@@ -99,6 +100,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
     g.add_argument("--r2l-beam", type=int, default=None,
                    help="bidirectional model: beam of its right-to-left pass (default: --beam)")  # fmt: skip
+    g.add_argument("--mbr", choices=UTILITIES, default=None,
+                   help="minimum Bayes risk: the beam's hypothesis with the highest expected BLEU (or chrF) "
+                   "against the others; try --beam 10")  # fmt: skip
     s = p.add_argument_group("sampling")
     s.add_argument("--sample", action="store_true", help="sample instead of beam search")
     s.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")

@@ -27,6 +27,7 @@ EXAMPLES = """examples:
   aiayn translate --model runs/de-en --input test.de --nbest 4        # Moses n-best: i ||| text ||| score
   aiayn translate --model runs/de-en --sample --top-p 0.9 --seed 1 < test.de
   aiayn translate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l < test.de   # n-best reranking
+  aiayn translate --model runs/de-en --beam 10 --mbr bleu < test.de   # minimum Bayes risk over the beam
 
 Output line i is the translation of input line i; a blank input line gives a blank output line.
 """
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     for i in cut:
         warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
     if args.rerank_with:
+        if config.mbr:
+            raise ConfigError("--rerank-with and --mbr both choose among a beam's n-best: give one of them")
         if config.sample or config.beam < 2:
             raise ConfigError(
                 "--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)"

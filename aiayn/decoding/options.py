@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.scoring import PENALTIES
 from aiayn.errors import ConfigError
 
@@ -32,6 +33,7 @@ class SearchConfig:
     seed: int | None = None  # sampling: seed of the torch.Generator (None = torch's global RNG)
     use_cache: bool = True  # False recomputes the whole prefix each step (the reference path)
     r2l_beam: int | None = None  # a bidirectional model's right-to-left pass: beam size (None = beam)
+    mbr: str | None = None  # "bleu"/"chrf": order the beam's hypotheses by minimum Bayes risk (mbr.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -61,6 +63,10 @@ class SearchConfig:
             fail("r2l_beam", "must be at least 1 (or None: the same as beam)")
         if self.nbest < 1 or (not self.sample and self.nbest > self.beam):
             fail("nbest", f"must be between 1 and the beam size {self.beam}")
+        if self.mbr is not None and self.mbr not in UTILITIES:
+            fail("mbr", f"is not one of {UTILITIES} (or None: the beam's own order)")
+        if self.mbr is not None and (self.sample or self.beam < 2):
+            fail("mbr", "chooses among a beam's hypotheses: give beam 2 or more (and no sampling)")
         if self.lenpen_kind not in PENALTIES:
             fail("lenpen_kind", f"is not one of {PENALTIES}")
         if self.max_len is not None and self.max_len < 1:

@@ -9,6 +9,7 @@ translate to the empty string, so output line i always belongs to input line i.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from torch import nn
 from aiayn.data.batching import TokenBatchSampler, pad_rows
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import adapter_for_translation
+from aiayn.decoding.mbr import mbr_order
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
@@ -98,9 +100,15 @@ class Translator:
 
         Sentences are sorted by length so that a batch has little padding; each batch holds at
         most ``max_tokens`` source tokens, padding included (more for a single longer sentence).
+        With ``config.mbr`` the search keeps all ``beam`` hypotheses and returns the ``nbest`` with
+        the highest expected utility (``mbr.py``), best first; each keeps the model's own score.
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens={max_tokens!r} must be ≥ 1 (source tokens per batch)")
+        if config.mbr:
+            beam = self.search(sources, dataclasses.replace(config, mbr=None, nbest=config.beam), max_tokens)
+            order = [mbr_order([self.detokenize(h) for h in hyps], config.mbr) for hyps in beam]
+            return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if s]
         if not todo:

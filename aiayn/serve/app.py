@@ -41,7 +41,7 @@ from aiayn.version import __version__
 
 log = logging.getLogger("aiayn.serve")
 SEARCH_FIELDS = ("beam", "nbest", "lenpen", "max_len", "min_len", "sample", "temperature", "top_k", "top_p",
-                 "seed", "r2l_beam")  # fmt: skip
+                 "seed", "r2l_beam", "mbr")  # fmt: skip
 
 
 class HTTPError(Exception):

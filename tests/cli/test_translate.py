@@ -95,3 +95,14 @@ def test_quantize_int8_translates_and_unknown_precisions_are_refused(model_dirs,
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--quantize", "int4"])
     assert exit_info.value.code == 2 and "--quantize: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_mbr_from_the_command_line(model_dirs, monkeypatch, capsys):
+    model = str(model_dirs["joint"])
+    _stdin(monkeypatch, b"Ein Mann\nZwei Hunde spielen\n")
+    assert main(["translate", "--model", model, "--beam", "4", "--nbest", "2", "--mbr", "chrf"]) == 0
+    assert [line.split(" ||| ")[0] for line in capsys.readouterr().out.splitlines()] == ["0", "0", "1", "1"]
+    _stdin(monkeypatch, b"Ein Mann\n")
+    assert main(["translate", "--model", model, "--beam", "4", "--mbr", "bleu", "--rerank-with", model]) == 1
+    err = capsys.readouterr().err
+    assert "--rerank-with and --mbr both choose" in err and err.count("\n") == 1

@@ -56,6 +56,8 @@ def test_native_translate_with_options_and_attention(client):
         len(result["hypotheses"]) == 2
         and result["hypotheses"][0]["score"] >= result["hypotheses"][1]["score"]
     )
+    mbr = client.post("/v1/translate", json={"q": ["Ein Mann"], "beam": 4, "nbest": 2, "mbr": "bleu", **KEY})
+    assert mbr.status_code == 200 and len(mbr.json()["results"][0]["hypotheses"]) == 2
     att = result["attention"]
     src, tgt = len(att["src_tokens"]), len(att["tgt_tokens"])
     assert len(att["encoder"]) == 2 and len(att["encoder"][0]) == 4  # layers, heads
@@ -120,6 +122,7 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/v1/translate", {"json": {"q": "a", "beam": -1, **KEY}}, 400, "beam=-1"),
         ("/v1/translate", {"json": {"q": "a", "beam": 9, **KEY}}, 400, "limit of 8"),
+        ("/v1/translate", {"json": {"q": "a", "beam": 4, "mbr": "rouge", **KEY}}, 400, "mbr='rouge'"),
         ("/v1/translate", {"json": {"q": 3, **KEY}}, 400, "q must be a string"),
         ("/v1/generate", {"json": {"prompt": "a", "max_new_tokens": 0, **KEY}}, 400, "max_new_tokens"),
         ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),

@@ -1,0 +1,41 @@
+"""Minimum Bayes-risk selection among a beam's hypotheses.
+
+Beam search returns (about) the most probable output, which is not the output that scores best on
+average: the model's probability mass is spread over many similar translations. MBR decoding (Kumar
+& Byrne 2004; for NMT, Eikema & Aziz 2020 and Freitag et al. 2022) picks instead, among candidates
+C, the one that agrees most with the others, each used as a pseudo-reference drawn from the model:
+
+    y* = argmax_{c ∈ C}  1/(|C| − 1) · Σ_{c' ∈ C, c' ≠ c} u(c, c')
+
+with uniform weights (the beam's n-best as the sample) and u a sentence-level metric computed by
+sacreBLEU on the detokenised text: BLEU (with effective order, so short sentences score) or chrF.
+It costs |C|·(|C| − 1) sentence scores per input, no model calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sacrebleu.metrics import BLEU, CHRF
+
+UTILITIES = ("bleu", "chrf")
+
+
+def expected_utilities(candidates: Sequence[str], utility: str = "bleu") -> list[float]:
+    """Each candidate's mean utility against every other candidate as the reference (0 when alone)."""
+    if utility not in UTILITIES:
+        raise ValueError(f"utility={utility!r} is not one of {UTILITIES}")
+    metric = BLEU(effective_order=True) if utility == "bleu" else CHRF()
+    n = len(candidates)
+    if n < 2:
+        return [0.0] * n
+    return [
+        sum(metric.sentence_score(c, [r]).score for j, r in enumerate(candidates) if j != i) / (n - 1)
+        for i, c in enumerate(candidates)
+    ]
+
+
+def mbr_order(candidates: Sequence[str], utility: str = "bleu") -> list[int]:
+    """Indices of ``candidates``, highest expected utility first; ties keep the given (beam) order."""
+    u = expected_utilities(candidates, utility)
+    return sorted(range(len(candidates)), key=lambda i: -u[i])
