@@ -324,7 +324,7 @@ def create_app(services: list, settings: Settings | None = None) -> FastAPI:
     async def translate_v1(request: Request) -> JSONResponse:
         """Translate with every decoding option of ``aiayn translate`` (``beam``, ``nbest``,
         ``lenpen``, ``max_len``, ``min_len``, ``sample``, ``temperature``, ``top_k``, ``top_p``,
-        ``seed``, ``r2l_beam``); ``attention: true`` adds every layer's and head's weights."""
+        ``seed``, ``r2l_beam``, ``mbr``); ``attention: true`` adds every layer's and head's weights."""
         data = await server.body(request)
         server.check_key(request, data)
         texts, _ = server.texts(data)
