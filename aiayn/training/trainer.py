@@ -366,8 +366,11 @@ class Trainer:
         if not (self.cfg.max_minutes and steps and seconds > 0):
             return
         rate = steps / seconds  # updates per second of training time
-        reachable = self.step + int(rate * max(60 * self.cfg.max_minutes - self.elapsed, 0.0))
-        bar.total = max(self.step, min(self.cfg.max_steps, reachable))
+        left = 60 * self.cfg.max_minutes - self.elapsed
+        reachable = self.step + int(rate * max(left, 0.0))
+        # while time is left, at least the updates until the next refresh: the bar never runs past its total
+        floor = self.step + (self.cfg.log_every if left > 0 else 0)
+        bar.total = min(self.cfg.max_steps, max(floor, reachable))
         bar.refresh()
         if steps >= 20 and not self._told_speed and self.dist.is_main:
             self._told_speed = True
@@ -416,6 +419,9 @@ class Trainer:
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()
                     last_eval = self.step
+            if reason == "max_minutes":  # the budget's estimate of the total becomes the count
+                bar.total = self.step
+                bar.refresh()
             if self.step != last_eval:
                 self.evaluate_and_save()
         finally:

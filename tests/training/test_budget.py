@@ -57,6 +57,15 @@ def test_resume_is_exact_given_the_same_times(corpus, tmp_path):
     ]
 
 
+def test_the_progress_bar_counts_to_the_updates_the_budget_held(corpus, tmp_path, capsys):
+    """Its total follows the budget (refreshed every log_every updates) and never falls behind the
+    count: tqdm would switch to a bare "13it" counter. At the end it reads 13/13."""
+    args = tiny_args(corpus, tmp_path / "run", "max_steps=1000", *BUDGET, "log_every=5", "progress=true")
+    assert main(["train", *args]) == 0
+    err = capsys.readouterr().err
+    assert "13/13 [" in err and "it [" not in err and "/1000 [" in err
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
