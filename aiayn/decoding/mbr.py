@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sacrebleu.metrics import BLEU, CHRF
-
 UTILITIES = ("bleu", "chrf")
 
 
@@ -25,6 +23,8 @@ def expected_utilities(candidates: Sequence[str], utility: str = "bleu") -> list
     """Each candidate's mean utility against every other candidate as the reference (0 when alone)."""
     if utility not in UTILITIES:
         raise ValueError(f"utility={utility!r} is not one of {UTILITIES}")
+    from sacrebleu.metrics import BLEU, CHRF  # here: importing SearchConfig should not load sacreBLEU
+
     metric = BLEU(effective_order=True) if utility == "bleu" else CHRF()
     n = len(candidates)
     if n < 2:
