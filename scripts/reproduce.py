@@ -72,12 +72,10 @@ EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "beam", "le
                      "signatures", "test_decode_seconds", "examples", "evaluation_minutes")  # fmt: skip
 
 
-def bleu_of(model_dir: Path, split: str, cfg, search: SearchConfig) -> tuple[dict, dict, list, list]:
+def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
     corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
     srcs, refs = (list(side) for side in zip(*corpus))
-    hyps = Translator.from_dir(model_dir).translate(srcs, search)
-    scores, signatures = score(hyps, refs)
-    return scores, signatures, srcs, hyps
+    return srcs, refs
 
 
 def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
@@ -95,11 +93,15 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen)}
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen, mbr="bleu")
-    choice = {f"{k}/{d}": bleu_of(p, "valid", cfg, search)[0]["bleu"]
-              for k, p in candidates.items() for d, search in decodings.items()}  # fmt: skip
+    translators = {k: Translator.from_dir(p) for k, p in candidates.items()}
+    srcs, refs = sources_and_references(cfg, "valid")
+    choice = {f"{k}/{d}": score(t.translate(srcs, search), refs)[0]["bleu"]
+              for k, t in translators.items() for d, search in decodings.items()}  # fmt: skip
     chosen, decoding = max(choice, key=choice.get).split("/")
     t1 = time.time()
-    scores, signatures, srcs, hyps = bleu_of(candidates[chosen], "test", cfg, decodings[decoding])
+    srcs, refs = sources_and_references(cfg, "test")
+    hyps = translators[chosen].translate(srcs, decodings[decoding])
+    scores, signatures = score(hyps, refs)
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
             "beam": decodings[decoding].beam, "lenpen": args.lenpen, "mbr": decodings[decoding].mbr,
             "test": scores, "signatures": signatures, "test_decode_seconds": round(time.time() - t1, 1),
