@@ -113,8 +113,8 @@ def build_spec(model: Transformer, src_tok: SentencePieceTokenizer, tgt_tok: Sen
         norm(spec.decoder.layer_norm, model.decoder.norm)
     head = model.head
     spec.decoder.projection.weight = _np(head.proj.weight) * head.scale  # "prj": ÷√d_model folded in
-    if head.bias is not None:
-        spec.decoder.projection.bias = _np(head.bias)
+    if (bias := head.full_bias()) is not None:  # −∞ outside the pieces of an output_pieces model
+        spec.decoder.projection.bias = _np(bias)
     for register, tok in (
         (spec.register_source_vocabulary, src_tok),
         (spec.register_target_vocabulary, tgt_tok),

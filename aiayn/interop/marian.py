@@ -11,8 +11,9 @@ projections are stacked into our ``w_qkv`` as rows [q; k; v].
 Export writes the directory that ``MarianMTModel.from_pretrained`` reads. Models in the paper's
 interleaved sinusoid layout are exported exactly by permuting the d_model axis (see
 ``halves_permutation``); what Marian cannot express (pre-norm, learned positions, a right-to-left
-memory, d_k ≠ d_model/h, LayerNorm ε ≠ 1e-5) is refused with the reason. Tokenizers are separate
-(``tokenizers.py``).
+memory, d_k ≠ d_model/h, LayerNorm ε ≠ 1e-5) is refused with the reason; an output layer that scores
+only some ids (``output_pieces``) becomes −∞ in ``final_logits_bias`` at the others. Tokenizers are
+separate (``tokenizers.py``).
 """
 
 from __future__ import annotations
@@ -260,7 +261,9 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     tie = c.tie_output and c.emb_scale != "prj"
     if c.emb_scale == "prj" and c.tie_output:
         state["head.proj.weight"] = state["head.proj.weight"] / math.sqrt(c.d_model)
-    state.setdefault("head.bias", torch.zeros(c.tgt_vocab_size))
+    state.pop("head.pieces", None)  # an output_pieces model: −∞ in final_logits_bias outside its pieces
+    full = model.head.full_bias()
+    state["head.bias"] = torch.zeros(c.tgt_vocab_size) if full is None else full.to(state["head.proj.weight"])
     tensors = name_map(c, tie).to_hf(state)
     tensors["final_logits_bias"] = tensors["final_logits_bias"].reshape(1, -1)
     if c.share_embeddings and not tie:  # transformers 5 then reads each stack's own copy

@@ -17,12 +17,12 @@ def make_embedding(cfg: LayerConfig, vocab_size: int, norm: bool = False) -> Tra
     )  # fmt: skip
 
 
-def make_head(
-    cfg: LayerConfig, vocab_size: int, tie_to: TransformerEmbedding | None, bias: bool = False
-) -> OutputProjection:
-    """The output projection, tied to ``tie_to``'s token embedding unless it is None."""
+def make_head(cfg: LayerConfig, vocab_size: int, tie_to: TransformerEmbedding | None, bias: bool = False,
+              n_pieces: int = 0) -> OutputProjection:  # fmt: skip
+    """The output projection, tied to ``tie_to``'s token embedding unless it is None; with
+    ``n_pieces`` it scores only that many ids of the vocabulary (``OutputProjection.set_pieces``)."""
     scale = 1 / math.sqrt(cfg.d_model) if cfg.emb_scale == "prj" and tie_to is not None else 1.0
-    head = OutputProjection(cfg.d_model, vocab_size, bias, scale)
+    head = OutputProjection(cfg.d_model, vocab_size, bias, scale, n_pieces, fallback=cfg.unk_id)
     if tie_to is not None:
         head.tie(tie_to.tokens)
     return head

@@ -23,6 +23,9 @@ class TransformerConfig(LayerConfig):
     share_embeddings: bool = True  # one token embedding for source and target (§3.4)
     tie_output: bool = True  # pre-softmax projection = target embedding matrix (§3.4)
     output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+    # > 0: the output layer scores only this many target ids (``head.pieces``, saved with the weights;
+    # the translation task's output_vocab="target" sets them from the data); 0: every id (the paper)
+    output_pieces: int = 0
     r2l_memory: bool = False  # decoder layers attend to a second memory, given by the caller
     bidirectional: bool = False  # a right-to-left decoder too, its states that memory (Zhang et al. 2018)
 
@@ -31,6 +34,10 @@ class TransformerConfig(LayerConfig):
         self._vocab_check("src_vocab_size")
         self._vocab_check("tgt_vocab_size")
         self._positive("n_encoder_layers", "n_decoder_layers")
+        pieces = self.output_pieces
+        if not isinstance(pieces, int) or isinstance(pieces, bool) or not 0 <= pieces <= self.tgt_vocab_size:
+            self._fail("output_pieces", f"must be an integer in [0, tgt_vocab_size={self.tgt_vocab_size}]",
+                       "use 0 for every id (training with output_vocab='target' sets it)")  # fmt: skip
         self._flag("share_embeddings", "tie_output", "output_bias", "r2l_memory", "bidirectional")
         if self.bidirectional and self.r2l_memory:
             self._fail("r2l_memory", "is set with bidirectional=True", "leave it false: a bidirectional "

@@ -17,6 +17,7 @@ from torch import nn
 
 from aiayn.errors import ConfigError
 from aiayn.modules.attention import MultiHeadAttention
+from aiayn.modules.embedding import OutputProjection
 
 QUANTIZATIONS = ("none", "int8")
 
@@ -33,6 +34,8 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
     for m in model.modules():
         if isinstance(m, MultiHeadAttention):
             m.split_row_blocks()  # cross-attention applies row blocks of w_qkv: give each its own Linear
+        elif isinstance(m, OutputProjection):
+            m.split_pieces()  # an output_pieces head multiplies by W's piece rows: their own Linear
     with warnings.catch_warnings():  # torch.ao's dynamic quantization warns of a future deprecation
         warnings.simplefilter("ignore")
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig

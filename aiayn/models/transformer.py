@@ -47,7 +47,7 @@ class Transformer(nn.Module):
         if c.share_embeddings:
             self.tgt_embed.tokens = self.src_embed.tokens
         self.head = make_head(c, c.tgt_vocab_size, self.tgt_embed if c.tie_output else None,
-                              c.output_bias)  # fmt: skip
+                              c.output_bias, c.output_pieces)  # fmt: skip
         if not c.tie_output:
             init_weights(self.head, c.d_model)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.errors import ConfigError, DataError
@@ -165,34 +166,100 @@ class OutputProjection(nn.Module):
     1/√d_model for ``emb_scale="prj"``. ``b`` is optional (Marian's ``final_logits_bias``).
     ``loss`` is the projection and the label-smoothed loss fused, for training.
 
+    With ``n_pieces > 0`` the layer scores only those ids of the vocabulary (``pieces``, a sorted
+    buffer saved with the weights; ``set_pieces``), e.g. the pieces that ever occur on the target
+    side of a joint vocabulary's training data: the products with W use only those rows, every
+    other id gets logit −∞ (probability 0), and the loss is the softmax over the pieces. A target
+    outside them counts as ``fallback`` (the unknown piece), which must be one of them.
+
     Shape:
         h: (B, T, d_model) -> (B, T, vocab)
     """
 
-    def __init__(self, d_model: int, vocab_size: int, bias: bool = False, scale: float = 1.0):
+    def __init__(self, d_model: int, vocab_size: int, bias: bool = False, scale: float = 1.0,
+                 n_pieces: int = 0, fallback: int = 0):  # fmt: skip
         super().__init__()
         self.proj = nn.Linear(d_model, vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
         self.scale = scale
+        self.fallback = fallback
+        self.vocab_size = vocab_size
+        self.pieces: Tensor | None
+        self.register_buffer("pieces", torch.arange(n_pieces) if n_pieces else None)
+        self.piece_proj: nn.Linear | None = None  # quantize's inference-only copy of W's piece rows
 
     def tie(self, tokens: TokenEmbedding) -> None:
         self.proj.weight = tokens.embedding.weight
 
+    def set_pieces(self, ids: Tensor) -> None:
+        """The ids this layer scores: ``n_pieces`` distinct ids, the fallback among them."""
+        ids = torch.as_tensor(ids, dtype=torch.long).unique()  # sorted
+        if self.pieces is None or ids.numel() != self.pieces.numel():
+            raise ConfigError(f"set_pieces got {ids.numel()} distinct ids; this output layer was built for "
+                              f"{0 if self.pieces is None else self.pieces.numel()} (n_pieces)")  # fmt: skip
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ConfigError(f"set_pieces: ids must lie in [0, {self.vocab_size}) (the vocabulary)")
+        if not bool((ids == self.fallback).any()):
+            raise ConfigError(f"set_pieces: the fallback id {self.fallback} (unknown) is not among the ids")
+        self.pieces.copy_(ids.to(self.pieces.device))
+
+    def _piece_weights(self) -> tuple[Tensor, Tensor | None]:
+        """W and b at the pieces' rows: (n_pieces, d_model), (n_pieces,)."""
+        weight = self.proj.weight.index_select(0, self.pieces)
+        return weight, None if self.bias is None else self.bias.index_select(0, self.pieces)
+
     def forward(self, h: Tensor) -> Tensor:
-        logits = self.proj(h)
+        if self.pieces is None:
+            logits = self.proj(h)
+        elif self.piece_proj is not None:
+            logits = self.piece_proj(h)  # (B, T, n_pieces)
+        else:
+            logits = F.linear(h, self._piece_weights()[0])  # (B, T, n_pieces)
         if self.scale != 1.0:
             logits = logits * self.scale
-        return logits if self.bias is None else logits + self.bias
+        if self.bias is not None:
+            logits = logits + (self.bias if self.pieces is None else self.bias[self.pieces])
+        if self.pieces is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # (B, T, vocab)
+        return full.index_copy_(-1, self.pieces, logits)
+
+    def full_bias(self) -> Tensor | None:
+        """The bias over the whole vocabulary that makes a plain linear layer score as this one does:
+        b (or 0) at the pieces, −∞ elsewhere; None without pieces and bias (for exporters)."""
+        if self.pieces is None:
+            return None if self.bias is None else self.bias.detach()
+        bias = torch.full((self.vocab_size,), float("-inf"), device=self.pieces.device)
+        at_pieces = (torch.zeros(self.pieces.numel(), device=bias.device) if self.bias is None
+                     else self.bias.detach()[self.pieces].float())  # fmt: skip
+        return bias.index_copy_(0, self.pieces, at_pieces)
+
+    def split_pieces(self) -> None:
+        """An untied ``nn.Linear`` holding W's piece rows (for ``quantize``, which converts Linears)."""
+        if self.pieces is not None and self.piece_proj is None:
+            weight = self._piece_weights()[0].detach()
+            self.piece_proj = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
+            self.piece_proj.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
     def loss(
         self, h: Tensor, target: Tensor, epsilon: float, smoothing_exclude: int | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Summed label-smoothed loss, summed NLL and the number of targets of ``softmax(self(h))``
         against ``target``, without storing the (N, V) logits (``linear_label_smoothed_nll_loss``).
+        With pieces, the softmax and the smoothing mass span the pieces only.
 
         Shape:
             h: (N, d_model), target: (N,) -> three scalars
         """
-        return linear_label_smoothed_nll_loss(
-            h, self.proj.weight, target, epsilon, self.bias, self.scale, smoothing_exclude=smoothing_exclude
-        )
+        if self.pieces is None:
+            return linear_label_smoothed_nll_loss(h, self.proj.weight, target, epsilon, self.bias, self.scale,
+                                                  smoothing_exclude=smoothing_exclude)  # fmt: skip
+        position = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.pieces.device)
+        position[self.pieces] = torch.arange(self.pieces.numel(), device=self.pieces.device)  # id -> column
+        column = position[target]  # (N,)
+        column = torch.where(column < 0, position[self.fallback], column)
+        exclude = None if smoothing_exclude is None else int(position[smoothing_exclude])
+        exclude = None if exclude is None or exclude < 0 else exclude  # padding is rarely a piece
+        weight, bias = self._piece_weights()
+        return linear_label_smoothed_nll_loss(h, weight, column, epsilon, bias, self.scale,
+                                              smoothing_exclude=exclude)  # fmt: skip

@@ -34,9 +34,15 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
         except (OSError, SafetensorError) as e:
             raise ModelDirError(f"{p / WEIGHTS_FILE} is missing, truncated or corrupt ({e})") from None
         for name, tensor in weights.items():
+            if not tensor.is_floating_point():  # ids (an output layer's pieces): the same in every one
+                if name in total and not torch.equal(total[name], tensor):
+                    raise ModelDirError(f"{p} and {paths[0]} differ in {name}: average one run's checkpoints")
+                total[name] = tensor
+                continue
             total[name] = total.get(name, 0) + tensor.double()
     model = load_model(paths[-1])
-    model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()}, strict=False)
+    model.load_state_dict({k: (v / len(paths)).float() if v.is_floating_point() else v
+                           for k, v in total.items()}, strict=False)  # fmt: skip
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         shutil.copytree(paths[-1], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(

@@ -45,6 +45,9 @@ class TrainConfig:
     tokenizer: str = "bpe"  # "bpe" or "unigram" (sentencepiece), "char" (characters)
     vocab_size: int = 8000  # sentencepiece vocabulary size (per side if not joint)
     joint_vocab: bool = True  # one vocabulary for both sides (needed for shared embeddings)
+    # translation: the ids the output layer scores: "all" (the paper) or "target", the pieces that occur
+    # on the target side of the training data (of a joint vocabulary, the other language's pieces go)
+    output_vocab: str = "all"
     # -- model: fields of TransformerConfig / LMConfig (vocabulary sizes and ids are filled in) ----
     model: dict[str, Any] = field(default_factory=dict)
     # -- batches --------------------------------------------------------------------------------
@@ -124,6 +127,7 @@ class TrainConfig:
                               ("optimizer", ("adam", "adamw")), ("horizon", ("steps", "budget")),
                               ("r2l_memory_from", ("reference", "greedy")),
                               ("subword_dropout_sides", ("both", "source", "target")),
+                              ("output_vocab", ("all", "target")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
                 fail(name, f"is not one of {choices}")
@@ -177,6 +181,8 @@ class TrainConfig:
             fail("subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {self.tokenizer!r}")
         if self.subword_dropout_sides != "both" and not self.subword_dropout:
             fail("subword_dropout_sides", "does nothing while subword_dropout=0: give subword_dropout > 0")
+        if self.output_vocab != "all" and self.task != "translation":
+            fail("output_vocab", f"picks a translation model's output ids; task={self.task!r} has none")
         if self.class_weights not in ("none", "balanced"):
             fail("class_weights", "is not one of ('none', 'balanced')")
         task.check_config(self)  # what the task itself needs, the [model] table included

@@ -21,6 +21,7 @@ CONFIGS = {
     "prj-bias-learned": dict(emb_scale="prj", output_bias=True, positional="learned"),
     "marian-like": dict(emb_scale="none", activation="silu", positional="sinusoidal_halves", ln_eps=1e-6),
     "untied-unshared-nobias": dict(share_embeddings=False, tie_output=False, bias=False),
+    "target-pieces-bias": dict(output_pieces=600, output_bias=True),  # output_vocab="target"
 }
 
 
@@ -44,6 +45,9 @@ def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
     if m.head.bias is not None:
         with torch.no_grad():
             m.head.bias.normal_()  # a bias that matters
+    if m.head.pieces is not None:  # eos, unk and 598 others; the rest get −∞ in CTranslate2's bias
+        others = torch.randperm(tok.vocab_size - 4, generator=torch.Generator().manual_seed(0))[:598] + 4
+        m.head.set_pieces(torch.cat([torch.tensor([m.config.eos_id, m.config.unk_id]), others]))
     export_ctranslate2(m, tok, tok, tmp_path / "ct2")
     theirs_model = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     ours_model = Translator(m, tok, tok)
@@ -58,6 +62,8 @@ def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
         a = [[t for t in h[0].tokens if t != m.config.eos_id] for h in ours]
         b = [[tok.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs]
         assert a == b, f"{name}, beam {beam}"
+        if m.head.pieces is not None:
+            assert {i for s in a for i in s} <= set(m.head.pieces.tolist())
     assert any(len(x) > 2 for x in a)
 
 

@@ -27,6 +27,20 @@ def test_round_trip_keeps_outputs_and_tying(tmp_path):
     assert not list((tmp_path / "m").glob("*.tmp"))
 
 
+def test_round_trip_keeps_an_output_layers_pieces(tmp_path):
+    cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=1, n_decoder_layers=1, output_pieces=12)  # fmt: skip
+    model = Transformer(cfg).eval()
+    model.head.set_pieces(torch.arange(3, 30, 2)[:12])
+    save_model(model, tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    assert torch.equal(loaded.head.pieces, model.head.pieces)
+    src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 30, (2, 4))
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt), rtol=0, atol=0)
+    with pytest.raises(ConfigError, match=r"output_pieces=31 must be an integer in \[0, tgt_vocab_size=30\]"):
+        TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, output_pieces=31)
+
+
 def test_round_trip_language_model(tmp_path):
     model = LanguageModel(LMConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=1)).eval()
     loaded = load_model(save_model(model, tmp_path / "lm"))

@@ -85,3 +85,16 @@ def test_none_is_a_no_op_and_unknown_names_are_refused():
     assert quantize(model, "none") is model and not is_quantized(model)
     with pytest.raises(ConfigError, match="int4"):
         quantize(model, "int4")
+
+
+def test_int8_output_layer_keeps_to_its_pieces():
+    src, tgt = _inputs()
+    model = tiny_transformer(50, output_pieces=30)
+    model.head.set_pieces(torch.arange(3, 33))
+    q = quantize(copy.deepcopy(model), "int8")
+    assert isinstance(q.head.piece_proj, QUANTIZED_LINEAR)
+    with torch.no_grad():
+        ref, ours = model(src, tgt), q(src, tgt)
+    assert torch.equal(torch.isneginf(ours), torch.isneginf(ref))
+    assert torch.isneginf(ref).sum() == 20 * src.size(0) * tgt.size(1)
+    assert _relative_error(ours[..., 3:33], ref[..., 3:33]) < 0.05

@@ -1,17 +1,21 @@
-"""Positional encodings and token embeddings against hand-computed values."""
+"""Positional encodings and token embeddings against hand-computed values; an output layer that scores
+some pieces against nn.Linear and F.cross_entropy."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from aiayn.errors import ConfigError
 from aiayn.modules import (
     LearnedPositionalEmbedding,
     PositionalEncoding,
     TokenEmbedding,
     TransformerEmbedding,
 )
-from aiayn.modules.embedding import sinusoidal_table
+from aiayn.modules.embedding import OutputProjection, sinusoidal_table
 from tests.helpers import assert_close
 
 
@@ -79,3 +83,69 @@ def test_grown_table_keeps_the_module_dtype():
     pe = PositionalEncoding(8, max_len=4).to(torch.bfloat16)
     assert pe(torch.zeros(1, 10, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
     assert pe.pe.dtype == torch.bfloat16 and pe.pe.size(0) >= 10
+
+
+def _pieces_head(bias: bool, scale: float = 1.0) -> tuple[OutputProjection, torch.Tensor]:
+    torch.manual_seed(0)
+    head = OutputProjection(8, 30, bias=bias, scale=scale, n_pieces=12, fallback=3)
+    nn.init.normal_(head.proj.weight)
+    if bias:
+        nn.init.normal_(head.bias)
+    pieces = torch.tensor([2, 3, 5, 7, 8, 11, 13, 17, 19, 23, 24, 29])
+    head.set_pieces(pieces.flip(0))  # any order: kept sorted
+    return head, pieces
+
+
+@pytest.mark.parametrize(("bias", "scale"), [(False, 1.0), (True, 0.5)])
+def test_output_pieces_score_like_a_linear_layer_on_those_rows(bias, scale):
+    head, pieces = _pieces_head(bias, scale)
+    ref = nn.Linear(8, 30, bias=bias)  # the plain layer these rows come from
+    with torch.no_grad():
+        ref.weight.copy_(head.proj.weight * scale)
+        if bias:
+            ref.bias.copy_(head.bias)
+    h = torch.randn(2, 5, 8)
+    logits = head(h)
+    assert torch.equal(head.pieces, pieces)
+    assert_close("pieces' logits vs nn.Linear", logits[..., pieces], ref(h)[..., pieces])
+    others = torch.ones(30, dtype=torch.bool)
+    others[pieces] = False
+    assert torch.isneginf(logits[..., others]).all()  # probability 0
+    assert_close("softmax over the pieces", logits.softmax(-1)[..., pieces], ref(h)[..., pieces].softmax(-1))
+    full = nn.Linear(8, 30)  # the exporters' form: the whole matrix with full_bias
+    with torch.no_grad():
+        full.weight.copy_(ref.weight)
+        full.bias.copy_(head.full_bias())
+    torch.testing.assert_close(full(h).softmax(-1), logits.softmax(-1))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_output_pieces_loss_is_cross_entropy_over_the_pieces(bias):
+    head, pieces = _pieces_head(bias)
+    h = torch.randn(7, 8, requires_grad=True)
+    target = torch.tensor([2, 29, 13, 4, 0, 24, 5])  # 4 and 0 are no pieces: they count as unk (3)
+    column = torch.tensor([0, 11, 6, 1, 1, 10, 2])  # their columns among the sorted pieces
+    loss, nll, n = head.loss(h, target, 0.1, smoothing_exclude=0)
+    g_h, g_w = torch.autograd.grad(loss, (h, head.proj.weight))
+
+    h_ref = h.detach().clone().requires_grad_()
+    w_ref = head.proj.weight.detach().clone().requires_grad_()
+    z = h_ref @ w_ref[pieces].t() + (head.bias.detach()[pieces] if bias else 0.0)
+    ref = F.cross_entropy(z, column, label_smoothing=0.1, reduction="sum")  # ε over the 12 pieces
+    r_h, r_w = torch.autograd.grad(ref, (h_ref, w_ref))
+    assert_close("loss over the pieces vs F.cross_entropy", loss, ref, atol=1e-4)
+    assert_close("NLL over the pieces", nll, F.cross_entropy(z, column, reduction="sum"), atol=1e-4)
+    assert n == 7
+    assert_close("∂h", g_h, r_h)
+    assert_close("∂W (rows outside the pieces get none)", g_w, r_w)
+    assert (g_w.abs().sum(1) > 0).sum() == len(pieces)
+
+
+def test_set_pieces_says_what_is_wrong():
+    head = OutputProjection(8, 30, n_pieces=4, fallback=3)
+    for ids, message in (([3, 4, 5], "got 3 distinct ids; .* built for 4"), ([3, 4, 5, 30], r"\[0, 30\)"),
+                         ([4, 5, 6, 7], "fallback id 3")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            head.set_pieces(torch.tensor(ids))
+    with pytest.raises(ConfigError, match="built for 0"):
+        OutputProjection(8, 30).set_pieces(torch.tensor([3]))

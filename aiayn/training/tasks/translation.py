@@ -5,7 +5,10 @@ the run directory; a resumed run or another rank reads them from there, so every
 checkpoint agrees on the vocabulary. Each evaluation adds greedy BLEU on the validation set
 (sacreBLEU), which then picks the best checkpoint. With ``subword_dropout > 0`` each epoch reads
 another of 8 BPE-dropout samples of the training pairs, drawn once and saved in the run directory
-(``aiayn/data/subword.py``); evaluation is never sampled.
+(``aiayn/data/subword.py``); evaluation is never sampled. With ``output_vocab="target"`` the model's
+output layer scores only the pieces that occur on the target side of the training data
+(``OutputProjection`` pieces): of a joint vocabulary, the source language's own pieces drop out of
+the largest matrix product of a step.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,6 +49,14 @@ SUBWORD_DIR = "subword"  # subword_dropout: the run's saved training-set samples
 R2L_MARGIN = 10  # r2l_memory_from="greedy": the training-time translation's tokens beyond the source length
 
 
+def target_pieces(corpora) -> torch.Tensor:
+    """The ids that occur on the target side of the training data (every BPE-dropout sample's
+    included), with eos and the unknown piece, which every output layer must be able to give."""
+    seen = np.unique(np.concatenate([np.unique(c.tgt.ids) for c in corpora]))
+    ids = torch.from_numpy(seen.astype(np.int64))
+    return torch.cat([ids, torch.tensor([SPECIAL_IDS["eos_id"], SPECIAL_IDS["unk_id"]])]).unique()
+
+
 @register_task("translation")
 class TranslationTask(Task):
     """Parallel corpus -> ``TranslationBatch`` (src, tgt_in, tgt_out) -> encoder–decoder."""
@@ -62,6 +74,9 @@ class TranslationTask(Task):
         if cfg.model.get("bidirectional") and cfg.r2l_detach and cfg.r2l_weight == 0:
             raise ConfigError("r2l_weight=0 with r2l_detach=true leaves the right-to-left decoder untrained; "
                               "give r2l_weight > 0 or r2l_detach=false")  # fmt: skip
+        if "output_pieces" in cfg.model:
+            raise ConfigError("model.output_pieces is set from the training data: remove it from [model] and "
+                              "give output_vocab='target' instead")  # fmt: skip
         if cfg.reverse_target and cfg.model.get("bidirectional"):
             raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
                               "already has its right-to-left decoder; choose one")  # fmt: skip
@@ -98,6 +113,7 @@ class TranslationTask(Task):
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
+        self.target_pieces = target_pieces(corpora) if cfg.output_vocab == "target" else None
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
@@ -110,7 +126,12 @@ class TranslationTask(Task):
         shared = self.src_tok is self.tgt_tok
         fields = {"share_embeddings": shared, **self.cfg.model}
         fields.update(src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size)
-        return Transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
+        if self.target_pieces is not None:
+            fields["output_pieces"] = len(self.target_pieces)
+        model = Transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
+        if self.target_pieces is not None:
+            model.head.set_pieces(self.target_pieces)
+        return model
 
     @property
     def epoch(self) -> int:
