@@ -9,11 +9,16 @@ on a real recipe for a few updates in each layout, one after the other, and repo
 
     python benchmarks/train_processes.py                       # Multi30k recipe, 2 cores
     python benchmarks/train_processes.py --steps 200 --cores 2 --json results/bench-train-processes.json
+    python benchmarks/train_processes.py --recipe recipes/multi30k-en-de.toml \
+        --layouts ddp,ddp:output_vocab=target,ddp,ddp:output_vocab=target     # a recipe field, side by side
 
 Layouts (``--cores`` = C):
     threads   1 process × C threads, max_tokens per update as in the recipe
     ddp       C processes × 1 thread, max_tokens / C per process: the same tokens per update
     ddp-big   C processes × 1 thread, the recipe's max_tokens per process: C× the tokens per update
+
+A layout may carry recipe overrides after colons (``ddp:output_vocab=target:model.dropout=0.2``), to
+measure a setting against the plain layout in one run; ratios are then against the first layout.
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: int, skip: int) -> dict:
+def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: int, skip: int,
+               overrides: tuple[str, ...] = ()) -> dict:  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="aiayn-bench-")) / "run"
     args = [str(recipe), f"out_dir={out}", f"threads={threads}", f"max_tokens={max_tokens}",
             f"max_steps={steps}", f"eval_every={steps + 1}", "eval_bleu=false", "eval_iters=1",
-            "log_every=10", "progress=false", "max_minutes=0", "horizon=steps", "device=cpu"]  # fmt: skip
+            "log_every=10", "progress=false", "max_minutes=0", "horizon=steps", "device=cpu",
+            *overrides]  # fmt: skip
     if procs == 1:
         cmd = [sys.executable, "-m", "aiayn", "train", *args]
     else:
@@ -70,16 +77,19 @@ def main() -> None:
     c = args.cores
     layouts = {"threads": (1, c, max_tokens), "ddp": (c, 1, max_tokens // c), "ddp-big": (c, 1, max_tokens)}
     rows = []  # a layout may be listed twice (e.g. threads,ddp,threads) to see the noise
-    for name in args.layouts.split(","):
+    for spec in args.layouts.split(","):
+        name, *overrides = spec.split(":")
         if name not in layouts:
             raise SystemExit(f"--layouts: unknown layout {name!r} (known: {', '.join(layouts)})")
-        rows.append({"layout": name, **run_layout(Path(args.recipe), *layouts[name], args.steps, args.skip)})
+        run = run_layout(Path(args.recipe), *layouts[name], args.steps, args.skip, tuple(overrides))
+        rows.append({"layout": spec, **run})
         print(json.dumps(rows[-1]), flush=True)
-    base = [r["tokens_per_s"] for r in rows if r["layout"] == "threads"]
-    if base:
-        for row in rows:
-            ratio = row["tokens_per_s"] / statistics.mean(base)
-            print(f"{row['layout']:8s} {ratio:.2f}× the mean tokens/s of 'threads'")
+    first = rows[0]["layout"]
+    mean = {spec: statistics.mean(r["tokens_per_s"] for r in rows if r["layout"] == spec) for spec in
+            dict.fromkeys(r["layout"] for r in rows)}  # fmt: skip
+    for spec, tok_s in mean.items():
+        ratio = tok_s / mean[first]
+        print(f"{spec:8s} {ratio:.2f}× the mean tokens/s of {first!r}")
     if args.json:
         out = {"recipe": args.recipe, "cores": c, "steps": args.steps, "skip": args.skip,
                "machine": platform.processor() or platform.machine(), "rows": rows}  # fmt: skip
