@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -71,6 +70,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="threads,ddp,ddp-big")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    from aiayn.cli.demo import machine
     from aiayn.training.config import load_recipe
 
     max_tokens = load_recipe(args.recipe).max_tokens
@@ -92,7 +92,7 @@ def main() -> None:
         print(f"{spec:8s} {ratio:.2f}× the mean tokens/s of {first!r}")
     if args.json:
         out = {"recipe": args.recipe, "cores": c, "steps": args.steps, "skip": args.skip,
-               "machine": platform.processor() or platform.machine(), "rows": rows}  # fmt: skip
+               "machine": machine(), "rows": rows}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
