@@ -1,0 +1,66 @@
+"""Decoding time of a model trained with ``output_vocab="target"``: its head over the pieces against
+the same weights scoring every id (``head.pieces`` removed), alternating, on Multi30k's validation
+sources. Reported: seconds per pass for each beam size and the ratio.
+
+    python benchmarks/output_vocab_decoding.py RUN_DIR --json results/bench-output-vocab-decoding.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import statistics
+import time
+
+import torch
+
+from aiayn.cli.demo import machine
+from aiayn.data import data_dir, load_translation_tokenizers
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.translator import Translator
+from aiayn.models.io import load_model, resolve_model_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="a translation run (or model directory with tokenizer/) trained with pieces")
+    ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load_model(args.run)
+    if model.head.pieces is None:
+        raise SystemExit(f"{args.run}: this model scores every id; train it with output_vocab=target")
+    src_tok, tgt_tok = load_translation_tokenizers(resolve_model_dir(args.run).parent / "tokenizer")
+    lang = json.loads((resolve_model_dir(args.run) / "config.json").read_text()).get("src_lang", "en")
+    with gzip.open(data_dir() / "multi30k" / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    every_id = copy.deepcopy(model)
+    every_id.head.pieces = None  # the same weights, every id scored
+    models = {"pieces": model, "every id": every_id}
+    result = {"run": args.run, "sentences": len(lines), "pieces": model.head.pieces.numel(),
+              "vocab": model.config.tgt_vocab_size,
+              "machine": f"{machine()}, {args.threads} threads"}  # fmt: skip
+    for beam in args.beams:
+        times: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(args.repeats):
+            for name, m in models.items():  # alternate, so both see the same machine state
+                translator = Translator(m, src_tok, tgt_tok)
+                sources, _ = translator.encode(lines)
+                t0 = time.perf_counter()
+                translator.search(sources, SearchConfig(beam=beam))
+                times[name].append(time.perf_counter() - t0)
+        med = {name: round(statistics.median(t), 2) for name, t in times.items()}
+        result[f"beam{beam}"] = {"seconds": med, "speedup": round(med["every id"] / med["pieces"], 2)}
+        print(json.dumps({f"beam{beam}": result[f"beam{beam}"]}), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
