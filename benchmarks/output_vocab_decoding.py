@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
 import json
 import statistics
 import time
@@ -17,10 +16,10 @@ import time
 import torch
 
 from aiayn.cli.demo import machine
-from aiayn.data import data_dir, load_translation_tokenizers
+from aiayn.data import load_parallel, load_translation_tokenizers
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
-from aiayn.models.io import load_model, resolve_model_dir
+from aiayn.models.io import load_model, read_config, resolve_model_dir
 
 
 def main() -> None:
@@ -36,21 +35,20 @@ def main() -> None:
     if model.head.pieces is None:
         raise SystemExit(f"{args.run}: this model scores every id; train it with output_vocab=target")
     src_tok, tgt_tok = load_translation_tokenizers(resolve_model_dir(args.run).parent / "tokenizer")
-    lang = json.loads((resolve_model_dir(args.run) / "config.json").read_text()).get("src_lang", "en")
-    with gzip.open(data_dir() / "multi30k" / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    meta = read_config(args.run)
+    lines = [src for src, _ in load_parallel("multi30k", "valid", meta["src_lang"], meta["tgt_lang"])]
     every_id = copy.deepcopy(model)
     every_id.head.pieces = None  # the same weights, every id scored
     models = {"pieces": model, "every id": every_id}
+    translators = {name: Translator(m, src_tok, tgt_tok) for name, m in models.items()}
+    sources, _ = translators["pieces"].encode(lines)
     result = {"run": args.run, "sentences": len(lines), "pieces": model.head.pieces.numel(),
               "vocab": model.config.tgt_vocab_size,
               "machine": f"{machine()}, {args.threads} threads"}  # fmt: skip
     for beam in args.beams:
-        times: dict[str, list[float]] = {name: [] for name in models}
+        times: dict[str, list[float]] = {name: [] for name in translators}
         for _ in range(args.repeats):
-            for name, m in models.items():  # alternate, so both see the same machine state
-                translator = Translator(m, src_tok, tgt_tok)
-                sources, _ = translator.encode(lines)
+            for name, translator in translators.items():  # alternate, so both see the same machine state
                 t0 = time.perf_counter()
                 translator.search(sources, SearchConfig(beam=beam))
                 times[name].append(time.perf_counter() - t0)
