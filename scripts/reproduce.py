@@ -5,11 +5,12 @@
     torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en  # 2 DDP processes
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
-keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} scores
-higher BLEU on the *validation* set (never the test set), then translate test2016 with that choice
-and score it with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only``
-evaluates an earlier run's directory again (e.g. after the evaluation changed). Language model:
-train, then the validation loss over the whole split.
+keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} or the
+ensemble of the last checkpoints with beam search scores higher BLEU on the *validation* set
+(never the test set), then translate test2016 with that choice and score it with sacreBLEU (cased
+and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an earlier run's directory
+again (e.g. after the evaluation changed). Language model: train, then the validation loss over
+the whole split.
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
 Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
@@ -68,8 +69,9 @@ def git_commit() -> str:
         return "unknown"
 
 
-EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "beam", "lenpen", "mbr", "test",
-                     "signatures", "test_decode_seconds", "examples", "evaluation_minutes")  # fmt: skip
+EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "ensembled", "beam", "lenpen", "mbr",
+                     "test", "signatures", "test_decode_seconds", "examples",
+                     "evaluation_minutes")  # fmt: skip
 
 
 def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
@@ -81,30 +83,37 @@ def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
 def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     """Choose checkpoint and decoding on the validation set, then score test2016 with that choice.
 
-    Checkpoints: the best one and the average of the last ``--average``. Decodings: beam search
-    (``--beam``, ``--lenpen``) and, unless ``--mbr-beam 0``, minimum Bayes risk (sentence BLEU) over
-    a ``--mbr-beam`` beam's hypotheses. The test set is decoded once, with the pair that scored highest.
+    Checkpoints: the best one, the average of the last ``--average`` and, unless ``--ensemble 0``,
+    an ensemble of the last ``--ensemble`` (their probabilities averaged at every step). Decodings:
+    beam search (``--beam``, ``--lenpen``) and, unless ``--mbr-beam 0``, minimum Bayes risk
+    (sentence BLEU) over a ``--mbr-beam`` beam's hypotheses — for the single models only: over an
+    ensemble it would cost more minutes of the hour. The test set is decoded once, with the pair that
+    scored highest.
     """
     t0 = time.time()
-    candidates = {"best": run_dir / "best"}
     paths = last_checkpoints(run_dir, args.average)
+    translators = {"best": Translator.from_dir(run_dir / "best")}
     if len(paths) > 1:
-        candidates["averaged"] = average_checkpoints(paths, run_dir / "averaged")
+        translators["averaged"] = Translator.from_dir(average_checkpoints(paths, run_dir / "averaged"))
+    members = last_checkpoints(run_dir, args.ensemble) if args.ensemble > 1 else []
+    if len(members) > 1:
+        translators["ensemble"] = Translator.from_dirs(members)
     decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen)}
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen, mbr="bleu")
-    translators = {k: Translator.from_dir(p) for k, p in candidates.items()}
+    pairs = [(k, d) for k in translators for d in decodings if k != "ensemble" or d == "beam"]
     srcs, refs = sources_and_references(cfg, "valid")
-    choice = {f"{k}/{d}": score(t.translate(srcs, search), refs)[0]["bleu"]
-              for k, t in translators.items() for d, search in decodings.items()}  # fmt: skip
+    choice = {f"{k}/{d}": score(translators[k].translate(srcs, decodings[d]), refs)[0]["bleu"]
+              for k, d in pairs}  # fmt: skip
     chosen, decoding = max(choice, key=choice.get).split("/")
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, decodings[decoding])
     scores, signatures = score(hyps, refs)
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
-            "beam": decodings[decoding].beam, "lenpen": args.lenpen, "mbr": decodings[decoding].mbr,
-            "test": scores, "signatures": signatures, "test_decode_seconds": round(time.time() - t1, 1),
+            "ensembled": [p.name for p in members], "beam": decodings[decoding].beam, "lenpen": args.lenpen,
+            "mbr": decodings[decoding].mbr, "test": scores, "signatures": signatures,
+            "test_decode_seconds": round(time.time() - t1, 1),
             "examples": [{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])],
             "evaluation_minutes": round((time.time() - t0) / 60, 2)}  # fmt: skip
 
@@ -114,6 +123,8 @@ def main() -> int:
     ap.add_argument("recipe", help="a recipe name in recipes/ (without .toml)")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--average", type=int, default=5, help="checkpoints to average (default 5)")
+    ensemble = "last checkpoints decoded as one ensemble, tried on validation (default 5; 0: none)"
+    ap.add_argument("--ensemble", type=int, default=5, help=ensemble)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
     mbr = "beam of the minimum-Bayes-risk decoding tried on validation (0: beam search only)"

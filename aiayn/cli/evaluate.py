@@ -11,6 +11,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from aiayn.atomic import write_text
 from aiayn.cli.decode_options import (
+    add_ensemble_argument,
     add_model_argument,
     add_search_arguments,
     check_outputs,
@@ -30,6 +31,7 @@ EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
   aiayn evaluate --model runs/de-en --split valid --beam 1 --json valid.json
   aiayn evaluate --model runs/de-en --src newstest.de --ref newstest.en --output newstest.hyp
+  aiayn evaluate --model runs/de-en/step-003000 --ensemble-with runs/de-en/step-003250   # an ensemble
   aiayn evaluate --model runs/sst2-finetune --data sst2/dev.tsv --json dev.json   # a classifier
 
 Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased; the
@@ -58,6 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--label-column", help="the --data label column (default: as in training)")
     p.add_argument("--output", metavar="FILE", help="also write the translations (or labels) to FILE")
     p.add_argument("--json", metavar="FILE", help="write the scores and settings as JSON to FILE")
+    add_ensemble_argument(p)
     add_search_arguments(p)
     p.set_defaults(run=run)
 
@@ -77,6 +80,8 @@ def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str,
 def run(args: argparse.Namespace) -> int:
     meta = model_meta(args.model)
     if meta["kind"] == "encoder":
+        if args.ensemble_with:
+            raise ConfigError("--ensemble-with ensembles translation models; this is a classifier")
         return run_classifier(args, meta)
     if args.data is not None:
         raise ConfigError(
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     source = (args.src, args.ref) if args.src else args.dataset
     corpus = load_parallel(source, args.split, src_lang, tgt_lang)
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
-    translator = quantized(args, Translator.from_dir(args.model, args.device))
+    translator = quantized(args, Translator.from_dirs([args.model, *args.ensemble_with], args.device))
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
     if args.output:
@@ -105,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         report = {
             "corpus": corpus.name,
             "model": str(args.model),
+            "ensemble_with": [str(d) for d in args.ensemble_with],
             "sentences": len(hyps),
             **scores,
             "signatures": signatures,

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from aiayn.cli.decode_options import (
+    add_ensemble_argument,
     add_io_arguments,
     add_model_argument,
     add_search_arguments,
@@ -28,6 +29,7 @@ EXAMPLES = """examples:
   aiayn translate --model runs/de-en --sample --top-p 0.9 --seed 1 < test.de
   aiayn translate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l < test.de   # n-best reranking
   aiayn translate --model runs/de-en --beam 10 --mbr bleu < test.de   # minimum Bayes risk over the beam
+  aiayn translate --model runs/de-en --ensemble-with runs/de-en-seed2 < test.de   # an ensemble of two
 
 Output line i is the translation of input line i; a blank input line gives a blank output line.
 """
@@ -53,6 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--strict", action="store_true", help="a line over --max-src-len is an error, not a warning"
     )
+    add_ensemble_argument(p)
     p.add_argument(
         "--rerank-with",
         metavar="DIR",
@@ -78,7 +81,8 @@ def format_output(nbest: list[list], translator: Translator, n: int) -> str:
 def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     check_outputs(args, "--output", inputs=(args.input,))
-    translator = quantized(args, Translator.from_dir(args.model, args.device, args.max_src_len))
+    translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
+    translator = quantized(args, translator)
     lines = read_input(args)
     sources, cut = translator.encode(lines, strict=args.strict)
     for i in cut:

@@ -17,9 +17,11 @@ from torch import Tensor
 
 from aiayn.data.batching import pad_rows
 from aiayn.decoding.adapters import R2LAdapter, Seq2SeqAdapter
+from aiayn.decoding.ensemble import EnsembleAdapter
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
+from aiayn.models.ensemble import Ensemble
 from aiayn.models.transformer import Transformer
 
 
@@ -107,9 +109,12 @@ class _Started:
 
 
 def adapter_for_translation(
-    model: Transformer, config: SearchConfig, max_len: int | Tensor
-) -> Seq2SeqAdapter:
-    """The adapter a translation model needs: two passes for a bidirectional one."""
+    model: Transformer | Ensemble, config: SearchConfig, max_len: int | Tensor
+) -> Seq2SeqAdapter | EnsembleAdapter:
+    """The adapter a translation model needs: two passes for a bidirectional one, one per member
+    for an ensemble."""
+    if isinstance(model, Ensemble):
+        return EnsembleAdapter(model, config.use_cache)
     if model.config.bidirectional:
         return BidirectionalAdapter(model, config, max_len)
     return Seq2SeqAdapter(model, config.use_cache)

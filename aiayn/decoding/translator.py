@@ -24,8 +24,9 @@ from aiayn.decoding.mbr import mbr_order
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
-from aiayn.errors import ConfigError, DataError
+from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop.model_dir import load_translation_dir, model_meta
+from aiayn.models.ensemble import Ensemble
 
 DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models, which have no limit
 DEFAULT_MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -66,6 +67,32 @@ class Translator:
         model, src_tok, tgt_tok = load_translation_dir(directory, device)
         reverse = model_meta(directory).get("reverse_target") is True
         return cls(model, src_tok, tgt_tok, max_src_len, reverse)
+
+    @classmethod
+    def from_dirs(
+        cls,
+        directories: Sequence[str | os.PathLike],
+        device: str | torch.device = "cpu",
+        max_src_len: int | None = None,
+    ) -> Translator:
+        """One model directory (``from_dir``), or an ``Ensemble`` of several that were trained with
+        the same tokenizers and read the target in the same direction (``ModelDirError`` naming
+        the first that does not)."""
+        if len(directories) == 1:
+            return cls.from_dir(directories[0], device, max_src_len)
+        first = cls.from_dir(directories[0], device, max_src_len)
+        vocabularies = [t.model_bytes() for t in (first.src_tokenizer, first.tgt_tokenizer)]
+        members = [first.model]
+        for d in directories[1:]:
+            other = cls.from_dir(d, device, max_src_len)
+            if [t.model_bytes() for t in (other.src_tokenizer, other.tgt_tokenizer)] != vocabularies:
+                raise ModelDirError(f"{d}: its tokenizers differ from those of {directories[0]}; an "
+                                    "ensemble's models must be trained with the same tokenizers")  # fmt: skip
+            if other.reverse != first.reverse:
+                raise ModelDirError(f"{d}: it writes the target in the other direction than {directories[0]} "
+                                    "(reverse_target); ensemble models of one direction")  # fmt: skip
+            members.append(other.model)
+        return cls(Ensemble(members), first.src_tokenizer, first.tgt_tokenizer, max_src_len, first.reverse)
 
     @property
     def device(self) -> torch.device:
