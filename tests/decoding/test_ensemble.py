@@ -15,6 +15,7 @@ from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.io import save_model
 from tests.decoding.fixtures import TEXT, char_tokenizer, tiny_lm, tiny_transformer
+from tests.helpers import assert_close
 
 V = 30
 
@@ -41,9 +42,10 @@ def test_forward_is_the_log_of_the_mean_probability():
     got = Ensemble(models)(src, tgt)
     want = reference_log_probs(models, src, tgt)
     assert torch.isneginf(got[..., 20:]).sum() == 0  # a piece one member never scores keeps the others' mass
-    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert_close("ensemble: log of the members' mean softmax", got, want, atol=1e-5)
     one = tiny_transformer(V, seed=1)
-    torch.testing.assert_close(Ensemble([one])(src, tgt), one(src, tgt).log_softmax(-1), atol=1e-6, rtol=0)
+    assert_close("ensemble: log of the members' mean softmax", Ensemble([one])(src, tgt),
+                 one(src, tgt).log_softmax(-1), atol=1e-5)  # fmt: skip
 
 
 def test_greedy_search_follows_the_reference_argmax_step_by_step():
