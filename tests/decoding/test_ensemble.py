@@ -14,6 +14,7 @@ from aiayn.decoding.search import search
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.io import save_model
+from aiayn.models.quantize import is_quantized, quantize
 from tests.decoding.fixtures import TEXT, char_tokenizer, tiny_lm, tiny_transformer
 from tests.helpers import assert_close
 
@@ -138,6 +139,12 @@ def test_ensemble_from_the_command_line(model_dirs, tmp_path, capsys):
     alone = capsys.readouterr().out
     assert main([*args, "--ensemble-with", str(model_dirs["src-tgt"])]) == 0
     assert capsys.readouterr().out == alone
+    assert main([*args, "--quantize", "int8"]) == 0
+    alone = capsys.readouterr().out
+    assert main([*args, "--quantize", "int8", "--ensemble-with", str(model_dirs["src-tgt"])]) == 0
+    assert capsys.readouterr().out == alone
+    ensemble = quantize(Translator.from_dirs([model_dirs["joint"], model_dirs["src-tgt"]]).model)
+    assert all(is_quantized(m) for m in ensemble.members)
     assert main([*args, "--ensemble-with", str(model_dirs["src-tgt"]), str(tmp_path / "nope")]) == 1
     err = capsys.readouterr().err
     assert "nope" in err and err.count("\n") == 1
