@@ -5,12 +5,12 @@
     torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en  # 2 DDP processes
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
-keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} or the
-ensemble of the last checkpoints with beam search scores higher BLEU on the *validation* set
-(never the test set), then translate test2016 with that choice and score it with sacreBLEU (cased
-and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an earlier run's directory
-again (e.g. after the evaluation changed). Language model: train, then the validation loss over
-the whole split.
+keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} (or, with
+``--ensemble K``, the ensemble of the last K checkpoints with beam search) scores higher BLEU on
+the *validation* set (never the test set), then translate test2016 with that choice and score it
+with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
+earlier run's directory again (e.g. after the evaluation changed). Language model: train, then the
+validation loss over the whole split.
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
 Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
@@ -83,8 +83,8 @@ def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
 def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     """Choose checkpoint and decoding on the validation set, then score test2016 with that choice.
 
-    Checkpoints: the best one, the average of the last ``--average`` and, unless ``--ensemble 0``,
-    an ensemble of the last ``--ensemble`` (their probabilities averaged at every step). Decodings:
+    Checkpoints: the best one, the average of the last ``--average`` and, with ``--ensemble K``,
+    an ensemble of the last K (their probabilities averaged at every step). Decodings:
     beam search (``--beam``, ``--lenpen``) and, unless ``--mbr-beam 0``, minimum Bayes risk
     (sentence BLEU) over a ``--mbr-beam`` beam's hypotheses — for the single models only: over an
     ensemble it would cost more minutes of the hour. The test set is decoded once, with the pair that
@@ -123,8 +123,8 @@ def main() -> int:
     ap.add_argument("recipe", help="a recipe name in recipes/ (without .toml)")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--average", type=int, default=5, help="checkpoints to average (default 5)")
-    ensemble = "last checkpoints decoded as one ensemble, tried on validation (default 5; 0: none)"
-    ap.add_argument("--ensemble", type=int, default=5, help=ensemble)
+    ensemble = "last checkpoints decoded as one ensemble, also tried on validation (default 0: none)"
+    ap.add_argument("--ensemble", type=int, default=0, help=ensemble)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=0.6)
     mbr = "beam of the minimum-Bayes-risk decoding tried on validation (0: beam search only)"
