@@ -17,12 +17,13 @@ from torch import Tensor, nn
 from aiayn.errors import ConfigError
 from aiayn.models.transformer import Transformer
 
-SHARED_FIELDS = ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "positional", "max_len")
+SHARED_FIELDS = ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "positional")
 
 
 def check_members(members: Sequence[nn.Module]) -> None:
     """``ConfigError`` unless ``members`` are ≥ 1 plain translation models that agree on
-    ``SHARED_FIELDS``."""
+    ``SHARED_FIELDS`` (and, for learned positions, on ``max_len``: the most any of them can read;
+    a sinusoidal table grows as needed)."""
     if not members:
         raise ConfigError("an ensemble needs at least one model")
     for i, m in enumerate(members):
@@ -31,7 +32,8 @@ def check_members(members: Sequence[nn.Module]) -> None:
             raise ConfigError(f"ensemble member {i + 1} is a {name}; only translation models ensemble")
         if m.config.bidirectional:
             raise ConfigError(f"ensemble member {i + 1} is bidirectional; ensembles of plain models only")
-        for name in SHARED_FIELDS:
+        learned = members[0].config.positional == "learned"
+        for name in (*SHARED_FIELDS, "max_len") if learned else SHARED_FIELDS:
             if getattr(m.config, name) != getattr(members[0].config, name):
                 raise ConfigError(
                     f"ensemble member {i + 1} has {name}={getattr(m.config, name)!r} but member 1 has "

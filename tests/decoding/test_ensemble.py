@@ -109,8 +109,12 @@ def test_members_must_share_vocabularies_and_be_plain_translation_models():
         Ensemble([])
     with pytest.raises(ConfigError, match="member 2 has src_vocab_size=31 but member 1 has 30"):
         Ensemble([tiny_transformer(V), tiny_transformer(V + 1)])
-    with pytest.raises(ConfigError, match="member 2 has max_len"):
-        Ensemble([tiny_transformer(V), tiny_transformer(V, max_len=64)])
+    with pytest.raises(ConfigError, match="member 2 has max_len=64 but member 1 has 128"):
+        Ensemble([tiny_transformer(V, positional="learned", max_len=128),
+                  tiny_transformer(V, positional="learned", max_len=64)])  # fmt: skip
+    with pytest.raises(ConfigError, match="member 2 has positional='learned'"):
+        Ensemble([tiny_transformer(V), tiny_transformer(V, positional="learned")])
+    Ensemble([tiny_transformer(V, max_len=128), tiny_transformer(V, max_len=64)])  # sinusoidal tables grow
     with pytest.raises(ConfigError, match="member 1 is bidirectional"):
         Ensemble([tiny_transformer(V, bidirectional=True)])
     with pytest.raises(ConfigError, match="member 2 is a LanguageModel"):
