@@ -16,25 +16,25 @@ import time
 import torch
 
 from aiayn.cli.demo import machine
-from aiayn.data import load_parallel, load_translation_tokenizers
+from aiayn.data import load_parallel
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
-from aiayn.models.io import load_model, read_config, resolve_model_dir
+from aiayn.models.io import read_config
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", help="a translation run (or model directory with tokenizer/) trained with pieces")
+    ap.add_argument("run", help="a translation run (or model directory) trained with output_vocab=target")
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model(args.run)
+    loaded = Translator.from_dir(args.run)  # the model with its tokenizers
+    model, src_tok, tgt_tok = loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer
     if model.head.pieces is None:
         raise SystemExit(f"{args.run}: this model scores every id; train it with output_vocab=target")
-    src_tok, tgt_tok = load_translation_tokenizers(resolve_model_dir(args.run).parent / "tokenizer")
     meta = read_config(args.run)
     lines = [src for src, _ in load_parallel("multi30k", "valid", meta["src_lang"], meta["tgt_lang"])]
     every_id = copy.deepcopy(model)

@@ -78,9 +78,9 @@ class Translator:
         """One model directory (``from_dir``), or an ``Ensemble`` of several that were trained with
         the same tokenizers and read the target in the same direction (``ModelDirError`` naming
         the first that does not)."""
-        if len(directories) == 1:
-            return cls.from_dir(directories[0], device, max_src_len)
         first = cls.from_dir(directories[0], device, max_src_len)
+        if len(directories) == 1:
+            return first
         vocabularies = [t.model_bytes() for t in (first.src_tokenizer, first.tgt_tokenizer)]
         members = [first.model]
         for d in directories[1:]:

@@ -26,18 +26,19 @@ def check_members(members: Sequence[nn.Module]) -> None:
     a sinusoidal table grows as needed)."""
     if not members:
         raise ConfigError("an ensemble needs at least one model")
-    for i, m in enumerate(members):
+    for i, m in enumerate(members, start=1):
         if not isinstance(m, Transformer):
-            name = type(m).__name__
-            raise ConfigError(f"ensemble member {i + 1} is a {name}; only translation models ensemble")
+            raise ConfigError(f"ensemble member {i} is a {type(m).__name__}; translation models only")
         if m.config.bidirectional:
-            raise ConfigError(f"ensemble member {i + 1} is bidirectional; ensembles of plain models only")
-        learned = members[0].config.positional == "learned"
-        for name in (*SHARED_FIELDS, "max_len") if learned else SHARED_FIELDS:
-            if getattr(m.config, name) != getattr(members[0].config, name):
+            raise ConfigError(f"ensemble member {i} is bidirectional; ensembles of plain models only")
+    first = members[0].config
+    fields = (*SHARED_FIELDS, "max_len") if first.positional == "learned" else SHARED_FIELDS
+    for i, m in enumerate(members[1:], start=2):
+        for name in fields:
+            if getattr(m.config, name) != getattr(first, name):
                 raise ConfigError(
-                    f"ensemble member {i + 1} has {name}={getattr(m.config, name)!r} but member 1 has "
-                    f"{getattr(members[0].config, name)!r}: members must share vocabularies and positions"
+                    f"ensemble member {i} has {name}={getattr(m.config, name)!r} but member 1 has "
+                    f"{getattr(first, name)!r}: members must share vocabularies and positions"
                 )
 
 
