@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -32,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aiayn.atomic import write_json  # noqa: E402
-from aiayn.cli.evaluate import score  # noqa: E402
+from aiayn.cli.demo import machine  # noqa: E402
+from aiayn.cli.evaluate import score, tokenized_bleu  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
@@ -44,20 +43,6 @@ from aiayn.training.config import load_recipe, to_dict  # noqa: E402
 from aiayn.training.distributed import barrier, init_distributed  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.system()}"
 
 
 def git_commit() -> str:
@@ -110,6 +95,7 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, decodings[decoding])
     scores, signatures = score(hyps, refs)
+    scores["bleu_tok_lc"], signatures["bleu_tok_lc"] = tokenized_bleu(hyps, refs, cfg.tgt_lang)  # as papers
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
             "ensembled": [p.name for p in members], "beam": decodings[decoding].beam, "lenpen": args.lenpen,
             "mbr": decodings[decoding].mbr, "test": scores, "signatures": signatures,

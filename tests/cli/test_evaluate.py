@@ -1,11 +1,24 @@
-"""``aiayn evaluate``: sacreBLEU BLEU and chrF (cased and lowercased), signatures, JSON, errors."""
+"""``aiayn evaluate``: sacreBLEU BLEU and chrF (cased and lowercased), signatures, JSON, errors;
+tokenized BLEU as papers on Multi30k's tokenised files report it."""
 
 import json
 
 import pytest
 from sacrebleu.metrics import BLEU
 
+from aiayn.cli.evaluate import moses_lc_tokenize, tokenized_bleu
 from aiayn.cli.main import main
+
+# Lines 2, 457 and 792 of test2016 (German): raw, and as Multi30k's own preprocessing wrote them with
+# the Moses perl scripts (GitHub multi30k/dataset, data/task1/tok/test_2016_flickr.lc.norm.tok.de).
+MULTI30K_TOK = [
+    ("Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.",
+     "ein boston terrier läuft über saftig-grünes gras vor einem weißen zaun ."),
+    ('Eine Frau hält einen großen Scheck für "Kids\' Food Basket".',
+     "eine frau hält einen großen scheck für &quot; kids &apos; food basket &quot; ."),
+    ("Zwei Jungen essen ihr McDonald's-Menü im Außenbereich, umgeben von vielen anderen Leuten.",
+     "zwei jungen essen ihr mcdonald &apos; s-menü im außenbereich , umgeben von vielen anderen leuten ."),
+]  # fmt: skip
 
 
 def test_scores_files_and_writes_json(model_dirs, tmp_path, capsys):
@@ -14,14 +27,15 @@ def test_scores_files_and_writes_json(model_dirs, tmp_path, capsys):
     ref.write_text("A man rides a bike.\nTwo dogs\n", encoding="utf-8")
     hyp, report = tmp_path / "hyp.en", tmp_path / "scores.json"
     args = ["evaluate", "--model", str(model_dirs["joint"]), "--src", str(src), "--ref", str(ref)]
-    assert main([*args, "--beam", "2", "--output", str(hyp), "--json", str(report)]) == 0
+    assert main([*args, "--beam", "2", "--output", str(hyp), "--json", str(report), "--tokenized-bleu"]) == 0
     out = capsys.readouterr().out
     assert "BLEU" in out and "chrF" in out and "nrefs:1|case:mixed" in out and "case:lc" not in out
+    assert "lowercased Moses tokens" in out
     figures = json.loads(report.read_text())
-    hyps = hyp.read_text(encoding="utf-8").splitlines()
-    expected = BLEU().corpus_score(hyps, [["A man rides a bike.", "Two dogs"]]).score
-    assert figures["bleu"] == pytest.approx(expected, abs=0.01)
+    hyps, refs = hyp.read_text(encoding="utf-8").splitlines(), ["A man rides a bike.", "Two dogs"]
+    assert figures["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, abs=0.01)
     assert {"bleu_lc", "chrf", "chrf_lc", "signatures"} <= set(figures) and figures["search"]["beam"] == 2
+    assert (figures["bleu_tok_lc"], figures["signatures"]["bleu_tok_lc"]) == tokenized_bleu(hyps, refs, "en")
 
 
 def test_errors(model_dirs, tmp_path, capsys):
@@ -40,3 +54,17 @@ def test_errors(model_dirs, tmp_path, capsys):
 def test_multi30k_test_split(model_dirs, capsys):
     assert main(["evaluate", "--model", str(model_dirs["joint"]), "--beam", "1", "--max-len-b", "5"]) == 0
     assert "multi30k.test.de-en: 1000 sentences" in capsys.readouterr().out
+
+
+def test_moses_lc_tokenize_reproduces_multi30k_tokenised_files():
+    raw, tokenised = (list(side) for side in zip(*MULTI30K_TOK))
+    assert moses_lc_tokenize(raw, "de") == tokenised
+
+
+def test_tokenized_bleu_by_hand():
+    # After lowercasing and tokenisation, 9 words each and one wrong: n-gram precisions 8/9, 6/8, 5/7,
+    # 4/6, lengths equal (no brevity penalty). Unsplit, "Rad." and "Fahrrad." would be one word each.
+    hyp, ref = "Ein Mann in einem roten Hemd fährt Rad.", "ein Mann in einem roten Hemd fährt Fahrrad."
+    figure, signature = tokenized_bleu([hyp], [ref], "de")
+    assert figure == pytest.approx(100 * (8 * 6 * 5 * 4 / (9 * 8 * 7 * 6)) ** 0.25, abs=0.005)
+    assert "tok:none" in signature and "moses-lc-norm-tok:de" in signature
