@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from aiayn.cli.decode_options import add_quantize_argument, formatter
@@ -16,6 +17,7 @@ EXAMPLES = """examples:
   aiayn serve --model runs/multi30k-de-en                       # http://127.0.0.1:5000/
   aiayn serve --model de-en=runs/de-en --model en-de=runs/en-de --model lm=runs/shakespeare
   aiayn serve --model runs/de-en --host 0.0.0.0 --port 8080 --api-keys keys.txt
+  aiayn serve --model de-en=runs/de-en:runs/de-en-seed2         # two models served as one ensemble
 
   curl -s 127.0.0.1:5000/translate -H 'Content-Type: application/json' \\
        -d '{"q": "Ein Mann fährt Fahrrad.", "source": "de", "target": "en"}'
@@ -33,8 +35,9 @@ def add_parser(sub) -> None:
     d = Settings()
     p = sub.add_parser("serve", help="serve models over HTTP (API + web page)", description=DESCRIPTION,
                        epilog=EXAMPLES, formatter_class=formatter)  # fmt: skip
-    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
-                   help="a model directory (repeat for several); NAME: the folder's by default")  # fmt: skip
+    p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR[:DIR…]",
+                   help="a model directory (repeat for several); NAME: the folder's by default; translation "
+                   f"directories joined by {os.pathsep!r} are decoded as one ensemble")  # fmt: skip
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
     )
@@ -56,17 +59,20 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def parse_models(items: list[str]) -> list[tuple[str, Path]]:
-    """``[NAME=]DIR`` items -> unique (name, directory) pairs."""
+def parse_models(items: list[str]) -> list[tuple[str, list[Path]]]:
+    """``[NAME=]DIR[:DIR…]`` items -> unique (name, directories) pairs (several: one ensemble)."""
     out, seen = [], set()
     for item in items:
-        name, sep, path = item.partition("=")
+        name, sep, paths = item.partition("=")
+        parts = (paths if sep else item).split(os.pathsep)
+        if not all(parts):
+            raise ConfigError(f"--model {item!r}: an empty directory name; give [NAME=]DIR[{os.pathsep}DIR…]")
         if not sep:
-            name, path = Path(item).resolve().name, item
+            name = Path(parts[0]).resolve().name
         if not name or name in seen:
             raise ConfigError(f"--model {item!r}: the name {name!r} is empty or already used; give NAME=DIR")
         seen.add(name)
-        out.append((name, Path(path)))
+        out.append((name, [Path(p) for p in parts]))
     return out
 
 
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
     settings = Settings(**fields, api_keys=keys)
     models = parse_models(args.model)
-    services = [load_service(name, path, args.device, args.quantize) for name, path in models]
+    services = [load_service(name, dirs, args.device, args.quantize) for name, dirs in models]
     app = create_app(services, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",

@@ -3,7 +3,8 @@
 A service runs on the batcher's worker thread only. ``TranslationService.run`` translates the texts
 of several requests in one search (they share decoding options: the batcher groups by them) and
 splits the results back; with ``attention`` it adds each sentence's attention weights (encoder
-self, decoder self, cross: per layer and head) for the page. ``LMService.stream`` samples one token
+self, decoder self, cross: per layer and head) for the page — for a single model; an ensemble (several
+directories served as one) translates without them. ``LMService.stream`` samples one token
 at a time and hands each to a callback (server-sent events). ``EncoderService`` classifies texts
 and fills masks.
 """
@@ -24,6 +25,7 @@ from aiayn.decoding.sampling import filter_logits
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
+from aiayn.models.ensemble import Ensemble
 from aiayn.models.quantize import quantize
 
 LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
@@ -51,13 +53,18 @@ def _weights(maps: dict[str, list[torch.Tensor]]) -> dict[str, list]:
 
 
 class TranslationService:
+    """One translation model, or several (``directories``) decoded as one ensemble: the mean of
+    their next-token probabilities (``Translator.from_dirs``), with the first one's languages."""
+
     kind = "translation"
 
-    def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
-        self.name, self.directory = name, Path(directory)
-        self.translator = Translator.from_dir(directory, device)
+    def __init__(
+        self, name: str, directories: Sequence[str | os.PathLike], device: str | torch.device = "cpu"
+    ):
+        self.name, self.directories = name, [Path(d) for d in directories]
+        self.translator = Translator.from_dirs(self.directories, device)
         self.model = self.translator.model
-        meta = model_meta(directory)
+        meta = model_meta(self.directories[0])
         self.source, self.target = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
 
     def run(
@@ -81,7 +88,10 @@ class TranslationService:
         return per_request(results, requests)
 
     def _attention(self, src: list[int], out: list[int]) -> dict:
-        t, c = self.translator, self.translator.model.config
+        t = self.translator
+        if isinstance(t.model, Ensemble):
+            return {}  # each member attends in its own way; there is no one map to show
+        c = t.model.config
         if c.bidirectional:
             return {}  # the page shows plain models; aiayn attention plots the fourth sublayer
         src_ids, tgt_in = src + [c.eos_id], [c.bos_id, *out]
@@ -171,11 +181,22 @@ SERVICES = {"transformer": TranslationService, "lm": LMService, "encoder": Encod
 
 
 def load_service(
-    name: str, directory: str | os.PathLike, device: str | torch.device = "cpu", quantization: str = "none"
+    name: str,
+    directory: str | os.PathLike | Sequence[str | os.PathLike],
+    device: str | torch.device = "cpu",
+    quantization: str = "none",
 ):
-    """The service for a model directory of any kind (``ModelDirError`` if it is not one), its model
-    quantized as ``quantization`` says (``aiayn.models.quantize``)."""
-    kind = check_kind(directory, tuple(SERVICES))
-    service = SERVICES[kind](name, directory, device)
+    """The service for a model directory of any kind (``ModelDirError`` if it is not one), or for
+    several translation model directories decoded as one ensemble, its model quantized as
+    ``quantization`` says (``aiayn.models.quantize``)."""
+    directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
+    kinds = [check_kind(d, tuple(SERVICES)) for d in directories]
+    if len(directories) > 1 and set(kinds) != {"transformer"}:
+        raise ConfigError(f"model {name!r}: only translation models are served as an ensemble, not "
+                          f"{', '.join(sorted(set(kinds) - {'transformer'}))} models")  # fmt: skip
+    if kinds[0] == "transformer":
+        service = TranslationService(name, directories, device)
+    else:
+        service = SERVICES[kinds[0]](name, directories[0], device)
     quantize(service.model, quantization)
     return service

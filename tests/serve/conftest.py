@@ -43,11 +43,19 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def server(served, tmp_path_factory):
-    """``aiayn serve`` as its own process on a free port: (base URL, process, log file)."""
+def second_de_en(tmp_path_factory) -> Path:
+    """Another random translation model with de-en's tokenizer: the server's ensemble partner."""
+    return translation_dir(tmp_path_factory.mktemp("second") / "de-en", seed=1)
+
+
+@pytest.fixture(scope="session")
+def server(served, second_de_en, tmp_path_factory):
+    """``aiayn serve`` as its own process on a free port: (base URL, process, log file). It serves
+    de-en, lm, and "pair": de-en and ``second_de_en`` as one ensemble."""
     de_en_meta(served["de-en"])
     port = free_port()
-    models = ["--model", str(served["de-en"]), "--model", str(served["lm"])]
+    pair = f"pair={served['de-en']}{os.pathsep}{second_de_en}"
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"]), "--model", pair]
     argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server

@@ -2,6 +2,7 @@
 errors, metrics. Every answer to a bad request is 4xx JSON and the next good request succeeds."""
 
 import json
+import os
 
 import pytest
 
@@ -15,6 +16,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
+from tests.decoding.fixtures import translation_dir  # noqa: E402
 from tests.serve.conftest import de_en_meta  # noqa: E402
 
 
@@ -173,6 +175,8 @@ def test_serve_refuses_bad_options_in_one_line(served, capsys, tmp_path):
         (["serve", "--model", f"a={served['lm']}", "--model", f"a={served['mlm']}"], "already used"),
         (["serve", "--model", str(tmp_path)], "not an aiayn model directory"),
         (["serve", "--model", str(served["lm"]), "--queue-size", "0"], "--queue-size=0"),
+        (["serve", "--model", f"x={served['de-en']}{os.pathsep}"], "an empty directory name"),
+        (["serve", "--model", f"x={served['de-en']}{os.pathsep}{served['lm']}"], "only translation models"),
     ]
     for argv, fragment in cases:
         assert main(argv) == 1
@@ -207,3 +211,28 @@ def test_quantized_services_answer_as_the_quantized_translator_does(served):
         r = c.post("/v1/translate", json={"q": ["Ein Mann", "Zwei Hunde"], "beam": 2})
         assert [x["translation"] for x in r.json()["results"]] == expected
         assert c.post("/v1/classify", json={"q": ["a great film"], "model": "sentiment"}).status_code == 200
+
+
+def test_an_ensemble_is_served_as_the_library_decodes_it(tmp_path):
+    from aiayn.models.quantize import quantize
+
+    dirs = [translation_dir(tmp_path / "a", seed=3, eos_bias=0.5), translation_dir(tmp_path / "b", seed=1)]
+    de_en_meta(dirs[0])
+    texts, search = ["Ein Mann", "Zwei Hunde", "Eine Frau liest"], SearchConfig(beam=2)
+    expected = Translator.from_dirs(dirs).translate(texts, search)
+    for member in dirs:  # differs from each member alone: both take part
+        assert expected != Translator.from_dir(member).translate(texts, search)
+    with TestClient(create_app([load_service("de-en", dirs)], Settings())) as c:
+        results = c.post("/v1/translate", json={"q": texts, "beam": 2, "attention": True}).json()["results"]
+        assert [x["translation"] for x in results] == expected
+        assert all(x["attention"] == {} for x in results)  # no single map to show: the page hides it
+        r = c.post("/translate", json={"q": texts[0], "source": "de", "target": "en"})
+        assert (
+            r.json()["translatedText"]
+            == Translator.from_dirs(dirs).translate(texts[:1], SearchConfig(beam=4))[0]
+        )
+    quantized = Translator.from_dirs(dirs)
+    quantize(quantized.model, "int8")
+    with TestClient(create_app([load_service("de-en", dirs, quantization="int8")], Settings())) as c:
+        results = c.post("/v1/translate", json={"q": texts, "beam": 2}).json()["results"]
+        assert [x["translation"] for x in results] == quantized.translate(texts, search)

@@ -33,11 +33,21 @@ def test_the_libretranslate_client_translates_as_the_cli(server, served):
     assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]}]
 
 
+def test_an_ensemble_answers_as_the_library_decodes_it(server, served, second_de_en):
+    url, _, _ = server
+    texts = ["Ein Mann fährt.", "Zwei Hunde"]
+    status, body = post(url + "v1/translate", {"q": texts, "beam": 2, "model": "pair"})
+    expected = Translator.from_dirs([served["de-en"], second_de_en]).translate(texts, SearchConfig(beam=2))
+    assert status == 200 and [r["translation"] for r in body["results"]] == expected
+
+
 def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server):
     url, _, _ = server
     sentences = [f"Ein Mann {i}" for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda q: post(url + "v1/translate", {"q": q, "beam": 2}), sentences))
+        answers = list(
+            pool.map(lambda q: post(url + "v1/translate", {"q": q, "beam": 2, "model": "de-en"}), sentences)
+        )
     assert all(status == 200 for status, _ in answers)
     metrics = urllib.request.urlopen(url + "metrics").read().decode()
     lines = dict(
@@ -47,7 +57,7 @@ def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server
         lines["aiayn_batch_texts_count"]
     )  # some batch > 1
     assert post(url + "translate", {"q": "a", "source": "de", "target": "fr"})[0] == 400
-    assert post(url + "v1/translate", {"q": "a", "beam": -3})[0] == 400
+    assert post(url + "v1/translate", {"q": "a", "beam": -3, "model": "de-en"})[0] == 400
     assert post(url + "translate", {"q": "Ein Mann", "source": "de", "target": "en"})[0] == 200
 
 
