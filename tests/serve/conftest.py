@@ -43,19 +43,23 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def second_de_en(tmp_path_factory) -> Path:
-    """Another random translation model with de-en's tokenizer: the server's ensemble partner."""
-    return translation_dir(tmp_path_factory.mktemp("second") / "de-en", seed=1)
+def pair(tmp_path_factory) -> list[Path]:
+    """Two random translation models with de-en's tokenizer, served as one ensemble ("pair"); on
+    the tests' sentences it translates unlike either alone (checked where it is used)."""
+    root = tmp_path_factory.mktemp("pair")
+    dirs = [translation_dir(root / "a", seed=3, eos_bias=0.5), translation_dir(root / "b", seed=1)]
+    de_en_meta(dirs[0])  # the ensemble takes the first member's languages
+    return dirs
 
 
 @pytest.fixture(scope="session")
-def server(served, second_de_en, tmp_path_factory):
+def server(served, pair, tmp_path_factory):
     """``aiayn serve`` as its own process on a free port: (base URL, process, log file). It serves
-    de-en, lm, and "pair": de-en and ``second_de_en`` as one ensemble."""
+    de-en, lm, and the two ``pair`` models as one ensemble, "pair"."""
     de_en_meta(served["de-en"])
     port = free_port()
-    pair = f"pair={served['de-en']}{os.pathsep}{second_de_en}"
-    models = ["--model", str(served["de-en"]), "--model", str(served["lm"]), "--model", pair]
+    ensemble = f"pair={pair[0]}{os.pathsep}{pair[1]}"
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"]), "--model", ensemble]
     argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server

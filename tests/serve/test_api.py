@@ -16,7 +16,6 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
-from tests.decoding.fixtures import translation_dir  # noqa: E402
 from tests.serve.conftest import de_en_meta  # noqa: E402
 
 
@@ -213,11 +212,10 @@ def test_quantized_services_answer_as_the_quantized_translator_does(served):
         assert c.post("/v1/classify", json={"q": ["a great film"], "model": "sentiment"}).status_code == 200
 
 
-def test_an_ensemble_is_served_as_the_library_decodes_it(tmp_path):
+def test_an_ensemble_is_served_as_the_library_decodes_it(pair):
     from aiayn.models.quantize import quantize
 
-    dirs = [translation_dir(tmp_path / "a", seed=3, eos_bias=0.5), translation_dir(tmp_path / "b", seed=1)]
-    de_en_meta(dirs[0])
+    dirs = pair
     texts, search = ["Ein Mann", "Zwei Hunde", "Eine Frau liest"], SearchConfig(beam=2)
     expected = Translator.from_dirs(dirs).translate(texts, search)
     for member in dirs:  # differs from each member alone: both take part

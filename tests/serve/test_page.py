@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli.main import main
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.translator import Translator
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -89,6 +91,18 @@ def test_keyboard_reaches_the_tokens(page):
     page.select_option("#a-view", "matrix")
     page.focus('#a-svg-view text[data-key="0"]')
     assert page.eval_on_selector_all('#a-svg-view rect[stroke="#f0a500"]', "els => els.length") > 0
+
+
+def test_an_ensemble_translates_without_the_explorer(page, pair):
+    search = SearchConfig(beam=3)
+    expected = Translator.from_dirs(pair).translate(["Ein Mann fährt."], search)[0]
+    assert all(expected != Translator.from_dir(d).translate(["Ein Mann fährt."], search)[0] for d in pair)
+    page.select_option("#t-model", "pair")
+    page.click("#t-go")
+    page.wait_for_function("document.getElementById('t-go').disabled === false")
+    assert page.text_content("#t-out") == expected
+    assert page.is_hidden("#explorer")  # an ensemble has no one attention map to show
+    page.select_option("#t-model", "de-en")
 
 
 def test_language_model_streams(page):

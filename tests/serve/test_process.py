@@ -33,12 +33,13 @@ def test_the_libretranslate_client_translates_as_the_cli(server, served):
     assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]}]
 
 
-def test_an_ensemble_answers_as_the_library_decodes_it(server, served, second_de_en):
+def test_an_ensemble_answers_as_the_library_decodes_it(server, pair):
     url, _, _ = server
-    texts = ["Ein Mann fährt.", "Zwei Hunde"]
+    texts, search = ["Ein Mann fährt.", "Zwei Hunde"], SearchConfig(beam=2)
     status, body = post(url + "v1/translate", {"q": texts, "beam": 2, "model": "pair"})
-    expected = Translator.from_dirs([served["de-en"], second_de_en]).translate(texts, SearchConfig(beam=2))
+    expected = Translator.from_dirs(pair).translate(texts, search)
     assert status == 200 and [r["translation"] for r in body["results"]] == expected
+    assert all(expected != Translator.from_dir(d).translate(texts, search) for d in pair)  # both count
 
 
 def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server):
