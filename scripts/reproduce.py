@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
-from aiayn.cli.evaluate import score, tokenized_bleu  # noqa: E402
+from aiayn.cli.evaluate import score  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
@@ -95,8 +95,7 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, decodings[decoding])
-    scores, signatures = score(hyps, refs)
-    scores["bleu_tok_lc"], signatures["bleu_tok_lc"] = tokenized_bleu(hyps, refs, cfg.tgt_lang)  # as papers
+    scores, signatures = score(hyps, refs, cfg.tgt_lang)  # with the tokenized BLEU of papers
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
             "ensembled": [p.name for p in members], "beam": decodings[decoding].beam, "lenpen": args.lenpen,
             "mbr": decodings[decoding].mbr, "test": scores, "signatures": signatures,

@@ -75,8 +75,11 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str, str]]:
-    """Corpus BLEU and chrF, cased and lowercased: ``({name: score}, {name: signature})``."""
+def score(
+    hyps: list[str], refs: list[str], tokenized_lang: str | None = None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Corpus BLEU and chrF, cased and lowercased: ``({name: score}, {name: signature})``; with
+    ``tokenized_lang`` also ``bleu_tok_lc``, the BLEU of papers (``tokenized_bleu``)."""
     metrics = {
         "bleu": BLEU(),
         "bleu_lc": BLEU(lowercase=True),
@@ -84,7 +87,10 @@ def score(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str,
         "chrf_lc": CHRF(lowercase=True),
     }
     scores = {name: round(m.corpus_score(hyps, [refs]).score, 2) for name, m in metrics.items()}
-    return scores, {name: str(m.get_signature()) for name, m in metrics.items()}
+    signatures = {name: str(m.get_signature()) for name, m in metrics.items()}
+    if tokenized_lang is not None:
+        scores["bleu_tok_lc"], signatures["bleu_tok_lc"] = tokenized_bleu(hyps, refs, tokenized_lang)
+    return scores, signatures
 
 
 def moses_lc_tokenize(lines: list[str], lang: str) -> list[str]:
@@ -134,16 +140,15 @@ def run(args: argparse.Namespace) -> int:
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
     if args.output:
         write_text(args.output, "".join(h + "\n" for h in hyps))
-    scores, signatures = score(hyps, refs)
-    if args.tokenized_bleu:
-        scores["bleu_tok_lc"], signatures["bleu_tok_lc"] = tokenized_bleu(hyps, refs, tgt_lang)
+    scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None)
     print(f"{corpus.name}: {len(hyps)} sentences, {args.model}")
     print(f"BLEU  {scores['bleu']:6.2f}   lowercased {scores['bleu_lc']:6.2f}")
     print(f"chrF  {scores['chrf']:6.2f}   lowercased {scores['chrf_lc']:6.2f}")
-    if args.tokenized_bleu:
+    if "bleu_tok_lc" in scores:
         print(f"BLEU  {scores['bleu_tok_lc']:6.2f}   lowercased Moses tokens (papers' BLEU, not comparable)")
-    for name in ["bleu", "chrf"] + ["bleu_tok_lc"] * args.tokenized_bleu:
-        print(f"{name} signature: {signatures[name]}")
+    for name in ("bleu", "chrf", "bleu_tok_lc"):
+        if name in signatures:
+            print(f"{name} signature: {signatures[name]}")
     if args.json:
         report = {
             "corpus": corpus.name,

@@ -215,22 +215,21 @@ def test_quantized_services_answer_as_the_quantized_translator_does(served):
 def test_an_ensemble_is_served_as_the_library_decodes_it(pair):
     from aiayn.models.quantize import quantize
 
-    dirs = pair
     texts, search = ["Ein Mann", "Zwei Hunde", "Eine Frau liest"], SearchConfig(beam=2)
-    expected = Translator.from_dirs(dirs).translate(texts, search)
-    for member in dirs:  # differs from each member alone: both take part
+    expected = Translator.from_dirs(pair).translate(texts, search)
+    for member in pair:  # differs from each member alone: both take part
         assert expected != Translator.from_dir(member).translate(texts, search)
-    with TestClient(create_app([load_service("de-en", dirs)], Settings())) as c:
+    with TestClient(create_app([load_service("de-en", pair)], Settings())) as c:
         results = c.post("/v1/translate", json={"q": texts, "beam": 2, "attention": True}).json()["results"]
         assert [x["translation"] for x in results] == expected
         assert all(x["attention"] == {} for x in results)  # no single map to show: the page hides it
         r = c.post("/translate", json={"q": texts[0], "source": "de", "target": "en"})
         assert (
             r.json()["translatedText"]
-            == Translator.from_dirs(dirs).translate(texts[:1], SearchConfig(beam=4))[0]
+            == Translator.from_dirs(pair).translate(texts[:1], SearchConfig(beam=4))[0]
         )
-    quantized = Translator.from_dirs(dirs)
+    quantized = Translator.from_dirs(pair)
     quantize(quantized.model, "int8")
-    with TestClient(create_app([load_service("de-en", dirs, quantization="int8")], Settings())) as c:
+    with TestClient(create_app([load_service("de-en", pair, quantization="int8")], Settings())) as c:
         results = c.post("/v1/translate", json={"q": texts, "beam": 2}).json()["results"]
         assert [x["translation"] for x in results] == quantized.translate(texts, search)
