@@ -125,6 +125,7 @@ class Transformer(nn.Module):
         r2l_weight: float = 1.0,
         detach_r2l: bool = False,
         r2l_memory_tgt: Tensor | None = None,
+        r_drop: float = 0.0,
     ) -> Tensor | tuple[Tensor, ...]:
         """Logits for every target position; ``r2l_memory`` (B, S', d_model) is the second memory
         of an ``r2l_memory=True`` decoder.
@@ -143,9 +144,17 @@ class Transformer(nn.Module):
         translation) makes the memory that sequence's states instead of the reference's, as decoding
         does: teacher-forced states of the reference let the left-to-right decoder read the answer.
 
+        ``r_drop`` > 0 (with ``targets``, in training) is R-Drop's α: the batch runs twice, through two
+        dropout masks, and the loss adds the passes' symmetric KL (``OutputProjection.r_drop_loss``);
+        the loss and NLL are per pass, as without it.
+
         Shape:
             src (B, S), tgt (B, T) -> logits (B, T, V); targets (B, T) -> three (or five) scalars
         """
+        if r_drop:
+            if targets is None or self.r2l_decoder is not None:
+                raise ValueError("r_drop needs targets and a model without a right-to-left decoder")
+            src, tgt, targets = src.repeat(2, 1), tgt.repeat(2, 1), targets.repeat(2, 1)  # (2B, ·)
         src_mask = self.src_mask(src)
         memory = self.encode(src, src_mask)
         r2l_states = None
@@ -165,6 +174,10 @@ class Transformer(nn.Module):
             return self.head(h)
         pad = self.config.pad_id
         real = targets != pad  # (B, T)
+        if r_drop:  # the first pass's rows come first in h[real]
+            h_a, h_b = h[real].chunk(2)  # (N, d_model) each
+            return self.head.r_drop_loss(h_a, h_b, targets[real][: len(h_a)], label_smoothing, r_drop,
+                                         smoothing_exclude=pad)  # fmt: skip
         loss, nll, n = self.head.loss(h[real], targets[real], label_smoothing, smoothing_exclude=pad)
         if r2l_states is None:
             return loss, nll, n

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.errors import ConfigError, DataError
 from aiayn.modules.dropout import Dropout
-from aiayn.modules.loss import linear_label_smoothed_nll_loss
+from aiayn.modules.loss import linear_label_smoothed_nll_loss, r_drop_loss
 from aiayn.modules.norm import LayerNorm
 
 EMB_SCALES = ("emb", "prj", "none")
@@ -251,9 +251,35 @@ class OutputProjection(nn.Module):
         Shape:
             h: (N, d_model), target: (N,) -> three scalars
         """
+        weight, bias, column, exclude = self._loss_terms(target, smoothing_exclude)
+        return linear_label_smoothed_nll_loss(h, weight, column, epsilon, bias, self.scale,
+                                              smoothing_exclude=exclude)  # fmt: skip
+
+    def r_drop_loss(
+        self, h_a: Tensor, h_b: Tensor, target: Tensor, epsilon: float, alpha: float,
+        smoothing_exclude: int | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """``loss`` for two dropout passes of the same targets with R-Drop's consistency term
+        (``aiayn.modules.loss.r_drop_loss``). The (N, V) logits of both passes are stored: the KL
+        term needs them whole. With pieces, both distributions span the pieces only.
+
+        Shape:
+            h_a, h_b: (N, d_model), target: (N,) -> three scalars
+        """
+        weight, bias, column, exclude = self._loss_terms(target, smoothing_exclude)
+        logits = F.linear(torch.cat([h_a, h_b]), weight)  # (2N, V')
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if bias is not None:
+            logits = logits + bias
+        logits_a, logits_b = logits.chunk(2)
+        return r_drop_loss(logits_a, logits_b, column, epsilon, alpha, smoothing_exclude=exclude)
+
+    def _loss_terms(self, target: Tensor, smoothing_exclude: int | None):
+        """(W, b, target columns, excluded column) of the softmax the loss spans: the whole vocabulary,
+        or the pieces' rows, with ids mapped to their columns (outside the pieces: the fallback)."""
         if self.pieces is None:
-            return linear_label_smoothed_nll_loss(h, self.proj.weight, target, epsilon, self.bias, self.scale,
-                                                  smoothing_exclude=smoothing_exclude)  # fmt: skip
+            return self.proj.weight, self.bias, target, smoothing_exclude
         position = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.pieces.device)
         position[self.pieces] = torch.arange(self.pieces.numel(), device=self.pieces.device)  # id -> column
         column = position[target]  # (N,)
@@ -261,5 +287,4 @@ class OutputProjection(nn.Module):
         exclude = None if smoothing_exclude is None else int(position[smoothing_exclude])
         exclude = None if exclude is None or exclude < 0 else exclude  # padding is rarely a piece
         weight, bias = self._piece_weights()
-        return linear_label_smoothed_nll_loss(h, weight, column, epsilon, bias, self.scale,
-                                              smoothing_exclude=exclude)  # fmt: skip
+        return weight, bias, column, exclude

@@ -55,6 +55,31 @@ def label_smoothed_nll_loss(
     )
 
 
+def r_drop_loss(
+    logits_a: Tensor,
+    logits_b: Tensor,
+    target: Tensor,
+    epsilon: float,
+    alpha: float,
+    smoothing_exclude: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """R-Drop (Liang et al. 2021, eq. 3) for two forward passes of the same batch through different
+    dropout masks: L = L_a + L_b + α · ½ (KL(P_a ‖ P_b) + KL(P_b ‖ P_a)), each L the label-smoothed
+    loss. Returned halved, so that the loss and NLL read per pass as without R-Drop (α keeps the
+    paper's meaning relative to the cross-entropy): summed loss, the passes' mean summed NLL, and
+    the number of targets of one pass.
+
+    Shape:
+        logits_a, logits_b: (N, V), target: (N,) -> three scalars
+    """
+    loss_a, nll_a, n = label_smoothed_nll_loss(logits_a, target, epsilon, smoothing_exclude=smoothing_exclude)
+    loss_b, nll_b, _ = label_smoothed_nll_loss(logits_b, target, epsilon, smoothing_exclude=smoothing_exclude)
+    lp_a = F.log_softmax(_at_least_float32(logits_a), dim=-1)  # (N, V)
+    lp_b = F.log_softmax(_at_least_float32(logits_b), dim=-1)
+    kl = ((lp_a.exp() - lp_b.exp()) * (lp_a - lp_b)).sum()  # KL(P_a ‖ P_b) + KL(P_b ‖ P_a), summed over N
+    return (loss_a + loss_b) / 2 + (alpha / 4) * kl, (nll_a + nll_b) / 2, n
+
+
 class _LinearLabelSmoothedCE(torch.autograd.Function):
     """Output projection and label-smoothed loss together, over chunks of rows.
 

@@ -73,6 +73,10 @@ class TrainConfig:
     # are re-segmented at random every epoch; 0 = off (the paper)
     subword_dropout: float = 0.0
     subword_dropout_sides: str = "both"  # translation: the sides subword_dropout samples ("source", "target")
+    # translation: R-Drop's α (Liang et al. 2021): each batch runs twice through different dropout masks
+    # and the loss adds α · the two output distributions' symmetric KL; twice the compute per update;
+    # 0 = off (the paper; Liang et al. use 5 on IWSLT)
+    r_drop: float = 0.0
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
     r2l_detach: bool = False  # translation, model.bidirectional: no gradient from L_l2r into the r2l decoder
@@ -144,11 +148,11 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0")
         for name in ("lr", "min_lr", "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "mask_prob",
-                     "mask_token_prob", "random_token_prob", "r2l_weight",
+                     "mask_token_prob", "random_token_prob", "r2l_weight", "r_drop",
                      "label_smoothing", "max_minutes", "subword_dropout"):  # fmt: skip
             if not math.isfinite(getattr(self, name)):
                 fail(name, "must be a finite number")
-        for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes", "r2l_weight"):
+        for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes", "r2l_weight", "r_drop"):
             if getattr(self, name) < 0:
                 fail(name, "must be ≥ 0 (0 = off)" if name != "min_lr" else "must be ≥ 0")
         for name in ("mask_token_prob", "random_token_prob"):
@@ -181,6 +185,8 @@ class TrainConfig:
             fail("subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {self.tokenizer!r}")
         if self.subword_dropout_sides != "both" and not self.subword_dropout:
             fail("subword_dropout_sides", "does nothing while subword_dropout=0: give subword_dropout > 0")
+        if self.r_drop and self.task != "translation":
+            fail("r_drop", f"is R-Drop for translation models; task={self.task!r} does not take it (set 0)")
         if self.output_vocab != "all" and self.task != "translation":
             fail("output_vocab", f"picks a translation model's output ids; task={self.task!r} has none")
         if self.class_weights not in ("none", "balanced"):

@@ -142,3 +142,23 @@ def test_right_to_left_memory_through_the_model():
     w = m.attention_weights(src, tgt, r2l_memory=r2l)
     assert [t.shape for t in w["cross_r2l"]] == [(2, 4, 5, 6)] * 2
     assert "cross_r2l" not in _transformer().attention_weights(src, tgt)
+
+
+def test_r_drop_runs_the_batch_twice_through_different_dropout_masks():
+    torch.manual_seed(0)
+    src, tgt = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
+    tgt[0, 3:] = 0  # padding
+    targets = torch.cat([tgt[:, 1:], torch.full((3, 1), 0)], 1)
+    model = _transformer().train()  # dropout 0: both passes equal, no consistency term
+    assert_close("R-Drop without dropout vs the plain loss", model(src, tgt, targets=targets, r_drop=5.0)[0],
+                 model(src, tgt, targets=targets)[0])  # fmt: skip
+    model = _transformer(dropout=0.3).train()
+    losses = []
+    for alpha in (1e-9, 1.0, 2.0):  # the same masks each time: the loss is linear in α
+        torch.manual_seed(1)
+        losses.append(model(src, tgt, targets=targets, label_smoothing=0.1, r_drop=alpha)[0])
+    kl_term = losses[1] - losses[0]
+    assert kl_term > 1e-3  # two different masks
+    assert_close("the KL term doubles with α", losses[2] - losses[0], 2 * kl_term)
+    with pytest.raises(ValueError, match="r_drop needs targets"):
+        model(src, tgt, r_drop=1.0)

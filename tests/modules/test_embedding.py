@@ -149,3 +149,20 @@ def test_set_pieces_says_what_is_wrong():
             head.set_pieces(torch.tensor(ids))
     with pytest.raises(ConfigError, match="built for 0"):
         OutputProjection(8, 30).set_pieces(torch.tensor([3]))
+
+
+@pytest.mark.parametrize(("bias", "scale"), [(False, 1.0), (True, 0.5)])
+def test_r_drop_loss_spans_the_pieces_as_the_plain_loss_does(bias, scale):
+    head, pieces = _pieces_head(bias, scale)
+    h_a, h_b = torch.randn(7, 8), torch.randn(7, 8)
+    target = torch.tensor([2, 29, 13, 4, 0, 24, 5])  # 4 and 0 are no pieces: they count as unk (3)
+    column = torch.tensor([0, 11, 6, 1, 1, 10, 2])
+    loss, nll, n = head.r_drop_loss(h_a, h_b, target, 0.1, alpha=2.0, smoothing_exclude=0)
+    z_a, z_b = head(h_a)[:, pieces], head(h_b)[:, pieces]  # checked against nn.Linear above
+    ce = [F.cross_entropy(z, column, label_smoothing=0.1, reduction="sum") for z in (z_a, z_b)]
+    kl = [F.kl_div(q.log_softmax(-1), p.log_softmax(-1), log_target=True, reduction="sum")
+          for p, q in ((z_a, z_b), (z_b, z_a))]  # fmt: skip
+    assert_close("R-Drop over the pieces", loss, (ce[0] + ce[1] + 2.0 * 0.5 * (kl[0] + kl[1])) / 2, atol=1e-4)
+    plain = [head.loss(h, target, 0.1, smoothing_exclude=0)[1] for h in (h_a, h_b)]
+    assert_close("R-Drop NLL vs the plain loss's", nll, (plain[0] + plain[1]) / 2, atol=1e-4)
+    assert n == 7

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from aiayn.modules.loss import (
     label_smoothed_nll_loss,
     linear_label_smoothed_nll_loss,
+    r_drop_loss,
 )
 from tests.helpers import assert_close
 
@@ -83,3 +84,34 @@ def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_by
         g_ours = torch.autograd.grad(combo[0] * ours[0] + combo[1] * ours[1], inputs, retain_graph=True)
         for a, r, name in zip(g_ours, g_ref, ("h", "W", "b")):
             assert_close(f"linear label-smoothed ∂{name} vs autograd of the reference", a, r, 1e-4)
+
+
+def test_r_drop_loss_is_the_papers_equation_halved():
+    """Liang et al. (2021) eq. 3, L = CE_a + CE_b + α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)), against
+    F.cross_entropy and F.kl_div, with their gradients; returned halved (per pass)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(9, 13, requires_grad=True), torch.randn(9, 13, requires_grad=True)
+    target = torch.randint(0, 13, (9,))
+    loss, nll, n = r_drop_loss(a, b, target, 0.1, alpha=5.0)
+    ce = F.cross_entropy(a, target, label_smoothing=0.1, reduction="sum") + F.cross_entropy(
+        b, target, label_smoothing=0.1, reduction="sum"
+    )
+    la, lb = a.log_softmax(-1), b.log_softmax(-1)
+    kl_ab = F.kl_div(lb, la, log_target=True, reduction="sum")  # KL(P_a ‖ P_b)
+    kl_ba = F.kl_div(la, lb, log_target=True, reduction="sum")
+    ref = (ce + 5.0 * 0.5 * (kl_ab + kl_ba)) / 2
+    assert kl_ab > 0.1 and kl_ba > 0.1  # the consistency term is not negligible here
+    assert_close("R-Drop loss vs F.cross_entropy + F.kl_div", loss, ref)
+    nll_ref = (F.cross_entropy(a, target, reduction="sum") + F.cross_entropy(b, target, reduction="sum")) / 2
+    assert_close("R-Drop NLL: the passes' mean", nll, nll_ref)
+    assert n == 9
+    for got, want in zip(torch.autograd.grad(loss, (a, b)), torch.autograd.grad(ref, (a, b))):
+        assert_close("R-Drop gradient", got, want)
+
+
+def test_r_drop_loss_of_equal_passes_is_the_plain_loss():
+    logits, target = torch.randn(5, 7), torch.tensor([1, 0, 3, 6, 2])
+    plain = label_smoothed_nll_loss(logits, target, 0.1, smoothing_exclude=0)
+    got = r_drop_loss(logits, logits.clone(), target, 0.1, alpha=3.0, smoothing_exclude=0)
+    for name, x, y in zip(("loss", "nll"), got, plain):
+        assert_close(f"R-Drop {name} with equal passes", x, y)

@@ -77,6 +77,9 @@ class TranslationTask(Task):
         if "output_pieces" in cfg.model:
             raise ConfigError("model.output_pieces is set from the training data: remove it from [model] and "
                               "give output_vocab='target' instead")  # fmt: skip
+        if cfg.r_drop and cfg.model.get("bidirectional"):
+            raise ConfigError("r_drop > 0 with model.bidirectional=true: R-Drop is not implemented for the "
+                              "right-to-left decoder; set r_drop=0 or bidirectional=false")  # fmt: skip
         if cfg.reverse_target and cfg.model.get("bidirectional"):
             raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
                               "already has its right-to-left decoder; choose one")  # fmt: skip
@@ -155,11 +158,13 @@ class TranslationTask(Task):
             yield self._collate([self.valid[i] for i in idx])
 
     def loss(self, model: nn.Module, batch: TranslationBatch, smoothing: float):
-        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``);
-        a bidirectional model adds r2l_weight · the right-to-left decoder's loss on the reversed
-        target, whose NLL is logged as ``r2l_nll``."""
-        if not self.bidirectional:
-            return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing)
+        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``),
+        with R-Drop's consistency term in training when ``r_drop`` > 0; a bidirectional model adds
+        r2l_weight · the right-to-left decoder's loss on the reversed target, whose NLL is logged as
+        ``r2l_nll``."""
+        if not self.bidirectional:  # R-Drop in training only: in evaluation both passes would be equal
+            return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing,
+                         r_drop=self.cfg.r_drop if model.training else 0.0)  # fmt: skip
         r2l_in, r2l_out = reverse_targets(batch.tgt_out)
         loss, nll, n, r2l_nll, r2l_n = model(
             batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing, r2l_tgt=r2l_in,
