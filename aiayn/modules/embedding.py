@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.errors import ConfigError, DataError
 from aiayn.modules.dropout import Dropout
-from aiayn.modules.loss import linear_label_smoothed_nll_loss, r_drop_loss
+from aiayn.modules.loss import fused_r_drop_loss, linear_label_smoothed_nll_loss
 from aiayn.modules.norm import LayerNorm
 
 EMB_SCALES = ("emb", "prj", "none")
@@ -272,8 +272,7 @@ class OutputProjection(nn.Module):
             logits = logits * self.scale
         if bias is not None:
             logits = logits + bias
-        logits_a, logits_b = logits.chunk(2)
-        return r_drop_loss(logits_a, logits_b, column, epsilon, alpha, smoothing_exclude=exclude)
+        return fused_r_drop_loss(logits, column, epsilon, alpha, smoothing_exclude=exclude)
 
     def _loss_terms(self, target: Tensor, smoothing_exclude: int | None):
         """(W, b, target columns, excluded column) of the softmax the loss spans: the whole vocabulary,

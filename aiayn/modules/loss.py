@@ -80,6 +80,71 @@ def r_drop_loss(
     return (loss_a + loss_b) / 2 + (alpha / 4) * kl, (nll_a + nll_b) / 2, n
 
 
+def fused_r_drop_loss(
+    logits: Tensor,
+    target: Tensor,
+    epsilon: float,
+    alpha: float,
+    smoothing_exclude: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``r_drop_loss(logits[:N], logits[N:], …)`` with its gradient written out, for training: the
+    two passes' logits come stacked, softmax and log-softmax take one exponential pass, and
+    ∂loss/∂logits is formed in the forward in place of log P (autograd through the formula makes
+    twice the passes and allocations over these (2N, V) tensors). The NLL carries no gradient.
+
+    Shape:
+        logits: (2N, V), target: (N,) -> three scalars
+    """
+    loss, nll = _RDropLoss.apply(logits, target, epsilon, alpha, smoothing_exclude)
+    return loss, nll, torch.tensor(target.numel(), device=target.device)
+
+
+class _RDropLoss(torch.autograd.Function):
+    """Forward of ``r_drop_loss`` on the two passes' logits stacked (2N, V), and its gradient:
+    per pass (softmax − q) / 2 from the cross-entropy, and from S = Σ (P_a − P_b)(log P_a − log P_b)
+    with d = log P_a − log P_b, ∂S/∂z_a = P_a ⊙ (d − E_{P_a}[d] + 1) − P_b and
+    ∂S/∂z_b = P_b ⊙ (E_{P_b}[d] − d + 1) − P_a (so S = Σ E_{P_a}[d] − Σ E_{P_b}[d]), times α/4."""
+
+    @staticmethod
+    def forward(ctx, logits, target, epsilon, alpha, exclude):
+        n = logits.size(0) // 2
+        n_classes = logits.size(-1) - (exclude is not None)
+        z = _at_least_float32(logits)
+        top = z.amax(-1, keepdim=True)  # (2N, 1)
+        p = torch.sub(z, top).exp_()
+        total = p.sum(-1, keepdim=True)
+        p.div_(total)  # (2N, V) softmax
+        lp = torch.sub(z, top.add_(total.log_()))  # (2N, V) log-softmax
+        targets = target.repeat(2)  # (2N,)
+        lp_y = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (2N,)
+        lp_sum = lp.sum(-1) - (lp[:, exclude] if exclude is not None else 0.0)  # Σ_{k ≠ pad} log p(k)
+        ce = -(1.0 - epsilon) * lp_y.sum() - (epsilon / n_classes) * lp_sum.sum()
+        d = lp[:n] - lp[n:]  # (N, V) log P_a − log P_b
+        mean_a = torch.linalg.vecdot(p[:n], d).unsqueeze(-1)  # (N, 1) E_{P_a}[d]
+        mean_b = torch.linalg.vecdot(p[n:], d).unsqueeze(-1)
+        kl = mean_a.sum() - mean_b.sum()  # KL(P_a ‖ P_b) + KL(P_b ‖ P_a)
+        g = lp  # log P is no longer needed: ∂loss/∂logits is built in its place
+        torch.sub(d, mean_a - 1.0, out=g[:n]).mul_(p[:n]).sub_(p[n:])
+        torch.sub(mean_b + 1.0, d, out=g[n:]).mul_(p[n:]).sub_(p[:n])
+        g.mul_(alpha / 4).add_(p, alpha=0.5)  # + softmax / 2
+        q = epsilon / n_classes
+        g.sub_(q / 2)
+        if exclude is not None:
+            g[:, exclude] += q / 2
+        g[torch.arange(2 * n, device=g.device), targets] -= (1.0 - epsilon) / 2
+        ctx.save_for_backward(g)
+        ctx.dtype = logits.dtype
+        nll = -lp_y.sum() / 2
+        ctx.mark_non_differentiable(nll)
+        return ce / 2 + (alpha / 4) * kl, nll
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss, grad_nll):
+        (g,) = ctx.saved_tensors
+        return g.mul_(grad_loss).to(ctx.dtype), None, None, None, None
+
+
 class _LinearLabelSmoothedCE(torch.autograd.Function):
     """Output projection and label-smoothed loss together, over chunks of rows.
 

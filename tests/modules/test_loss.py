@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.modules.loss import (
+    fused_r_drop_loss,
     label_smoothed_nll_loss,
     linear_label_smoothed_nll_loss,
     r_drop_loss,
@@ -115,3 +116,18 @@ def test_r_drop_loss_of_equal_passes_is_the_plain_loss():
     got = r_drop_loss(logits, logits.clone(), target, 0.1, alpha=3.0, smoothing_exclude=0)
     for name, x, y in zip(("loss", "nll"), got, plain):
         assert_close(f"R-Drop {name} with equal passes", x, y)
+
+
+@pytest.mark.parametrize("exclude", [None, 0])
+def test_fused_r_drop_loss_equals_the_formula_and_its_autograd_gradient(exclude):
+    torch.manual_seed(1)
+    a, b = torch.randn(8, 17, requires_grad=True), torch.randn(8, 17, requires_grad=True)
+    target = torch.randint(1, 17, (8,))
+    got = fused_r_drop_loss(torch.cat([a, b]), target, 0.1, 3.0, smoothing_exclude=exclude)
+    ref = r_drop_loss(a, b, target, 0.1, 3.0, smoothing_exclude=exclude)
+    for name, x, y in zip(("loss", "nll", "count"), got, ref):
+        assert_close(f"fused R-Drop {name} vs the formula", x, y)
+    upstream = 0.7  # the trainer scales the loss before backward
+    for got_g, ref_g in zip(torch.autograd.grad(got[0] * upstream, (a, b)),
+                            torch.autograd.grad(ref[0] * upstream, (a, b))):  # fmt: skip
+        assert_close("fused R-Drop ∂logits vs autograd of the formula", got_g, ref_g)
