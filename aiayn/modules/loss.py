@@ -90,7 +90,7 @@ def fused_r_drop_loss(
     """``r_drop_loss(logits[:N], logits[N:], …)`` with its gradient written out, for training: the
     two passes' logits come stacked, softmax and log-softmax take one exponential pass, and
     ∂loss/∂logits is formed in the forward in place of log P (autograd through the formula makes
-    twice the passes and allocations over these (2N, V) tensors). The NLL carries no gradient.
+    more passes and allocations over these (2N, V) tensors). The NLL carries no gradient.
 
     Shape:
         logits: (2N, V), target: (N,) -> three scalars
@@ -142,7 +142,7 @@ class _RDropLoss(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss, grad_nll):
         (g,) = ctx.saved_tensors
-        return g.mul_(grad_loss).to(ctx.dtype), None, None, None, None
+        return (g * grad_loss).to(ctx.dtype), None, None, None, None  # g intact for a retained graph
 
 
 class _LinearLabelSmoothedCE(torch.autograd.Function):

@@ -74,8 +74,8 @@ class TrainConfig:
     subword_dropout: float = 0.0
     subword_dropout_sides: str = "both"  # translation: the sides subword_dropout samples ("source", "target")
     # translation: R-Drop's α (Liang et al. 2021): each batch runs twice through different dropout masks
-    # and the loss adds α · the two output distributions' symmetric KL; twice the compute per update;
-    # 0 = off (the paper; Liang et al. use 5 on IWSLT)
+    # and the loss adds α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)); two passes per update; 0 = off (the paper;
+    # Liang et al. use 5 on IWSLT)
     r_drop: float = 0.0
     reverse_target: bool = False  # translation: learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # translation, model.bidirectional: λ of L = L_l2r + λ·L_r2l
