@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.modules.loss import fused_r_drop_loss, linear_label_smoothed_nll_loss, r_drop_loss
 
@@ -66,8 +67,7 @@ def main() -> None:
               "fused_over_plain": round(med["fused"] / med["plain"], 2)}  # fmt: skip
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)  # atomically
 
 
 if __name__ == "__main__":
