@@ -11,6 +11,10 @@ the *validation* set (never the test set), then translate test2016 with that cho
 with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
 earlier run's directory again (e.g. after the evaluation changed). Language model: train, then the
 validation loss over the whole split.
+``--members N`` (translation, no torchrun) trains N models side by side instead of one: one process
+and one thread each, seeds seed … seed+N-1, each under the recipe's budget, in runs/reproduce-NAME/
+member-K; the choice on validation then also weighs their ensembles (the members' best checkpoints,
+or their averages, decoded as one model).
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
 Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
@@ -65,6 +69,59 @@ def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
     return srcs, refs
 
 
+def member_dirs(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("member-*"), key=lambda d: int(d.name.split("-")[1]))
+
+
+def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int) -> list[dict]:
+    """Train ``n`` models at once, each in its own ``aiayn train`` process with one thread and its
+    own seed; returns each one's last step and how it stopped (from its metrics)."""
+    procs = []
+    for k in range(1, n + 1):
+        out_dir = run_dir / f"member-{k}"
+        member = [f"seed={cfg.seed + k - 1}", "threads=1", "progress=false", f"out_dir={out_dir}"]
+        cmd = [sys.executable, "-m", "aiayn", "train", str(recipe), *overrides, *member]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT))
+    try:
+        codes = [p.wait() for p in procs]
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    if any(codes):
+        raise SystemExit(f"a member's training failed (exit codes {codes}): no results written")
+    out = []
+    for d in member_dirs(run_dir):
+        records = read_metrics(d)
+        steps = max(r["step"] for r in records)
+        out.append({"dir": d.name, "seed": cfg.seed + len(out), "steps": steps,
+                    "stopped_by": "max_steps" if steps >= cfg.max_steps else "its budget (max_minutes)",
+                    "train_minutes": round(max(r.get("elapsed", 0) for r in records) / 60, 2)})  # fmt: skip
+    return out
+
+
+def candidates(run_dir: Path, args: argparse.Namespace) -> tuple[dict[str, Translator], list, list]:
+    """The models the validation set chooses among: best and average of the last ``--average`` (per
+    member when there are members, plus the members' ensembles), and the last-K ensemble."""
+    members = member_dirs(run_dir)
+    translators, averaged = {}, []
+    for d in members or [run_dir]:
+        prefix = f"{d.name}/" if members else ""
+        translators[f"{prefix}best"] = Translator.from_dir(d / "best")
+        paths = last_checkpoints(d, args.average)
+        averaged += paths
+        if len(paths) > 1:
+            translators[f"{prefix}averaged"] = Translator.from_dir(average_checkpoints(paths, d / "averaged"))
+    for kind in ("best", "averaged") if members else ():
+        dirs = [d / kind for d in members if (d / kind).is_dir()]
+        if len(dirs) == len(members):
+            translators[f"ensemble of {kind}"] = Translator.from_dirs(dirs)
+    ensembled = last_checkpoints(run_dir, args.ensemble) if args.ensemble > 1 and not members else []
+    if len(ensembled) > 1:
+        translators["ensemble"] = Translator.from_dirs(ensembled)
+    return translators, averaged, ensembled
+
+
 def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     """Choose checkpoint and decoding on the validation set, then score test2016 with that choice.
 
@@ -77,26 +134,21 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     same checkpoint (docs/results.md). The test set is decoded once, with the pair that scored highest.
     """
     t0 = time.time()
-    paths = last_checkpoints(run_dir, args.average)
-    translators = {"best": Translator.from_dir(run_dir / "best")}
-    if len(paths) > 1:
-        translators["averaged"] = Translator.from_dir(average_checkpoints(paths, run_dir / "averaged"))
-    members = last_checkpoints(run_dir, args.ensemble) if args.ensemble > 1 else []
-    if len(members) > 1:
-        translators["ensemble"] = Translator.from_dirs(members)
+    translators, paths, members = candidates(run_dir, args)
     decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen)}
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen, mbr="bleu")
-    pairs = [(k, d) for k in translators for d in decodings if k != "ensemble" or d == "beam"]
+    pairs = [(k, d) for k in translators for d in decodings if not k.startswith("ensemble") or d == "beam"]
     srcs, refs = sources_and_references(cfg, "valid")
     choice = {f"{k}/{d}": score(translators[k].translate(srcs, decodings[d]), refs)[0]["bleu"]
               for k, d in pairs}  # fmt: skip
-    chosen, decoding = max(choice, key=choice.get).split("/")
+    chosen, decoding = max(choice, key=choice.get).rsplit("/", 1)
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, decodings[decoding])
     scores, signatures = score(hyps, refs, cfg.tgt_lang)  # with the tokenized BLEU of papers
-    return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding, "averaged": [p.name for p in paths],
+    return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding,
+            "averaged": [str(p.relative_to(run_dir)) for p in paths],
             "ensembled": [p.name for p in members], "beam": decodings[decoding].beam, "lenpen": args.lenpen,
             "mbr": decodings[decoding].mbr, "test": scores, "signatures": signatures,
             "test_decode_seconds": round(time.time() - t1, 1),
@@ -118,24 +170,38 @@ def main() -> int:
     ap.add_argument("--evaluate-only", action="store_true",
                     help="no training: evaluate again the run directory an earlier run of this command left "
                     "(runs/reproduce-NAME), keeping its training figures from results/NAME.json")  # fmt: skip
+    ap.add_argument("--members", type=int, default=0,
+                    help="train this many models side by side, one process each, and weigh their ensemble "
+                    "(translation; run it without torchrun)")  # fmt: skip
     args = ap.parse_args()
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
+    if args.members == 1 or args.members < 0:
+        ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
     name = args.recipe + "".join(
         f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
-    )
+    ) + (f"-members{args.members}" if args.members else "")
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
+    if args.members and cfg.task != "translation":
+        ap.error(f"--members is for translation recipes; {args.recipe} is task={cfg.task!r}")
     if args.evaluate_only:
         return evaluate_again(name, run_dir, results / f"{name}.json", cfg, args, commit)
     dist = init_distributed(resolve_device(cfg.device))  # under torchrun: every rank trains
+    if args.members and dist.enabled:
+        ap.error("--members starts its own processes: run it with python, not torchrun")
     if dist.is_main and run_dir.exists():
         shutil.rmtree(run_dir)
     barrier(dist)
     t0 = time.time()
-    result = Trainer(cfg).fit()
+    if args.members:
+        recipe = ROOT / "recipes" / f"{args.recipe}.toml"
+        trained = train_members(recipe, args.overrides, run_dir, cfg, args.members)
+        result = {"step": [m["steps"] for m in trained], "reason": "see members"}
+    else:
+        result = Trainer(cfg).fit()
     wall = time.time() - t0
     if not dist.is_main:
         return 0  # rank 0 evaluates and writes the results
@@ -144,11 +210,13 @@ def main() -> int:
         return 1
     out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
-           "train_wall_minutes": round(wall / 60, 2), "processes": dist.world_size,
+           "train_wall_minutes": round(wall / 60, 2), "processes": args.members or dist.world_size,
            "machine": machine(), "commit": commit, "config": to_dict(cfg)}  # fmt: skip
-    out["parameters"] = count_parameters(load_model(run_dir))
-    valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
+    if args.members:
+        out["members"] = trained
+    out["parameters"] = count_parameters(load_model(member_dirs(run_dir)[0] if args.members else run_dir))
     if cfg.task == "lm":
+        valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
         out["valid_loss"] = round(valid[-1]["loss"], 4)
         out["best_valid_loss"] = round(min(r["loss"] for r in valid), 4)
     else:
@@ -161,8 +229,9 @@ def main() -> int:
 def evaluate_again(name: str, run_dir: Path, path: Path, cfg, args: argparse.Namespace, commit: str) -> int:
     """``--evaluate-only``: the earlier run's results with a new evaluation; the old one is kept
     under ``previous_evaluation``."""
-    if cfg.task != "translation" or not (run_dir / "best").is_dir() or not path.is_file():
-        print(f"--evaluate-only needs a translation run's {run_dir}/best and {path}: run the command "
+    first = (member_dirs(run_dir) or [run_dir])[0]
+    if cfg.task != "translation" or not (first / "best").is_dir() or not path.is_file():
+        print(f"--evaluate-only needs a translation run's {first}/best and {path}: run the command "
               "without --evaluate-only first", file=sys.stderr)  # fmt: skip
         return 2
     old = json.loads(path.read_text())
@@ -181,8 +250,10 @@ def evaluate_again(name: str, run_dir: Path, path: Path, cfg, args: argparse.Nam
 
 def write_results(name: str, run_dir: Path, results: Path, out: dict) -> None:
     results.mkdir(exist_ok=True)
-    for png in plot_curves(run_dir, run_dir / "plots"):
-        shutil.copy(png, results / f"{name}-{png.name}")
+    for d in member_dirs(run_dir) or [run_dir]:  # results/NAME[-member-K]-{loss,lr,bleu}.png
+        prefix = f"{name}-{d.name}" if d != run_dir else name
+        for png in plot_curves(d, d / "plots"):
+            shutil.copy(png, results / f"{prefix}-{png.name}")
     write_json(results / f"{name}.json", out)
     print(json.dumps({k: v for k, v in out.items() if k != "config"}, indent=2, ensure_ascii=False))
 
