@@ -184,9 +184,11 @@ def main() -> int:
         ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
-    name = args.recipe + "".join(
-        f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic)
-    ) + (f"-members{args.members}" if args.members else "")
+    name = (
+        args.recipe
+        + "".join(f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic))
+        + (f"-members{args.members}" if args.members else "")
+    )
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
     if args.members and cfg.task != "translation":

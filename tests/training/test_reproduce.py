@@ -1,0 +1,79 @@
+"""scripts/reproduce.py's members (``--members N``): N models trained side by side in their own
+processes, and the candidates the validation set chooses among, their ensembles included."""
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.models.ensemble import Ensemble
+from aiayn.training.config import load_recipe
+from tests.training.conftest import tiny_args
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "reproduce.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["multi30k-en-de", "--members", "1"], "--members 1: give 2 or more"),
+        (["shakespeare-char", "--members", "2"], "--members is for translation recipes"),
+    ],
+)
+def test_members_arguments_are_checked_before_anything_runs(args, message):
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2
+    assert message in run.stderr
+
+
+def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path, corpus):
+    reproduce = load_script()
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(f'task = "translation"\ndataset = "{corpus}"\nsrc_lang = "de"\ntgt_lang = "en"\n')
+    overrides = [a for a in tiny_args(corpus, tmp_path / "unused") if not a.startswith("out_dir=")]
+    overrides += ["max_steps=4", "eval_every=2", "keep_last=5", "seed=7"]
+    run_dir = tmp_path / "run"
+    cfg = load_recipe(recipe, [*overrides, f"out_dir={run_dir}"])
+
+    trained = reproduce.train_members(recipe, overrides, run_dir, cfg, 2)
+
+    assert [(m["dir"], m["seed"], m["steps"], m["stopped_by"]) for m in trained] == [
+        ("member-1", 7, 4, "max_steps"),
+        ("member-2", 8, 4, "max_steps"),
+    ]
+    configs = [json.loads((d / "train_config.json").read_text()) for d in reproduce.member_dirs(run_dir)]
+    assert [(c["seed"], c["threads"]) for c in configs] == [(7, 1), (8, 1)]
+    args = argparse.Namespace(average=5, ensemble=0)
+    translators, averaged, ensembled = reproduce.candidates(run_dir, args)
+    assert sorted(translators) == [
+        "ensemble of averaged", "ensemble of best", "member-1/averaged", "member-1/best",
+        "member-2/averaged", "member-2/best",
+    ]  # fmt: skip
+    assert [str(p.relative_to(run_dir)) for p in averaged] == [
+        "member-1/step-000002",
+        "member-1/step-000004",
+        "member-2/step-000002",
+        "member-2/step-000004",
+    ]
+    assert ensembled == []
+    ensemble = translators["ensemble of best"].model
+    assert isinstance(ensemble, Ensemble) and len(ensemble.members) == 2
+
+
+def test_member_dirs_sort_by_number(tmp_path):
+    reproduce = load_script()
+    for k in (10, 2, 1):
+        (tmp_path / f"member-{k}").mkdir()
+    assert [d.name for d in reproduce.member_dirs(tmp_path)] == ["member-1", "member-2", "member-10"]
