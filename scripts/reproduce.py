@@ -97,10 +97,14 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
     out = []
     for d in member_dirs(run_dir):
         records = read_metrics(d)
-        steps = max(r["step"] for r in records)
-        out.append({"dir": d.name, "seed": cfg.seed + len(out), "steps": steps,
-                    "stopped_by": "max_steps" if steps >= cfg.max_steps else "its budget (max_minutes)",
-                    "train_minutes": round(max(r.get("elapsed", 0) for r in records) / 60, 2)})  # fmt: skip
+        steps, minutes = max(r["step"] for r in records), max(r.get("elapsed", 0) for r in records) / 60
+        reason = "max_epochs or patience"
+        if steps >= cfg.max_steps:
+            reason = "max_steps"
+        elif cfg.max_minutes and minutes >= cfg.max_minutes - 0.1:  # its training clock ran out
+            reason = "max_minutes"
+        out.append({"dir": d.name, "seed": cfg.seed + len(out), "steps": steps, "stopped_by": reason,
+                    "train_minutes": round(minutes, 2)})  # fmt: skip
     return out
 
 
