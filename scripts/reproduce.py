@@ -83,7 +83,7 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
         member = [f"seed={cfg.seed + k - 1}", "threads=1", "progress=false", f"out_dir={out_dir}"]
         cmd = [sys.executable, "-m", "aiayn", "train", str(recipe), *overrides, *member]
         procs.append(subprocess.Popen(cmd, cwd=ROOT))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the members are stopped too
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the members are stopped too
     try:
         codes = [p.wait() for p in procs]
     except BaseException:  # Ctrl-C, SIGTERM: each member stops at its next update and saves it
@@ -92,6 +92,8 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
         for p in procs:
             p.wait()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
     if any(codes):
         raise SystemExit(f"a member's training failed (exit codes {codes}): no results written")
     out = []
