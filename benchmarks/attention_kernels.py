@@ -20,6 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.modules import attention
 
@@ -83,8 +84,7 @@ def main() -> None:
     result = {"machine": f"{machine()}, {torch.get_num_threads()} threads", "torch": torch.__version__,
               "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "rows": rows}  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

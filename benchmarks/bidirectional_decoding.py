@@ -18,6 +18,7 @@ import time
 import torch
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
 from aiayn.decoding.bidirectional import BidirectionalAdapter
@@ -70,8 +71,7 @@ def main() -> int:
            "length": args.length, "batch": args.batch, "rows": rows}  # fmt: skip
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=2)
+        write_json(args.json, out)  # temp file + rename: nothing half-written
     return 0
 
 

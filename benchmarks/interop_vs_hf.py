@@ -16,13 +16,13 @@ shared machine out of the ratio) is reported with the ratio HF / aiayn.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
 
 import torch
 
+from aiayn.atomic import write_json
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
 
@@ -137,8 +137,8 @@ def main() -> None:
         results.append(dict(search=name, aiayn_s=t_ours, hf_s=t_hf, ratio=t_hf / t_ours, identical=same,
                             sentences=len(ref)))  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=where, args=vars(args), results=results), f, indent=2)
+        # temp file + rename: nothing half-written
+        write_json(args.json, dict(device=where, args=vars(args), results=results))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.data import load_parallel
 from aiayn.decoding.options import SearchConfig
@@ -56,8 +57,7 @@ def main() -> None:
         result[f"beam{beam}"] = {"seconds": med, "speedup": round(med["every id"] / med["pieces"], 2)}
         print(json.dumps({f"beam{beam}": result[f"beam{beam}"]}), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

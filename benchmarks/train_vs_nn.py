@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.modules.embedding import sinusoidal_table
 from aiayn.training.config import TrainConfig
@@ -223,8 +224,7 @@ def main() -> None:
     result["speedup_median_of_pairs"] = round(statistics.median(ratios), 2)
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":
