@@ -77,10 +77,10 @@ def member_dirs(run_dir: Path) -> list[Path]:
 def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int) -> list[dict]:
     """Train ``n`` models at once, each in its own ``aiayn train`` process with one thread and its
     own seed; returns each one's last step and how it stopped (from its metrics)."""
+    members = [(run_dir / f"member-{k}", cfg.seed + k - 1) for k in range(1, n + 1)]  # (out_dir, seed)
     procs = []
-    for k in range(1, n + 1):
-        out_dir = run_dir / f"member-{k}"
-        member = [f"seed={cfg.seed + k - 1}", "threads=1", "progress=false", f"out_dir={out_dir}"]
+    for out_dir, seed in members:
+        member = [f"seed={seed}", "threads=1", "progress=false", f"out_dir={out_dir}"]
         cmd = [sys.executable, "-m", "aiayn", "train", str(recipe), *overrides, *member]
         procs.append(subprocess.Popen(cmd, cwd=ROOT))
     old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the members are stopped too
@@ -97,7 +97,7 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
     if any(codes):
         raise SystemExit(f"a member's training failed (exit codes {codes}): no results written")
     out = []
-    for d in member_dirs(run_dir):
+    for d, seed in members:
         records = read_metrics(d)
         steps, minutes = max(r["step"] for r in records), max(r.get("elapsed", 0) for r in records) / 60
         reason = "max_epochs or patience"
@@ -105,7 +105,7 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
             reason = "max_steps"
         elif cfg.max_minutes and minutes >= cfg.max_minutes - 0.1:  # its training clock ran out
             reason = "max_minutes"
-        out.append({"dir": d.name, "seed": cfg.seed + len(out), "steps": steps, "stopped_by": reason,
+        out.append({"dir": d.name, "seed": seed, "steps": steps, "stopped_by": reason,
                     "train_minutes": round(minutes, 2)})  # fmt: skip
     return out
 
@@ -196,7 +196,8 @@ def main() -> int:
         + (f"-members{args.members}" if args.members else "")
     )
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
-    cfg = load_recipe(ROOT / "recipes" / f"{args.recipe}.toml", [*args.overrides, f"out_dir={run_dir}"])
+    recipe = ROOT / "recipes" / f"{args.recipe}.toml"
+    cfg = load_recipe(recipe, [*args.overrides, f"out_dir={run_dir}"])
     if args.members and cfg.task != "translation":
         ap.error(f"--members is for translation recipes; {args.recipe} is task={cfg.task!r}")
     if args.evaluate_only:
@@ -209,7 +210,6 @@ def main() -> int:
     barrier(dist)
     t0 = time.time()
     if args.members:
-        recipe = ROOT / "recipes" / f"{args.recipe}.toml"
         trained = train_members(recipe, args.overrides, run_dir, cfg, args.members)
         result = {"step": [m["steps"] for m in trained], "reason": "see members"}
     else:
