@@ -8,6 +8,10 @@ padding mask in the encoder and a look-ahead mask in the decoder), forward + bac
 only, so the threshold can be checked on any machine. Reported: milliseconds (best of 5 repeats of 5
 calls) and the fused/explicit ratio (> 1: the explicit products are faster).
 
+It also times the explicit path's softmax alone by row length ("softmax_rows"): PyTorch's
+``softmax(dim=-1)`` against ``attention.softmax_last``, which pads rows shorter than one SIMD
+vector (``SOFTMAX_MIN_ROW``) with −∞ because PyTorch's CPU kernel is slow on them.
+
     python benchmarks/attention_kernels.py --threads 2 --json results/bench-attention-kernels.json
 """
 
@@ -33,13 +37,15 @@ def fused(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def best_ms(fn, q, k, v, mask, grad: torch.Tensor | None, repeat: int = 5, calls: int = 5) -> float:
+def best_ms(fn, inputs: tuple, grad: torch.Tensor | None, repeat: int = 5, calls: int = 5) -> float:
+    """Milliseconds per call of ``fn(*inputs)``, with ``.backward(grad)`` unless grad is None."""
+
     def once():
         if grad is None:
             with torch.no_grad():
-                fn(q, k, v, mask)
+                fn(*inputs)
         else:
-            fn(q, k, v, mask).backward(grad)
+            fn(*inputs).backward(grad)
 
     for _ in range(3):
         once()
@@ -56,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[12, 20, 30, 64, 128, 256])
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--softmax-lengths", type=int, nargs="*", default=[4, 8, 12, 13, 15, 16, 20, 32])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
@@ -74,15 +81,26 @@ def main() -> None:
             for backward in (True, False):
                 q, k, v = (torch.randn(b, 4, length, 32, requires_grad=backward) for _ in range(3))
                 grad = torch.randn(b, 4, length, 32) if backward else None
-                t = {name: best_ms(fn, q, k, v, mask, grad) for name, fn in (("explicit", explicit),
-                                                                             ("fused", fused))}  # fmt: skip
+                t = {name: best_ms(fn, (q, k, v, mask), grad) for name, fn in (("explicit", explicit),
+                                                                               ("fused", fused))}  # fmt: skip
                 row = {"keys": length, "batch": b, "mask": kind, "pass": "fwd+bwd" if backward else "fwd",
                        "explicit_ms": round(t["explicit"], 2), "fused_ms": round(t["fused"], 2),
                        "fused_over_explicit": round(t["fused"] / t["explicit"], 2)}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    softmax_rows = []
+    for length in args.softmax_lengths:  # (B·h, T, T) scores of a 4,096-token batch, forward + backward
+        x = torch.randn(4 * max(args.tokens // (length + 1), 8), length, length, requires_grad=True)
+        t = {name: best_ms(fn, (x,), torch.randn_like(x)) for name, fn in (
+            ("native", lambda s: s.softmax(dim=-1)), ("padded", attention.softmax_last))}  # fmt: skip
+        row = {"keys": length, "native_ms": round(t["native"], 3), "aiayn_ms": round(t["padded"], 3),
+               "native_over_aiayn": round(t["native"] / t["padded"], 2)}  # fmt: skip
+        softmax_rows.append(row)
+        print(json.dumps(row), flush=True)
     result = {"machine": f"{machine()}, {torch.get_num_threads()} threads", "torch": torch.__version__,
-              "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "rows": rows}  # fmt: skip
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "softmax_min_row": attention.SOFTMAX_MIN_ROW,
+              "rows": rows, "softmax_rows": softmax_rows}  # fmt: skip
     if args.json:
         write_json(args.json, result)  # temp file + rename: nothing half-written
 

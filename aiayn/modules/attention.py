@@ -53,6 +53,33 @@ def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
     return q.device.type == "cpu" and q.size(-2) > 1 and k.size(-2) <= EXPLICIT_MAX_KEYS
 
 
+def _simd_floats() -> int:
+    """float32 lanes of the vectors PyTorch's CPU kernels run with on this machine."""
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")()
+    return 16 if capability.startswith("AVX512") else 8
+
+
+# PyTorch's CPU softmax over the last dimension reduces a row shorter than one vector (16 float32
+# lanes with AVX-512, 8 with AVX2) lane by lane: on the 2-core AMD VM (AVX-512) rows of 8–15 keys
+# cost 5–15× more per element than rows of 16, forward and backward. Most Multi30k sentences are
+# shorter than 16 pieces, so short rows are padded with −∞ (probability 0) to one vector and the
+# padding is sliced off again (benchmarks/attention_kernels.py measures both, "softmax_rows").
+SOFTMAX_MIN_ROW = _simd_floats()
+
+
+def softmax_last(scores: Tensor) -> Tensor:
+    """``scores.softmax(dim=-1)``, computed over rows padded to ``SOFTMAX_MIN_ROW`` on the CPU.
+
+    Shape:
+        scores: (..., T_k) -> (..., T_k), a view of a (..., SOFTMAX_MIN_ROW) tensor for short rows
+    """
+    n = scores.size(-1)
+    if scores.device.type != "cpu" or n >= SOFTMAX_MIN_ROW:
+        return scores.softmax(dim=-1)
+    padded = F.pad(scores, (0, SOFTMAX_MIN_ROW - n), value=float("-inf"))  # exp(−∞) = 0: sums unchanged
+    return padded.softmax(dim=-1)[..., :n]
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -78,7 +105,7 @@ def scaled_dot_product_attention(
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (..., T_q, T_k)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        weights = scores.softmax(dim=-1)
+        weights = softmax_last(scores)
         if row_ok is not None:
             weights = weights.masked_fill(~row_ok, 0.0)
         out = dropout(weights, dropout_p) @ v

@@ -45,6 +45,26 @@ def test_sdpa_without_mask_matches_equation():
         assert_close("scaled_dot_product_attention vs eq. 1 by hand", out, expected)
 
 
+@pytest.mark.parametrize("min_row", [8, 16])
+def test_short_softmax_rows_are_padded_and_match_torch_softmax(min_row, monkeypatch):
+    """Rows shorter than one SIMD vector are padded with −∞ before the softmax (PyTorch's CPU kernel
+    is slow on them); values and gradients equal ``torch.softmax``'s, masked entries included."""
+    monkeypatch.setattr(attention, "SOFTMAX_MIN_ROW", min_row)
+    for n in range(1, min_row + 3):
+        x = torch.randn(3, 4, 5, n, dtype=torch.float64)
+        if n > 1:
+            x[..., 1:, -1] = float("-inf")  # masked keys (every row keeps its first)
+        ours_in, ref_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours, ref = attention.softmax_last(ours_in), torch.softmax(ref_in, dim=-1)
+        assert ours.shape == ref.shape
+        assert ours.stride(-2) == max(n, min_row)  # short rows: a view of the padded rows
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-15)
+        grad = torch.randn_like(ref)
+        (ours * grad).sum().backward()
+        (ref * grad).sum().backward()
+        torch.testing.assert_close(ours_in.grad, ref_in.grad, rtol=0, atol=1e-14)
+
+
 def test_tutorial_attention_shapes():
     """Tutorial example: q (1,2,128), k (1,4,128), v (1,4,64) -> weights (1,2,4), output (1,2,64)."""
     q, k, v = torch.randn(1, 2, 128), torch.randn(1, 4, 128), torch.randn(1, 4, 64)
