@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
@@ -113,7 +114,7 @@ def main() -> int:
         summary.update({k: before[k] for k in ("arms", "rerank") if k in before})
 
     def save() -> None:
-        (ROOT / "results" / "bidirectional-training.json").write_text(json.dumps(summary, indent=1) + "\n")
+        write_json(ROOT / "results" / "bidirectional-training.json", summary)  # temp file + rename
 
     def record(name: str, recipe: str, overrides: list[str]) -> dict:
         summary["arms"][name] = {

@@ -308,7 +308,9 @@ def main() -> None:
             for row in result.get(part, []):
                 for s in SETTINGS:
                     row[s].pop("outputs", None)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        from aiayn.atomic import write_json
+
+        write_json(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
@@ -134,7 +135,7 @@ def main() -> int:
            "rows": rows, "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, out)  # temp file + rename: nothing half-written
     return 0
 
 

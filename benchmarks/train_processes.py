@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="threads,ddp,ddp-big")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    from aiayn.atomic import write_json
     from aiayn.cli.demo import machine
     from aiayn.training.config import load_recipe
 
@@ -93,7 +94,7 @@ def main() -> None:
     if args.json:
         out = {"recipe": args.recipe, "cores": c, "steps": args.steps, "skip": args.skip,
                "machine": machine(), "rows": rows}  # fmt: skip
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

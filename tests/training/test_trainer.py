@@ -54,6 +54,16 @@ def test_train_writes_checkpoints_metrics_and_a_loadable_model(corpus, tmp_path)
     assert not list(run.glob(".tmp-*"))
 
 
+def test_bf16_training_learns_and_saves_float32_weights(corpus, tmp_path):
+    """``precision=bf16`` (autocast, float32 master weights): the loss falls, and the checkpoint
+    holds float32 weights."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=12", "eval_every=12", "precision=bf16")]) == 0
+    losses = _train_losses(run)
+    assert sorted(losses) == list(range(1, 13)) and losses[12] < losses[1]
+    assert {p.dtype for p in load_model(run).parameters()} == {torch.float32}
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_during_checkpoint_write_is_exact(corpus, tmp_path):
     """A 15-step run equals one killed (while writing its step-10 checkpoint) and resumed."""
