@@ -26,7 +26,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TOKENIZERS = ("bpe", "unigram", "char")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 EXAMPLE_RECIPE = "recipes/multi30k-de-en.toml"
 
 
@@ -99,7 +99,8 @@ class TrainConfig:
     patience: int = 0  # stop after this many evaluations without improvement; 0 = off
     # -- hardware -------------------------------------------------------------------------------
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", …
-    precision: str = "fp32"  # "fp32", "bf16" (autocast; CPU or CUDA), "fp16" (CUDA, loss scaling)
+    precision: str = "fp32"  # "fp32", "bf16" (autocast; CPU or CUDA), "fp16" (CUDA, loss scaling),
+    # "auto": bf16 where bfloat16 products measure ≥ 1.25× float32's at the start, else fp32
     compile: bool = False  # torch.compile the model
     threads: int = 0  # torch CPU threads; 0 = PyTorch's default
     # -- evaluation, logging, checkpoints ---------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.models.io import load_model
+from aiayn.training import trainer
 from aiayn.training.config import load_recipe
 from aiayn.training.trainer import Trainer, TrainingDiverged
 from tests.training.conftest import tiny_args
@@ -62,6 +63,26 @@ def test_bf16_training_learns_and_saves_float32_weights(corpus, tmp_path):
     losses = _train_losses(run)
     assert sorted(losses) == list(range(1, 13)) and losses[12] < losses[1]
     assert {p.dtype for p in load_model(run).parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize(("speedup", "chosen"), [(2.4, "bf16"), (1.1, "fp32")])
+def test_precision_auto_trains_in_bf16_only_where_bf16_products_are_faster(
+    corpus, tmp_path, capsys, monkeypatch, speedup, chosen
+):
+    measured = []
+    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a: measured.append(a) or speedup)
+    used = []
+    real_autocast = trainer.autocast
+    monkeypatch.setattr(trainer, "autocast", lambda d, p: used.append(p) or real_autocast(d, p))
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2", "precision=auto")]) == 0
+    assert f"precision=auto chose {chosen}" in capsys.readouterr().err
+    assert len(measured) == 1 and measured[0][1:] == (256, 32, 64)  # max_tokens, d_model, d_ff
+    assert used and set(used) == {chosen}  # every training and evaluation step
+
+
+def test_bf16_speedup_times_both_products():
+    assert trainer.bf16_speedup(torch.device("cpu"), 64, 16, 32) > 0
 
 
 @pytest.mark.slow
