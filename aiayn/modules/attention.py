@@ -60,8 +60,8 @@ def _simd_floats() -> int:
 
 
 # PyTorch's CPU softmax over the last dimension reduces a row shorter than one vector (16 float32
-# lanes with AVX-512, 8 with AVX2) lane by lane: on the 2-core AMD VM (AVX-512) rows of 8–15 keys
-# cost 5–15× more per element than rows of 16, forward and backward. Most Multi30k sentences are
+# lanes with AVX-512, 8 with AVX2) lane by lane: on the 2-core AMD VM (AVX-512) rows of 4–15 keys
+# cost 13–16× more per element than rows of 16, forward and backward. Most Multi30k sentences are
 # shorter than 16 pieces, so short rows are padded with −∞ (probability 0) to one vector and the
 # padding is sliced off again (benchmarks/attention_kernels.py measures both, "softmax_rows").
 SOFTMAX_MIN_ROW = _simd_floats()
