@@ -81,8 +81,16 @@ def test_precision_auto_trains_in_bf16_only_where_bf16_products_are_faster(
     assert used and set(used) == {chosen}  # every training and evaluation step
 
 
-def test_bf16_speedup_times_both_products():
+def test_bf16_speedup_times_a_float32_and_a_bfloat16_product_of_the_given_size(monkeypatch):
+    calls, linear = [], torch.nn.functional.linear
+
+    def recorded(x, w):
+        calls.append((x.dtype, *x.shape, w.size(0)))
+        return linear(x, w)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recorded)
     assert trainer.bf16_speedup(torch.device("cpu"), 64, 16, 32) > 0
+    assert calls == [(torch.float32, 64, 16, 32)] * 6 + [(torch.bfloat16, 64, 16, 32)] * 6
 
 
 @pytest.mark.slow
