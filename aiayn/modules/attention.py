@@ -55,8 +55,7 @@ def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
 
 def _simd_floats() -> int:
     """float32 lanes of the vectors PyTorch's CPU kernels run with on this machine."""
-    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")()
-    return 16 if capability.startswith("AVX512") else 8
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
 # PyTorch's CPU softmax over the last dimension reduces a row shorter than one vector (16 float32
