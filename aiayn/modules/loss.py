@@ -153,21 +153,23 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
     multiplied out into ∂loss/∂h, ∂W and ∂b while it is still in cache; the backward then only scales
     those by the incoming gradient. Memory for the loss drops from O(N·V) to O(chunk·V), and the
     projection costs three matrix products, as with stored logits (the "cut cross-entropy" idea).
-    The rare backward through the summed NLL (never taken in training), or a second backward
-    through a retained graph, recomputes the chunks.
+    The products run in ``dtype`` (float32, or autocast's bfloat16/float16); everything between
+    them (softmax, loss terms, ∂logits) is float32. The rare backward through the summed NLL (never
+    taken in training), or a second backward through a retained graph, recomputes the chunks.
     """
 
     @staticmethod
-    def forward(ctx, h, weight, bias, target, keep, scale, epsilon, exclude, chunk, want_grads):
+    def forward(ctx, h, weight, bias, target, keep, scale, epsilon, exclude, chunk, want_grads, dtype):
         n_classes = weight.size(0) - (exclude is not None)
         lse = torch.empty(h.size(0), dtype=torch.float32, device=h.device)
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         nll = torch.zeros((), dtype=torch.float32, device=h.device)
         keep_f = keep.float()
-        grads = _Grads(h, weight, bias) if want_grads else None
+        grads = _Grads(h, weight, bias, dtype) if want_grads else None
+        w = weight.to(dtype)  # once, not per chunk
         buffer = torch.empty(min(chunk, h.size(0)), weight.size(0), dtype=torch.float32, device=h.device)
         for i in range(0, h.size(0), chunk):
-            z = _chunk_logits(h[i : i + chunk], weight, bias, scale, buffer)  # (rows, V) float32
+            z = _chunk_logits(h[i : i + chunk].to(dtype), w, bias, scale, buffer)  # (rows, V) float32
             t = target[i : i + chunk]
             z_y = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
             z_sum = z.sum(-1) - (z[:, exclude] if exclude is not None else 0.0)
@@ -182,7 +184,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                 grads.add(i, g.mul_(keep_f[i : i + chunk, None]), h, scale)
         ctx.save_for_backward(h, weight, bias, target, keep_f, lse)
         ctx.grads, ctx.scale, ctx.epsilon, ctx.exclude, ctx.chunk = grads, scale, epsilon, exclude, chunk
-        ctx.n_classes = n_classes
+        ctx.n_classes, ctx.dtype = n_classes, dtype
         return loss, nll
 
     @staticmethod
@@ -191,17 +193,17 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         h, weight, bias, target, keep_f, lse = ctx.saved_tensors
         grads, ctx.grads = ctx.grads, None  # freed with this backward, as saved tensors are
         if grads is None or bool((grad_nll != 0).any()):  # recompute, the NLL's own gradient included
-            grads = _Grads(h, weight, bias)
+            grads = _Grads(h, weight, bias, ctx.dtype)
             eps, q = ctx.epsilon, ctx.epsilon / ctx.n_classes
             for i in range(0, h.size(0), ctx.chunk):
                 t, k = target[i : i + ctx.chunk], keep_f[i : i + ctx.chunk, None]
-                p = _chunk_logits(h[i : i + ctx.chunk], weight, bias, ctx.scale)
+                p = _chunk_logits(h[i : i + ctx.chunk].to(ctx.dtype), grads.weight, bias, ctx.scale)
                 p = p.sub_(lse[i : i + ctx.chunk, None]).exp_()  # softmax
                 g = _smoothed_grad(p.clone(), t, eps, q, ctx.exclude).mul_(k * grad_loss)
                 g += _smoothed_grad(p, t, 0.0, 0.0, None).mul_(k * grad_nll)  # softmax − onehot
                 grads.add(i, g, h, ctx.scale)
             grad_loss = 1.0
-        return (*grads.result(h, weight, bias, grad_loss), None, None, None, None, None, None, None)
+        return (*grads.result(h, weight, bias, grad_loss), *[None] * 8)
 
 
 def _softmax_(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -229,10 +231,12 @@ def _smoothed_grad(p: Tensor, target: Tensor, epsilon: float, q: float, exclude:
 
 
 class _Grads:
-    """∂h, ∂W and ∂b accumulated chunk by chunk from ∂logits (float32, cast back at the end)."""
+    """∂h, ∂W and ∂b accumulated chunk by chunk from ∂logits (float32, cast back at the end); the
+    products ∂logits·W and ∂logitsᵀ·h run in ``dtype``."""
 
-    def __init__(self, h: Tensor, weight: Tensor, bias: Tensor | None):
-        self.weight = weight.float()  # once, not per chunk
+    def __init__(self, h: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
+        self.dtype = dtype
+        self.weight = weight.to(dtype)  # once, not per chunk
         self.h = torch.empty_like(h)
         self.w = torch.zeros_like(weight, dtype=torch.float32)
         self.b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
@@ -243,9 +247,14 @@ class _Grads:
             self.b += g.sum(0)
         if scale != 1.0:
             g.mul_(scale)
-        hc = h[i : i + g.size(0)].float()
-        self.h[i : i + g.size(0)] = (g @ self.weight).to(h.dtype)
-        self.w.addmm_(g.t(), hc)
+        hc = h[i : i + g.size(0)].to(self.dtype)
+        if self.dtype == torch.float32:
+            self.h[i : i + g.size(0)] = (g @ self.weight).to(h.dtype)
+            self.w.addmm_(g.t(), hc)
+        else:  # rounded as autocast rounds a layer's inputs; each chunk's ∂W is summed in float32
+            g = g.to(self.dtype)
+            self.h[i : i + g.size(0)] = (g @ self.weight).to(h.dtype)
+            self.w += g.t() @ hc
 
     def result(self, h: Tensor, weight: Tensor, bias: Tensor | None, factor) -> tuple:
         """(∂h, ∂W, ∂b) times ``factor`` (the incoming gradient of the summed loss)."""
@@ -255,9 +264,15 @@ class _Grads:
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float, out: Tensor | None = None):
     """(h Wᵀ) · scale + b in float32, written into ``out[:rows]`` when a buffer is given: the forward
-    reuses one (chunk, V) buffer for every chunk (a fresh one each time made the loss ≈ 15% slower)."""
+    reuses one (chunk, V) buffer for every chunk (a fresh one each time made the loss ≈ 15% slower).
+    h and W share a dtype; a bfloat16/float16 product (accumulated in float32 by the kernel) is
+    rounded to its dtype once, then widened."""
     out = None if out is None else out[: h.size(0)]
-    z = torch.mm(h.float(), weight.float().t(), out=out)
+    if h.dtype == torch.float32:
+        z = torch.mm(h, weight.t(), out=out)
+    else:
+        z = torch.mm(h, weight.t())
+        z = z.float() if out is None else out.copy_(z)
     if scale != 1.0:
         z.mul_(scale)
     return z if bias is None else z.add_(bias.float())
@@ -276,9 +291,12 @@ def linear_label_smoothed_nll_loss(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``label_smoothed_nll_loss((h Wᵀ)·scale + b, target, …)`` without materialising the logits.
 
-    ``chunk_bytes`` bounds the float32 logits held at once. Computed in float32 whatever the
-    autocast state: the loss is where precision matters (bfloat16 logits would be off by up to 2⁻⁹
-    of their size), even where bfloat16 products are faster, as on CPUs with AVX512_BF16.
+    ``chunk_bytes`` bounds the float32 logits held at once. The three matrix products follow
+    autocast, as an ``nn.Linear`` would: under bfloat16 autocast (``precision=bf16``) they take
+    bfloat16 inputs, so each logit is rounded to 2⁻⁹ of its size, as the logits of an autocast
+    output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
+    float32. On CPUs with AVX512_BF16 the products are most of this loss's time, and bfloat16 ones
+    run ≈ 3.5× as fast.
 
     Shape:
         h: (N, d_model), weight: (V, d_model), target: (N,) -> three scalars
@@ -287,8 +305,11 @@ def linear_label_smoothed_nll_loss(
     chunk = max(16, chunk_bytes // (4 * weight.size(0)))
     tensors = (h, weight) if bias is None else (h, weight, bias)
     want_grads = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)  # not in evaluation
-    with torch.autocast(h.device.type, enabled=False):
+    device = h.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    with torch.autocast(device, enabled=False):
         loss, nll = _LinearLabelSmoothedCE.apply(
-            h, weight, bias, target.clamp(min=0), keep, scale, epsilon, smoothing_exclude, chunk, want_grads
-        )
+            h, weight, bias, target.clamp(min=0), keep, scale, epsilon, smoothing_exclude, chunk, want_grads,
+            dtype,
+        )  # fmt: skip
     return loss, nll, keep.sum()

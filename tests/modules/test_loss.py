@@ -87,6 +87,37 @@ def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_by
             assert_close(f"linear label-smoothed ∂{name} vs autograd of the reference", a, r, 1e-4)
 
 
+@pytest.mark.parametrize("chunk_bytes", [8 << 20, 2000])
+def test_linear_loss_under_bf16_autocast_is_an_autocast_linear_then_the_float32_loss(chunk_bytes):
+    """Under bfloat16 autocast the fused loss is what an autocast ``F.linear`` (bfloat16 logits)
+    followed by the float32 reference loss gives, gradients included; not the float32 figures."""
+    torch.manual_seed(3)
+    h = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(50, 32, requires_grad=True)
+    target = torch.randint(1, 50, (64,))
+    target[::9] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = linear_label_smoothed_nll_loss(
+            h, w, target, 0.1, ignore_index=0, smoothing_exclude=0, chunk_bytes=chunk_bytes
+        )
+        logits = F.linear(h, w)  # (64, 50) bfloat16
+    assert logits.dtype == torch.bfloat16
+    ref = label_smoothed_nll_loss(logits.float(), target, 0.1, ignore_index=0, smoothing_exclude=0)
+    fp32 = label_smoothed_nll_loss(h @ w.T, target, 0.1, ignore_index=0, smoothing_exclude=0)
+    for a, r, f, name in zip(ours[:2], ref[:2], fp32[:2], ("loss", "NLL")):
+        assert abs(a.item() / r.item() - 1) < 1e-6, f"bf16 fused {name} {a.item()}, autocast: {r.item()}"
+        assert abs(a.item() / f.item() - 1) > 1e-5, f"the {name}'s products were not taken in bfloat16"
+    g_ours = torch.autograd.grad(ours[0], (h, w))
+    g_ref = torch.autograd.grad(ref[0], (h, w))
+    g_fp32 = torch.autograd.grad(fp32[0], (h, w))
+    for a, r, f, name in zip(g_ours, g_ref, g_fp32, ("h", "W")):
+        assert a.dtype == torch.float32
+        assert_close(f"bf16 fused ∂{name} vs autograd through the autocast linear (relative)",
+                     (a - r).norm() / r.norm(), torch.tensor(0.0), 5e-3)  # fmt: skip
+        error = ((a - f).norm() / f.norm()).item()
+        assert 1e-4 < error < 2e-2, f"∂{name}: relative error {error:.3g} against float32 (bfloat16: ≈ 4e-3)"
+
+
 def test_r_drop_loss_is_the_papers_equation_halved():
     """Liang et al. (2021) eq. 3, L = CE_a + CE_b + α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)), against
     F.cross_entropy and F.kl_div, with their gradients; returned halved (per pass)."""
