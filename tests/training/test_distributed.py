@@ -124,3 +124,17 @@ def test_sigterm_to_one_rank_stops_both_cleanly(corpus, tmp_path):
     err = _finish(proc, pids)
     assert "(SIGTERM)" in err
     assert _same_final_state(dump, run) >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("precision", "port"), [("bf16", 29543), ("auto", 29544)])
+def test_ranks_train_in_one_precision_and_stay_identical(corpus, tmp_path, precision, port):
+    """bf16 autocast under DistributedDataParallel keeps the ranks identical; with ``auto`` rank 0's
+    measurement decides for both, and only rank 0 reports it."""
+    dump, pids = tmp_path / "dump", tmp_path / "pids"
+    dump.mkdir(), pids.mkdir()
+    options = ["--dump-params", str(dump), "--pid-dir", str(pids)]
+    proc = _torchrun(corpus, tmp_path, port, options, "max_steps=4", "eval_every=4", f"precision={precision}")
+    err = _finish(proc, pids)
+    assert err.count("precision=auto chose") == (precision == "auto"), err[-3000:]
+    assert _same_final_state(dump, tmp_path / "run") == 4
