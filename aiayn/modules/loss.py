@@ -166,7 +166,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         nll = torch.zeros((), dtype=torch.float32, device=h.device)
         keep_f = keep.float()
         grads = _Grads(h, weight, bias, dtype) if want_grads else None
-        w = weight.to(dtype)  # once, not per chunk
+        w = weight.to(dtype) if grads is None else grads.weight  # converted once, not per chunk
         buffer = torch.empty(min(chunk, h.size(0)), weight.size(0), dtype=torch.float32, device=h.device)
         for i in range(0, h.size(0), chunk):
             z = _chunk_logits(h[i : i + chunk].to(dtype), w, bias, scale, buffer)  # (rows, V) float32
