@@ -278,6 +278,16 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float, 
     return z if bias is None else z.add_(bias.float())
 
 
+def _autocast_dtype(device: str) -> torch.dtype:
+    """The dtype autocast gives matrix products on ``device`` now; float32 where it is off. PyTorch
+    asks per device from 2.4 on; before (the package accepts 2.1), for the CPU and CUDA apart."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    if device == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else torch.float32
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else torch.float32
+
+
 def linear_label_smoothed_nll_loss(
     h: Tensor,
     weight: Tensor,
@@ -306,7 +316,7 @@ def linear_label_smoothed_nll_loss(
     tensors = (h, weight) if bias is None else (h, weight, bias)
     want_grads = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)  # not in evaluation
     device = h.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    dtype = _autocast_dtype(device)
     with torch.autocast(device, enabled=False):
         loss, nll = _LinearLabelSmoothedCE.apply(
             h, weight, bias, target.clamp(min=0), keep, scale, epsilon, smoothing_exclude, chunk, want_grads,
