@@ -169,7 +169,8 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         w = weight.to(dtype) if grads is None else grads.weight  # converted once, not per chunk
         buffer = torch.empty(min(chunk, h.size(0)), weight.size(0), dtype=torch.float32, device=h.device)
         for i in range(0, h.size(0), chunk):
-            z = _chunk_logits(h[i : i + chunk].to(dtype), w, bias, scale, buffer)  # (rows, V) float32
+            hc = h[i : i + chunk].to(dtype)  # (rows, d_model), the products' dtype
+            z = _chunk_logits(hc, w, bias, scale, buffer)  # (rows, V) float32
             t = target[i : i + chunk]
             z_y = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
             z_sum = z.sum(-1) - (z[:, exclude] if exclude is not None else 0.0)
@@ -181,7 +182,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             nll += (nll_c * keep_f[i : i + chunk]).sum()
             if grads is not None:  # z becomes softmax − q in place: ∂loss/∂logits
                 g = _smoothed_grad(p, t, epsilon, epsilon / n_classes, exclude)
-                grads.add(i, g.mul_(keep_f[i : i + chunk, None]), h, scale)
+                grads.add(i, g.mul_(keep_f[i : i + chunk, None]), hc, scale)
         ctx.save_for_backward(h, weight, bias, target, keep_f, lse)
         ctx.grads, ctx.scale, ctx.epsilon, ctx.exclude, ctx.chunk = grads, scale, epsilon, exclude, chunk
         ctx.n_classes, ctx.dtype = n_classes, dtype
@@ -197,11 +198,12 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             eps, q = ctx.epsilon, ctx.epsilon / ctx.n_classes
             for i in range(0, h.size(0), ctx.chunk):
                 t, k = target[i : i + ctx.chunk], keep_f[i : i + ctx.chunk, None]
-                p = _chunk_logits(h[i : i + ctx.chunk].to(ctx.dtype), grads.weight, bias, ctx.scale)
+                hc = h[i : i + ctx.chunk].to(ctx.dtype)
+                p = _chunk_logits(hc, grads.weight, bias, ctx.scale)
                 p = p.sub_(lse[i : i + ctx.chunk, None]).exp_()  # softmax
                 g = _smoothed_grad(p.clone(), t, eps, q, ctx.exclude).mul_(k * grad_loss)
                 g += _smoothed_grad(p, t, 0.0, 0.0, None).mul_(k * grad_nll)  # softmax − onehot
-                grads.add(i, g, h, ctx.scale)
+                grads.add(i, g, hc, ctx.scale)
             grad_loss = 1.0
         return (*grads.result(h, weight, bias, grad_loss), *[None] * 8)
 
@@ -241,19 +243,17 @@ class _Grads:
         self.w = torch.zeros_like(weight, dtype=torch.float32)
         self.b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
 
-    def add(self, i: int, g: Tensor, h: Tensor, scale: float) -> None:
-        """Rows i … i + len(g) of ∂logits (rows, V)."""
+    def add(self, i: int, g: Tensor, hc: Tensor, scale: float) -> None:
+        """Rows i … i + len(g) of ∂logits (rows, V), with those rows of h in ``dtype`` (``hc``)."""
         if self.b is not None:
             self.b += g.sum(0)
         if scale != 1.0:
             g.mul_(scale)
-        hc = h[i : i + g.size(0)].to(self.dtype)
+        g = g.to(self.dtype)  # rounded as autocast rounds a layer's inputs (float32: no copy)
+        self.h[i : i + g.size(0)] = (g @ self.weight).to(self.h.dtype)
         if self.dtype == torch.float32:
-            self.h[i : i + g.size(0)] = (g @ self.weight).to(h.dtype)
             self.w.addmm_(g.t(), hc)
-        else:  # rounded as autocast rounds a layer's inputs; each chunk's ∂W is summed in float32
-            g = g.to(self.dtype)
-            self.h[i : i + g.size(0)] = (g @ self.weight).to(h.dtype)
+        else:  # addmm_ wants one dtype: each chunk's ∂W is summed in float32
             self.w += g.t() @ hc
 
     def result(self, h: Tensor, weight: Tensor, bias: Tensor | None, factor) -> tuple:
