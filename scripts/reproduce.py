@@ -7,7 +7,8 @@
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
 keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} (or, with
 ``--ensemble K``, the ensemble of the last K checkpoints with beam search) scores higher BLEU on
-the *validation* set (never the test set), then translate test2016 with that choice and score it
+the *validation* set (never the test set), try that choice again with a length penalty of 1.0
+besides 0.6 (``--lenpen``), then translate test2016 with the better and score it
 with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
 earlier run's directory again (e.g. after the evaluation changed). Language model: train, then the
 validation loss over the whole split.
@@ -23,6 +24,7 @@ Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evalua
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -132,35 +134,56 @@ def candidates(run_dir: Path, args: argparse.Namespace) -> tuple[dict[str, Trans
     return translators, averaged, ensembled
 
 
+def choose_on_validation(
+    translators: dict, decodings: dict[str, SearchConfig], lenpens: list[float], srcs: list, refs: list
+) -> tuple[dict, str, str, SearchConfig]:
+    """The (model, decoding) pair with the highest validation BLEU — ensembles with beam search only
+    — and then, for that pair alone, the length penalty among ``lenpens`` (the decodings carry the
+    first). Trying every length penalty with every pair would cost minutes of the hour; on three
+    en→de runs α = 1.0 added 0.25–0.30 to the chosen pair's 0.6 (docs/results.md).
+    Returns ``({"model/decoding[ lenpen=α]": BLEU}, model, decoding, its search config)``."""
+    pairs = [(k, d) for k in translators for d in decodings if not k.startswith("ensemble") or d == "beam"]
+    choice = {f"{k}/{d}": score(translators[k].translate(srcs, decodings[d]), refs)[0]["bleu"]
+              for k, d in pairs}  # fmt: skip
+    chosen, decoding = max(choice, key=choice.get).rsplit("/", 1)
+    best, search = choice[f"{chosen}/{decoding}"], decodings[decoding]
+    for alpha in lenpens[1:]:
+        config = dataclasses.replace(decodings[decoding], lenpen=alpha)
+        bleu = score(translators[chosen].translate(srcs, config), refs)[0]["bleu"]
+        choice[f"{chosen}/{decoding} lenpen={alpha}"] = bleu
+        if bleu > best:
+            best, search = bleu, config
+    return choice, chosen, decoding, search
+
+
 def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     """Choose checkpoint and decoding on the validation set, then score test2016 with that choice.
 
     Checkpoints: the best one, the average of the last ``--average`` and, with ``--ensemble K``,
     an ensemble of the last K (their probabilities averaged at every step). Decodings:
-    beam search (``--beam``, ``--lenpen``) and, with ``--mbr-beam K``, minimum Bayes risk (sentence
-    BLEU) over a beam of K's hypotheses — for the single models only: over an ensemble it would cost
-    more minutes of the hour. Minimum Bayes risk is off by default since 2026-11-25: in the three runs
-    where it won on validation (by 0.06–0.71), it lost 0.54–1.20 on test against beam search on the
-    same checkpoint (docs/results.md). The test set is decoded once, with the pair that scored highest.
+    beam search (``--beam``, the first ``--lenpen``) and, with ``--mbr-beam K``, minimum Bayes risk
+    (sentence BLEU) over a beam of K's hypotheses — for the single models only: over an ensemble it
+    would cost more minutes of the hour. Minimum Bayes risk is off by default since 2026-11-25: in the
+    three runs where it won on validation (by 0.06–0.71), it lost 0.54–1.20 on test against beam
+    search on the same checkpoint (docs/results.md). Then the pair that scored highest is decoded again
+    with each further ``--lenpen`` (``choose_on_validation``), and the test set is decoded once, with
+    the best of these.
     """
     t0 = time.time()
     translators, paths, members = candidates(run_dir, args)
-    decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen)}
+    decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen[0])}
     if args.mbr_beam:
-        decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen, mbr="bleu")
-    pairs = [(k, d) for k in translators for d in decodings if not k.startswith("ensemble") or d == "beam"]
+        decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen[0], mbr="bleu")
     srcs, refs = sources_and_references(cfg, "valid")
-    choice = {f"{k}/{d}": score(translators[k].translate(srcs, decodings[d]), refs)[0]["bleu"]
-              for k, d in pairs}  # fmt: skip
-    chosen, decoding = max(choice, key=choice.get).rsplit("/", 1)
+    choice, chosen, decoding, search = choose_on_validation(translators, decodings, args.lenpen, srcs, refs)
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")
-    hyps = translators[chosen].translate(srcs, decodings[decoding])
+    hyps = translators[chosen].translate(srcs, search)
     scores, signatures = score(hyps, refs, cfg.tgt_lang)  # with the tokenized BLEU of papers
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding,
             "averaged": [str(p.relative_to(run_dir)) for p in paths],
-            "ensembled": [p.name for p in members], "beam": decodings[decoding].beam, "lenpen": args.lenpen,
-            "mbr": decodings[decoding].mbr, "test": scores, "signatures": signatures,
+            "ensembled": [p.name for p in members], "beam": search.beam, "lenpen": search.lenpen,
+            "mbr": search.mbr, "test": scores, "signatures": signatures,
             "test_decode_seconds": round(time.time() - t1, 1),
             "examples": [{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])],
             "evaluation_minutes": round((time.time() - t0) / 60, 2)}  # fmt: skip
@@ -174,7 +197,9 @@ def main() -> int:
     ensemble = "last checkpoints decoded as one ensemble, also tried on validation (default 0: none)"
     ap.add_argument("--ensemble", type=int, default=0, help=ensemble)
     ap.add_argument("--beam", type=int, default=5)
-    ap.add_argument("--lenpen", type=float, default=0.6)
+    ap.add_argument("--lenpen", type=float, nargs="+", default=[0.6, 1.0],
+                    help="length penalties α: the first for every candidate, the others tried on the "
+                    "validation set's choice only (default: 0.6 1.0)")  # fmt: skip
     mbr = "beam of a minimum-Bayes-risk decoding also tried on validation, e.g. 10 (default 0: none)"
     ap.add_argument("--mbr-beam", type=int, default=0, help=mbr)
     ap.add_argument("--evaluate-only", action="store_true",

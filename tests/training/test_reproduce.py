@@ -77,3 +77,42 @@ def test_member_dirs_sort_by_number(tmp_path):
     for k in (10, 2, 1):
         (tmp_path / f"member-{k}").mkdir()
     assert [d.name for d in reproduce.member_dirs(tmp_path)] == ["member-1", "member-2", "member-10"]
+
+
+class FakeTranslator:
+    """Translates every source to a prefix of the reference chosen by its quality and the search's
+    length penalty, and records the searches it ran."""
+
+    def __init__(self, quality: dict[float, int]):
+        self.quality, self.searches = quality, []
+
+    def translate(self, srcs, config):
+        self.searches.append((config.beam, config.lenpen, config.mbr))
+        n = self.quality[config.lenpen]
+        return [" ".join(REFERENCE.split()[:n]) for _ in srcs]
+
+
+REFERENCE = "a man in a blue shirt is standing on a ladder and cleaning a window"
+
+
+@pytest.mark.parametrize("better_alpha, expect_alpha", [(1.0, 1.0), (0.6, 0.6)])
+def test_the_length_penalty_is_chosen_on_validation_for_the_chosen_pair_only(better_alpha, expect_alpha):
+    from aiayn.decoding.options import SearchConfig
+
+    reproduce = load_script()
+    winner = FakeTranslator({0.6: 10, 1.0: 13} if better_alpha == 1.0 else {0.6: 13, 1.0: 10})
+    loser = FakeTranslator({0.6: 6, 1.0: 14})  # better with 1.0, but never asked: it lost at 0.6
+    translators = {"best": loser, "ensemble of best": winner}
+    decodings = {"beam": SearchConfig(beam=5, lenpen=0.6), "mbr": SearchConfig(10, lenpen=0.6, mbr="bleu")}
+    srcs, refs = ["x"] * 3, [REFERENCE] * 3
+
+    choice, chosen, decoding, search = reproduce.choose_on_validation(
+        translators, decodings, [0.6, 1.0], srcs, refs
+    )
+
+    assert (chosen, decoding, search.lenpen, search.beam) == ("ensemble of best", "beam", expect_alpha, 5)
+    tried = ["best/beam", "best/mbr", "ensemble of best/beam", "ensemble of best/beam lenpen=1.0"]
+    assert sorted(choice) == tried
+    assert winner.searches == [(5, 0.6, None), (5, 1.0, None)]  # an ensemble: beam search only
+    assert loser.searches == [(5, 0.6, None), (10, 0.6, "bleu")]
+    assert choice["ensemble of best/beam lenpen=1.0"] != choice["ensemble of best/beam"]
