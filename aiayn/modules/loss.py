@@ -149,40 +149,48 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
     """Output projection and label-smoothed loss together, over chunks of rows.
 
     logits = (h Wᵀ) · scale + b are never stored whole: each (rows, V) chunk is formed, reduced to
-    its loss terms and, when a gradient will be needed, at once turned into softmax − q and
+    its loss terms and, when a gradient will be needed, at once turned into ∂loss/∂logits and
     multiplied out into ∂loss/∂h, ∂W and ∂b while it is still in cache; the backward then only scales
     those by the incoming gradient. Memory for the loss drops from O(N·V) to O(chunk·V), and the
     projection costs three matrix products, as with stored logits (the "cut cross-entropy" idea).
     The products run in ``dtype`` (float32, or autocast's bfloat16/float16); everything between
     them (softmax, loss terms, ∂logits) is float32. The rare backward through the summed NLL (never
     taken in training), or a second backward through a retained graph, recomputes the chunks.
+
+    Each chunk takes few passes over its (rows, V) values, since on the CPU these passes cost as much
+    as the products once the products run in bfloat16: one sum, one max, PyTorch's softmax in place
+    (one kernel, faster than its own ``exp``), one more max for log Σ exp, and the target's −(1 − ε).
+    The smoothing's uniform −q in ∂loss/∂logits is a rank-one term and is added once, at the end
+    (``_Grads``). ``keep`` is None when every row is a target (the models pass real targets only).
     """
 
     @staticmethod
     def forward(ctx, h, weight, bias, target, keep, scale, epsilon, exclude, chunk, want_grads, dtype):
         n_classes = weight.size(0) - (exclude is not None)
+        q = epsilon / n_classes
         lse = torch.empty(h.size(0), dtype=torch.float32, device=h.device)
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         nll = torch.zeros((), dtype=torch.float32, device=h.device)
-        keep_f = keep.float()
-        grads = _Grads(h, weight, bias, dtype) if want_grads else None
+        keep_f = None if keep is None else keep.float()
+        grads = _Grads(h, weight, bias, dtype, q, exclude, keep_f) if want_grads else None
         w = weight.to(dtype) if grads is None else grads.weight  # converted once, not per chunk
         buffer = torch.empty(min(chunk, h.size(0)), weight.size(0), dtype=torch.float32, device=h.device)
         for i in range(0, h.size(0), chunk):
             hc = h[i : i + chunk].to(dtype)  # (rows, d_model), the products' dtype
             z = _chunk_logits(hc, w, bias, scale, buffer)  # (rows, V) float32
             t = target[i : i + chunk]
+            k = None if keep_f is None else keep_f[i : i + chunk]
             z_y = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
             z_sum = z.sum(-1) - (z[:, exclude] if exclude is not None else 0.0)
             p, lse_c = _softmax_(z)  # z is overwritten
             nll_c = lse_c - z_y
             loss_c = nll_c + epsilon * (z_y - z_sum / n_classes)
             lse[i : i + chunk] = lse_c
-            loss += (loss_c * keep_f[i : i + chunk]).sum()
-            nll += (nll_c * keep_f[i : i + chunk]).sum()
-            if grads is not None:  # z becomes softmax − q in place: ∂loss/∂logits
-                g = _smoothed_grad(p, t, epsilon, epsilon / n_classes, exclude)
-                grads.add(i, g.mul_(keep_f[i : i + chunk, None]), hc, scale)
+            loss += loss_c.sum() if k is None else loss_c @ k
+            nll += nll_c.sum() if k is None else nll_c @ k
+            if grads is not None:  # z becomes softmax − (1 − ε)·onehot in place: ∂loss/∂logits + q
+                g = _smoothed_grad(p, t, epsilon, 0.0, None)
+                grads.add(i, g if k is None else g.mul_(k[:, None]), hc)
         ctx.save_for_backward(h, weight, bias, target, keep_f, lse)
         ctx.grads, ctx.scale, ctx.epsilon, ctx.exclude, ctx.chunk = grads, scale, epsilon, exclude, chunk
         ctx.n_classes, ctx.dtype = n_classes, dtype
@@ -197,27 +205,30 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             grads = _Grads(h, weight, bias, ctx.dtype)
             eps, q = ctx.epsilon, ctx.epsilon / ctx.n_classes
             for i in range(0, h.size(0), ctx.chunk):
-                t, k = target[i : i + ctx.chunk], keep_f[i : i + ctx.chunk, None]
+                t = target[i : i + ctx.chunk]
+                k = 1.0 if keep_f is None else keep_f[i : i + ctx.chunk, None]
                 hc = h[i : i + ctx.chunk].to(ctx.dtype)
                 p = _chunk_logits(hc, grads.weight, bias, ctx.scale)
                 p = p.sub_(lse[i : i + ctx.chunk, None]).exp_()  # softmax
                 g = _smoothed_grad(p.clone(), t, eps, q, ctx.exclude).mul_(k * grad_loss)
                 g += _smoothed_grad(p, t, 0.0, 0.0, None).mul_(k * grad_nll)  # softmax − onehot
-                grads.add(i, g, hc, ctx.scale)
+                grads.add(i, g, hc)
             grad_loss = 1.0
-        return (*grads.result(h, weight, bias, grad_loss), *[None] * 8)
+        return (*grads.result(h, weight, bias, grad_loss, ctx.scale), *[None] * 8)
 
 
 def _softmax_(z: Tensor) -> tuple[Tensor, Tensor]:
-    """softmax(z) in place, and log Σ exp z per row: one exp pass over the chunk, with no
-    temporaries (``torch.logsumexp`` makes a shifted copy, then ``exp`` would run again).
+    """softmax(z) in place, and log Σ exp z per row. PyTorch's softmax kernel writes its output
+    over its input safely (each element is read before it is written) and takes one cached pass
+    per row; its largest output is exp(0) / Σ exp(z − max) exactly, so log Σ exp z = max − log of
+    it, with no extra exponential pass (``torch.logsumexp`` makes a shifted copy and exponentiates).
 
     Shape:
         z: (rows, V) -> softmax (rows, V) (z itself), lse (rows,)
     """
-    top = z.amax(-1, keepdim=True)  # (rows, 1), for stability
-    total = z.sub_(top).exp_().sum(-1, keepdim=True)  # (rows, 1)
-    return z.div_(total), (top + total.log()).squeeze(-1)
+    top = z.amax(-1)  # (rows,)
+    p = torch.softmax(z, -1, out=z)
+    return p, top - p.amax(-1).log()
 
 
 def _smoothed_grad(p: Tensor, target: Tensor, epsilon: float, q: float, exclude: int | None) -> Tensor:
@@ -234,31 +245,49 @@ def _smoothed_grad(p: Tensor, target: Tensor, epsilon: float, q: float, exclude:
 
 class _Grads:
     """∂h, ∂W and ∂b accumulated chunk by chunk from ∂logits (float32, cast back at the end); the
-    products ∂logits·W and ∂logitsᵀ·h run in ``dtype``."""
+    products ∂logits·W and ∂logitsᵀ·h run in ``dtype``.
 
-    def __init__(self, h: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
-        self.dtype = dtype
+    With ``q``, the chunks come without the smoothing's −q on every column but ``exclude`` (of every
+    kept row: ``keep``, None for all): that term is u·kᵀ with u the columns' indicator and k the
+    rows', so its share of ∂h is −q·k (uᵀW), of ∂W −q·u (kᵀh) and of ∂b −q·u Σk; ``result`` adds
+    them, and no pass over the chunks is spent on it."""
+
+    def __init__(self, h, weight, bias, dtype, q: float = 0.0, exclude=None, keep: Tensor | None = None):
+        self.dtype, self.q, self.exclude, self.keep = dtype, q, exclude, keep
         self.weight = weight.to(dtype)  # once, not per chunk
         self.h = torch.empty_like(h)
         self.w = torch.zeros_like(weight, dtype=torch.float32)
         self.b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        self.h_sum = torch.zeros(h.size(1), dtype=torch.float32, device=h.device)  # kᵀh
 
-    def add(self, i: int, g: Tensor, hc: Tensor, scale: float) -> None:
+    def add(self, i: int, g: Tensor, hc: Tensor) -> None:
         """Rows i … i + len(g) of ∂logits (rows, V), with those rows of h in ``dtype`` (``hc``)."""
         if self.b is not None:
             self.b += g.sum(0)
-        if scale != 1.0:
-            g.mul_(scale)
         g = g.to(self.dtype)  # rounded as autocast rounds a layer's inputs (float32: no copy)
         self.h[i : i + g.size(0)] = (g @ self.weight).to(self.h.dtype)
         if self.dtype == torch.float32:
             self.w.addmm_(g.t(), hc)
         else:  # addmm_ wants one dtype: each chunk's ∂W is summed in float32
             self.w += g.t() @ hc
+        if self.q:
+            k = None if self.keep is None else self.keep[i : i + g.size(0)]
+            self.h_sum += hc.float().sum(0) if k is None else k @ hc.float()
 
-    def result(self, h: Tensor, weight: Tensor, bias: Tensor | None, factor) -> tuple:
-        """(∂h, ∂W, ∂b) times ``factor`` (the incoming gradient of the summed loss)."""
-        g_h, g_w = self.h * factor, (self.w * factor).to(weight.dtype)
+    def result(self, h: Tensor, weight: Tensor, bias: Tensor | None, factor, scale: float) -> tuple:
+        """(∂h, ∂W, ∂b) times ``factor`` (the incoming gradient of the summed loss); ∂h and ∂W also
+        times the logits' ``scale``."""
+        if self.q:
+            u = torch.ones(weight.size(0), dtype=torch.float32, device=h.device)  # (V,)
+            if self.exclude is not None:
+                u[self.exclude] = 0.0
+            w_u = u @ self.weight.float()  # (d_model,) uᵀW
+            k = torch.ones(h.size(0), device=h.device) if self.keep is None else self.keep
+            self.h.addr_(k.to(self.h.dtype), w_u.to(self.h.dtype), alpha=-self.q)
+            self.w.addr_(u, self.h_sum, alpha=-self.q)
+            if self.b is not None:
+                self.b.add_(u, alpha=-self.q * float(k.sum()))
+        g_h, g_w = self.h * (factor * scale), (self.w * (factor * scale)).to(weight.dtype)
         return g_h, g_w, None if self.b is None else (self.b * factor).to(bias.dtype)
 
 
@@ -311,7 +340,7 @@ def linear_label_smoothed_nll_loss(
     Shape:
         h: (N, d_model), weight: (V, d_model), target: (N,) -> three scalars
     """
-    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
+    keep = None if ignore_index is None else target != ignore_index
     chunk = max(16, chunk_bytes // (4 * weight.size(0)))
     tensors = (h, weight) if bias is None else (h, weight, bias)
     want_grads = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)  # not in evaluation
@@ -322,4 +351,5 @@ def linear_label_smoothed_nll_loss(
             h, weight, bias, target.clamp(min=0), keep, scale, epsilon, smoothing_exclude, chunk, want_grads,
             dtype,
         )  # fmt: skip
-    return loss, nll, keep.sum()
+    count = torch.tensor(target.numel(), device=target.device) if keep is None else keep.sum()
+    return loss, nll, count

@@ -57,10 +57,10 @@ def test_bf16_logits_are_scored_in_float32():
 
 
 @pytest.mark.parametrize(
-    ("bias", "scale", "chunk_bytes", "exclude"),
-    [(False, 1.0, 4 << 20, 0), (True, 0.25, 200, 0), (False, 1.0, 200, None)],
+    ("bias", "scale", "chunk_bytes", "exclude", "ignore"),
+    [(False, 1.0, 4 << 20, 0, 0), (True, 0.25, 200, 0, 0), (False, 1.0, 200, None, 0), (True, 0.5, 200, 3, None)],
 )
-def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_bytes, exclude):
+def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_bytes, exclude, ignore):
     torch.manual_seed(1)
     h = torch.randn(53, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(19, 8, dtype=torch.float64, requires_grad=True)
@@ -68,15 +68,15 @@ def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_by
     target = torch.randint(0, 19, (53,))
     target[::7] = 0
     logits = h @ w.T * scale + (b if bias else 0)
-    ref = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, smoothing_exclude=exclude)
+    ref = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=ignore, smoothing_exclude=exclude)
     ours = linear_label_smoothed_nll_loss(
-        h, w, target, 0.1, b, scale, ignore_index=0, smoothing_exclude=exclude, chunk_bytes=chunk_bytes
+        h, w, target, 0.1, b, scale, ignore_index=ignore, smoothing_exclude=exclude, chunk_bytes=chunk_bytes
     )
     for a, r, name in zip(ours, ref, ("loss", "nll", "count")):
         assert_close(f"linear label-smoothed {name} vs projection + reference", a.double(), r.double(), 1e-4)
     with torch.no_grad():  # evaluation: no gradients formed in the forward, the same figures
         again = linear_label_smoothed_nll_loss(
-            h, w, target, 0.1, b, scale, ignore_index=0, smoothing_exclude=exclude, chunk_bytes=chunk_bytes
+            h, w, target, 0.1, b, scale, ignore_index=ignore, smoothing_exclude=exclude, chunk_bytes=chunk_bytes
         )
     assert all(torch.equal(a, o) for a, o in zip(again, ours))
     inputs = (h, w, b) if bias else (h, w)
