@@ -80,8 +80,8 @@ def test_linear_loss_equals_projection_then_reference_loss(bias, scale, chunk_by
     for a, r, name in zip(ours, ref, ("loss", "nll", "count")):
         assert_close(f"linear label-smoothed {name} vs projection + reference", a.double(), r.double(), 1e-4)
     with torch.no_grad():  # evaluation: no gradients formed in the forward, the same figures
-        again = linear_label_smoothed_nll_loss(h, w, target, 0.1, b, scale, ignore_index=ignore,
-                                               smoothing_exclude=exclude, chunk_bytes=chunk_bytes)  # fmt: skip
+        options = dict(ignore_index=ignore, smoothing_exclude=exclude, chunk_bytes=chunk_bytes)
+        again = linear_label_smoothed_nll_loss(h, w, target, 0.1, b, scale, **options)
     assert all(torch.equal(a, o) for a, o in zip(again, ours))
     inputs = (h, w, b) if bias else (h, w)
     for combo in ((1.0, 0.0), (0.5, 2.0), (3.0, 0.0)):  # gradients from the forward, recomputed, reused
