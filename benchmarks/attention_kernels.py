@@ -6,18 +6,22 @@ more than one query, and calls ``F.scaled_dot_product_attention`` otherwise. Thi
 paths on Transformer-tiny shapes (4 heads of 32, a 4,096-token batch: B = 4096 / T sentences, a
 padding mask in the encoder and a look-ahead mask in the decoder), forward + backward and forward
 only, so the threshold can be checked on any machine. Reported: milliseconds (best of 5 repeats of 5
-calls) and the fused/explicit ratio (> 1: the explicit products are faster).
+calls) and the fused/explicit ratio (> 1: the explicit products are faster). ``--precision bf16``
+takes bfloat16 queries, keys and values under bf16 autocast, as a model trained with
+``precision=bf16`` hands them over (the threshold is per dtype: ``EXPLICIT_MAX_KEYS``).
 
 It also times the explicit path's softmax alone by row length ("softmax_rows"): PyTorch's
 ``softmax(dim=-1)`` against ``attention.softmax_last``, which pads rows shorter than one SIMD
 vector (``SOFTMAX_MIN_ROW``) with −∞ because PyTorch's CPU kernel is slow on them.
 
     python benchmarks/attention_kernels.py --threads 2 --json results/bench-attention-kernels.json
+    python benchmarks/attention_kernels.py --threads 1 --precision bf16 --softmax-lengths
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -37,15 +41,18 @@ def fused(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def best_ms(fn, inputs: tuple, grad: torch.Tensor | None, repeat: int = 5, calls: int = 5) -> float:
-    """Milliseconds per call of ``fn(*inputs)``, with ``.backward(grad)`` unless grad is None."""
+def best_ms(fn, inputs: tuple, grad: torch.Tensor | None, repeat: int = 5, calls: int = 5, amp=None) -> float:
+    """Milliseconds per call of ``fn(*inputs)``, with ``.backward(grad)`` unless grad is None, under
+    the autocast context ``amp`` if one is given."""
 
     def once():
-        if grad is None:
-            with torch.no_grad():
-                fn(*inputs)
-        else:
-            fn(*inputs).backward(grad)
+        with amp or contextlib.nullcontext():
+            if grad is None:
+                with torch.no_grad():
+                    fn(*inputs)
+                return
+            out = fn(*inputs)
+        out.backward(grad)
 
     for _ in range(3):
         once()
@@ -64,11 +71,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--softmax-lengths", type=int, nargs="*", default=[4, 8, 12, 13, 15, 16, 20, 32])
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else None
     rows = []
     for length in args.lengths:
         b = max(args.tokens // (length + 1), 8)
@@ -79,10 +89,10 @@ def main() -> None:
                 lens = torch.randint(max(1, length - 4), length + 1, (b,))
                 mask = (torch.arange(length)[None] < lens[:, None])[:, None, None, :]
             for backward in (True, False):
-                q, k, v = (torch.randn(b, 4, length, 32, requires_grad=backward) for _ in range(3))
-                grad = torch.randn(b, 4, length, 32) if backward else None
-                t = {name: best_ms(fn, (q, k, v, mask), grad) for name, fn in (("explicit", explicit),
-                                                                               ("fused", fused))}  # fmt: skip
+                q, k, v = (torch.randn(b, 4, length, 32, dtype=dtype, requires_grad=backward) for _ in range(3))
+                grad = torch.randn(b, 4, length, 32, dtype=dtype) if backward else None
+                t = {name: best_ms(fn, (q, k, v, mask), grad, amp=amp)
+                     for name, fn in (("explicit", explicit), ("fused", fused))}  # fmt: skip
                 row = {"keys": length, "batch": b, "mask": kind, "pass": "fwd+bwd" if backward else "fwd",
                        "explicit_ms": round(t["explicit"], 2), "fused_ms": round(t["fused"], 2),
                        "fused_over_explicit": round(t["fused"] / t["explicit"], 2)}  # fmt: skip
@@ -98,6 +108,7 @@ def main() -> None:
         softmax_rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"machine": f"{machine()}, {torch.get_num_threads()} threads", "torch": torch.__version__,
+              "precision": args.precision,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "softmax_min_row": attention.SOFTMAX_MIN_ROW,
               "rows": rows, "softmax_rows": softmax_rows}  # fmt: skip

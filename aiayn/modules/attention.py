@@ -47,10 +47,18 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 # results/bench-attention-kernels*.json). A single query (a decoding step) keeps the fused kernel,
 # which is as fast there and faster for few keys.
 EXPLICIT_MAX_KEYS = 40
+# Training in bfloat16 (autocast) moves the crossover far out: the fused kernel's backward is slow in
+# bfloat16 on the CPU, and forward + backward took 2.6–6.9× the explicit products' time at 20–128
+# keys, 1.1–1.5× at 256 and about the same at 512, with one thread or two (AMD VM with AVX512_BF16,
+# results/bench-attention-kernels-bf16*.json). Without gradients the float32 threshold holds.
+EXPLICIT_MAX_KEYS_BF16_TRAINING = 256
 
 
 def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
-    return q.device.type == "cpu" and q.size(-2) > 1 and k.size(-2) <= EXPLICIT_MAX_KEYS
+    if q.device.type != "cpu" or q.size(-2) == 1:
+        return False
+    bf16_training = q.dtype == torch.bfloat16 and torch.is_grad_enabled() and q.requires_grad
+    return k.size(-2) <= (EXPLICIT_MAX_KEYS_BF16_TRAINING if bf16_training else EXPLICIT_MAX_KEYS)
 
 
 def _simd_floats() -> int:

@@ -16,7 +16,8 @@ from tests.helpers import assert_close, copy_mha, random_mask
 @pytest.fixture(params=["fused", "explicit"])
 def kernel(request, monkeypatch):
     """Run a test with each path: the threshold on the number of keys forces one or the other."""
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0 if request.param == "fused" else 1 << 30)
+    for name in ("EXPLICIT_MAX_KEYS", "EXPLICIT_MAX_KEYS_BF16_TRAINING"):
+        monkeypatch.setattr(attention, name, 0 if request.param == "fused" else 1 << 30)
     return request.param
 
 
@@ -104,6 +105,27 @@ def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query
         q, k = torch.randn(2, 3, t_q, 8), torch.randn(2, 3, t_k, 8)
         out, _ = scaled_dot_product_attention(q, k, k)
         assert_close(f"attention {t_q}×{t_k} vs F.scaled_dot_product_attention", out, fused(q, k, k))
+        assert len(calls) == expected
+
+
+def test_bf16_training_takes_the_explicit_products_up_to_its_own_threshold(monkeypatch):
+    """With gradients in bfloat16 the fused kernel's backward is slow on the CPU: the explicit
+    products run up to EXPLICIT_MAX_KEYS_BF16_TRAINING keys; without gradients, the float32 rule."""
+    calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or fused(*a, **kw)
+    )
+    within, beyond = attention.EXPLICIT_MAX_KEYS + 1, attention.EXPLICIT_MAX_KEYS_BF16_TRAINING + 1
+    # (keys, dtype, gradients) -> calls of the fused kernel so far
+    cases = [(within, torch.bfloat16, True, 0), (within, torch.bfloat16, False, 1),
+             (within, torch.float32, True, 2), (beyond, torch.bfloat16, True, 3)]  # fmt: skip
+    for t_k, dtype, grad, expected in cases:
+        q = torch.randn(2, 3, 4, 8, dtype=dtype, requires_grad=grad)
+        k = torch.randn(2, 3, t_k, 8, dtype=dtype, requires_grad=grad)
+        out, _ = scaled_dot_product_attention(q, k, k)
+        assert_close(f"bf16={dtype == torch.bfloat16} grad={grad} attention {t_k} keys vs the kernel",
+                     out.float(), fused(q, k, k).float(), 2e-2)  # fmt: skip
         assert len(calls) == expected
 
 
