@@ -89,8 +89,9 @@ def main() -> None:
                 lens = torch.randint(max(1, length - 4), length + 1, (b,))
                 mask = (torch.arange(length)[None] < lens[:, None])[:, None, None, :]
             for backward in (True, False):
-                q, k, v = (torch.randn(b, 4, length, 32, dtype=dtype, requires_grad=backward) for _ in range(3))
-                grad = torch.randn(b, 4, length, 32, dtype=dtype) if backward else None
+                shape = (b, 4, length, 32)  # Transformer-tiny: 4 heads of 32
+                q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=backward) for _ in range(3))
+                grad = torch.randn(shape, dtype=dtype) if backward else None
                 t = {name: best_ms(fn, (q, k, v, mask), grad, amp=amp)
                      for name, fn in (("explicit", explicit), ("fused", fused))}  # fmt: skip
                 row = {"keys": length, "batch": b, "mask": kind, "pass": "fwd+bwd" if backward else "fwd",
