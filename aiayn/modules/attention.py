@@ -71,19 +71,24 @@ def _simd_floats() -> int:
 # cost 13–16× more per element than rows of 16, forward and backward. Most Multi30k sentences are
 # shorter than 16 pieces, so short rows are padded with −∞ (probability 0) to one vector and the
 # padding is sliced off again (benchmarks/attention_kernels.py measures both, "softmax_rows").
+# A vector holds twice as many bfloat16 (or float16) values, and so their rows are padded to twice
+# the length: under bf16 autocast the scores are bfloat16, and there rows of 8–31 keys took 1.6–3.9×
+# the time of rows padded to 32, forward and backward (one thread, AMD VM; float32 rows of 16: 1×).
 SOFTMAX_MIN_ROW = _simd_floats()
 
 
 def softmax_last(scores: Tensor) -> Tensor:
-    """``scores.softmax(dim=-1)``, computed over rows padded to ``SOFTMAX_MIN_ROW`` on the CPU.
+    """``scores.softmax(dim=-1)``, computed over rows padded to one SIMD vector on the CPU
+    (``SOFTMAX_MIN_ROW`` values, twice that for 2-byte dtypes).
 
     Shape:
-        scores: (..., T_k) -> (..., T_k), a view of a (..., SOFTMAX_MIN_ROW) tensor for short rows
+        scores: (..., T_k) -> (..., T_k), a view of a (..., min_row) tensor for short rows
     """
     n = scores.size(-1)
-    if scores.device.type != "cpu" or n >= SOFTMAX_MIN_ROW:
+    min_row = SOFTMAX_MIN_ROW * 2 if scores.element_size() == 2 else SOFTMAX_MIN_ROW
+    if scores.device.type != "cpu" or n >= min_row:
         return scores.softmax(dim=-1)
-    padded = F.pad(scores, (0, SOFTMAX_MIN_ROW - n), value=float("-inf"))  # exp(−∞) = 0: sums unchanged
+    padded = F.pad(scores, (0, min_row - n), value=float("-inf"))  # exp(−∞) = 0: sums unchanged
     return padded.softmax(dim=-1)[..., :n]
 
 

@@ -66,6 +66,23 @@ def test_short_softmax_rows_are_padded_and_match_torch_softmax(min_row, monkeypa
         torch.testing.assert_close(ours_in.grad, ref_in.grad, rtol=0, atol=1e-14)
 
 
+def test_short_bf16_softmax_rows_are_padded_to_a_vector_of_bfloat16():
+    """A SIMD vector holds twice as many bfloat16 values: rows are padded to 2 × SOFTMAX_MIN_ROW,
+    and values and gradients stay those of ``torch.softmax`` in bfloat16."""
+    min_row = 2 * attention.SOFTMAX_MIN_ROW
+    for n in (3, attention.SOFTMAX_MIN_ROW, min_row - 1, min_row):
+        x = torch.randn(2, 3, 4, n).bfloat16()
+        x[..., 1:, -1] = float("-inf")
+        ours_in, ref_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours, ref = attention.softmax_last(ours_in), torch.softmax(ref_in, dim=-1)
+        assert ours.dtype == torch.bfloat16 and ours.stride(-2) == max(n, min_row)
+        torch.testing.assert_close(ours, ref, rtol=0, atol=2**-8)
+        grad = torch.randn_like(ref)
+        (ours * grad).sum().backward()
+        (ref * grad).sum().backward()
+        torch.testing.assert_close(ours_in.grad, ref_in.grad, rtol=0.02, atol=2**-7)
+
+
 def test_tutorial_attention_shapes():
     """Tutorial example: q (1,2,128), k (1,4,128), v (1,4,64) -> weights (1,2,4), output (1,2,64)."""
     q, k, v = torch.randn(1, 2, 128), torch.randn(1, 4, 128), torch.randn(1, 4, 64)
