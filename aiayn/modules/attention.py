@@ -48,9 +48,10 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 # which is as fast there and faster for few keys.
 EXPLICIT_MAX_KEYS = 40
 # Training in bfloat16 (autocast) moves the crossover far out: the fused kernel's backward is slow in
-# bfloat16 on the CPU, and forward + backward took 2.6–6.9× the explicit products' time at 20–128
-# keys, 1.1–1.5× at 256 and about the same at 512, with one thread or two (AMD VM with AVX512_BF16,
-# results/bench-attention-kernels-bf16*.json). Without gradients the float32 threshold holds.
+# bfloat16 on the CPU, and its forward + backward took 2.7–9.5× the explicit products' time at 12–128
+# keys with one thread (1.9–7.3× with two), 1.4–1.6× at 256 and 1.2–1.3× at 512 (AMD VM with
+# AVX512_BF16, results/bench-attention-kernels-bf16*.json); past 256 the gain shrinks while the
+# explicit scores grow as T². Without gradients the float32 threshold holds (forward only: even).
 EXPLICIT_MAX_KEYS_BF16_TRAINING = 256
 
 
