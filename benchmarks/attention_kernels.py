@@ -12,7 +12,8 @@ takes bfloat16 queries, keys and values under bf16 autocast, as a model trained 
 
 It also times the explicit path's softmax alone by row length ("softmax_rows"): PyTorch's
 ``softmax(dim=-1)`` against ``attention.softmax_last``, which pads rows shorter than one SIMD
-vector (``SOFTMAX_MIN_ROW``) with −∞ because PyTorch's CPU kernel is slow on them.
+vector (``SOFTMAX_MIN_ROW`` float32 values, twice as many bfloat16 ones) with −∞ because PyTorch's
+CPU kernel is slow on them; with ``--precision bf16`` the scores are bfloat16.
 
     python benchmarks/attention_kernels.py --threads 2 --json results/bench-attention-kernels.json
     python benchmarks/attention_kernels.py --threads 1 --precision bf16 --softmax-lengths
@@ -101,7 +102,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     softmax_rows = []
     for length in args.softmax_lengths:  # (B·h, T, T) scores of a 4,096-token batch, forward + backward
-        x = torch.randn(4 * max(args.tokens // (length + 1), 8), length, length, requires_grad=True)
+        shape = (4 * max(args.tokens // (length + 1), 8), length, length)
+        x = torch.randn(shape, dtype=dtype, requires_grad=True)
         t = {name: best_ms(fn, (x,), torch.randn_like(x)) for name, fn in (
             ("native", lambda s: s.softmax(dim=-1)), ("padded", attention.softmax_last))}  # fmt: skip
         row = {"keys": length, "native_ms": round(t["native"], 3), "aiayn_ms": round(t["padded"], 3),
