@@ -335,7 +335,7 @@ def linear_label_smoothed_nll_loss(
     bfloat16 inputs, so each logit is rounded to 2⁻⁹ of its size, as the logits of an autocast
     output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
     float32. On CPUs with AVX512_BF16 the products are most of this loss's time, and bfloat16 ones
-    run ≈ 3.5× as fast.
+    run 2–2.7× as fast (the AMD VM, chunks of 200–4,096 rows × 128 · 128 × 5,322–10,000).
 
     Shape:
         h: (N, d_model), weight: (V, d_model), target: (N,) -> three scalars
