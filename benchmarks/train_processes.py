@@ -5,7 +5,9 @@ default), or ``torchrun --nproc_per_node=N`` with one thread per process, Distri
 averaging the gradients over gloo. For a small model the second keeps every core busy through the
 Python, optimizer and small-kernel stretches that threads cannot split. This runs ``aiayn train``
 on a real recipe for a few updates in each layout, one after the other, and reports target tokens/s
-(median over the logged windows after the first ``--skip`` updates), updates/s and tokens per update.
+(median over the logged windows after the first ``--skip`` updates, and over all those updates
+together: the median leaves out the few slow windows of long sentences), updates/s and tokens per
+update.
 
     python benchmarks/train_processes.py                       # Multi30k recipe, 2 cores
     python benchmarks/train_processes.py --steps 200 --cores 2 --json results/bench-train-processes.json
@@ -56,9 +58,12 @@ def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: i
     train = [r for r in lines if r.get("split") == "train" and r["step"] > skip]
     tok_s = statistics.median(r["tokens_per_s"] for r in train)
     tokens = statistics.mean(r["tokens"] for r in train) * procs  # rank 0's batch × ranks
+    # the median window hides the few slow batches (long sentences); the whole span counts them
+    span = (train[-1]["step"] - train[0]["step"]) / (train[-1]["elapsed"] - train[0]["elapsed"])
     return {"processes": procs, "threads": threads, "max_tokens_per_process": max_tokens,
             "tokens_per_s": round(tok_s), "tokens_per_update": round(tokens),
-            "updates_per_s": round(tok_s / tokens, 3)}  # fmt: skip
+            "updates_per_s": round(tok_s / tokens, 3), "updates_per_s_all_steps": round(span, 3),
+            "tokens_per_s_all_steps": round(span * tokens)}  # fmt: skip
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def _simd_floats() -> int:
 # shorter than 16 pieces, so short rows are padded with −∞ (probability 0) to one vector and the
 # padding is sliced off again (benchmarks/attention_kernels.py measures both, "softmax_rows").
 # A vector holds twice as many bfloat16 (or float16) values, and so their rows are padded to twice
-# the length: under bf16 autocast the scores are bfloat16, and there rows of 8–31 keys took 1.7–3.9×
+# the length: under bf16 autocast the scores are bfloat16, and there rows of 8–31 keys took 1.9–3.9×
 # the time of rows padded to 32, forward and backward (one thread, AMD VM;
 # results/bench-attention-kernels-softmax-rows-bf16-1thread.json).
 SOFTMAX_MIN_ROW = _simd_floats()
