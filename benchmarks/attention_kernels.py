@@ -8,7 +8,8 @@ padding mask in the encoder and a look-ahead mask in the decoder), forward + bac
 only, so the threshold can be checked on any machine. Reported: milliseconds (best of 5 repeats of 5
 calls) and the fused/explicit ratio (> 1: the explicit products are faster). ``--precision bf16``
 takes bfloat16 queries, keys and values under bf16 autocast, as a model trained with
-``precision=bf16`` hands them over (the threshold is per dtype: ``EXPLICIT_MAX_KEYS``).
+``precision=bf16`` hands them over (training in bfloat16 has its own threshold,
+``EXPLICIT_MAX_KEYS_BF16_TRAINING``).
 
 It also times the explicit path's softmax alone by row length ("softmax_rows"): PyTorch's
 ``softmax(dim=-1)`` against ``attention.softmax_last``, which pads rows shorter than one SIMD
@@ -114,6 +115,7 @@ def main() -> None:
               "precision": args.precision,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "softmax_min_row": attention.SOFTMAX_MIN_ROW,
+              "explicit_max_keys_bf16_training": attention.EXPLICIT_MAX_KEYS_BF16_TRAINING,
               "rows": rows, "softmax_rows": softmax_rows}  # fmt: skip
     if args.json:
         write_json(args.json, result)  # temp file + rename: nothing half-written

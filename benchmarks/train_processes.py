@@ -59,7 +59,8 @@ def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: i
     tok_s = statistics.median(r["tokens_per_s"] for r in train)
     tokens = statistics.mean(r["tokens"] for r in train) * procs  # rank 0's batch × ranks
     # the median window hides the few slow batches (long sentences); the whole span counts them
-    span = (train[-1]["step"] - train[0]["step"]) / (train[-1]["elapsed"] - train[0]["elapsed"])
+    seconds = train[-1]["elapsed"] - train[0]["elapsed"]
+    span = (train[-1]["step"] - train[0]["step"]) / seconds if seconds > 0 else tok_s / tokens
     return {"processes": procs, "threads": threads, "max_tokens_per_process": max_tokens,
             "tokens_per_s": round(tok_s), "tokens_per_update": round(tokens),
             "updates_per_s": round(tok_s / tokens, 3), "updates_per_s_all_steps": round(span, 3),
