@@ -110,12 +110,20 @@ def _reference_mha(d_model=32, n_heads=4, kdim=None):
     return ours, ref
 
 
-def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query_the_kernel(monkeypatch):
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """(calls, the kernel): a list that grows by one at every call of PyTorch's fused attention
+    kernel, which is patched in ``F`` itself, and the unpatched kernel, for references."""
     calls = []
     fused = F.scaled_dot_product_attention
     monkeypatch.setattr(
         attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or fused(*a, **kw)
     )
+    return calls, fused
+
+
+def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query_the_kernel(fused_calls):
+    calls, fused = fused_calls
     short, long = attention.EXPLICIT_MAX_KEYS, attention.EXPLICIT_MAX_KEYS + 1
     # (queries, keys) -> calls of the fused kernel so far: one query is a decoding step (fused)
     for t_q, t_k, expected in [(4, short, 0), (4, long, 1), (1, short, 2)]:
@@ -125,14 +133,10 @@ def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query
         assert len(calls) == expected
 
 
-def test_bf16_training_takes_the_explicit_products_up_to_its_own_threshold(monkeypatch):
+def test_bf16_training_takes_the_explicit_products_up_to_its_own_threshold(fused_calls):
     """With gradients in bfloat16 the fused kernel's backward is slow on the CPU: the explicit
     products run up to EXPLICIT_MAX_KEYS_BF16_TRAINING keys; without gradients, the float32 rule."""
-    calls = []
-    fused = F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        attention.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or fused(*a, **kw)
-    )
+    calls, fused = fused_calls
     within, beyond = attention.EXPLICIT_MAX_KEYS + 1, attention.EXPLICIT_MAX_KEYS_BF16_TRAINING + 1
     # (keys, dtype, gradients) -> calls of the fused kernel so far
     cases = [(within, torch.bfloat16, True, 0), (within, torch.bfloat16, False, 1),
