@@ -176,6 +176,8 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen[0], mbr="bleu")
     srcs, refs = sources_and_references(cfg, "valid")
+    if cfg.lowercase:  # the models write lowercased text: choose on lowercased references (test: both)
+        refs = [r.lower() for r in refs]
     choice, chosen, decoding, search = choose_on_validation(translators, decodings, args.lenpen, srcs, refs)
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")

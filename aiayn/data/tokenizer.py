@@ -18,6 +18,13 @@ over ``nmt_nfkc`` because NFKC changes text (Multi30k's valid split has a no-bre
 turns into a space), and a decoded translation should be scored against the raw reference exactly
 as written. Normalise the corpus beforehand if you want NFKC folding.
 
+**Lowercase.** ``train(lowercase=True)`` adds a normalisation rule to the model file that maps each
+upper- or title-case character to ``str.lower`` of it (character by character: a final Σ becomes σ,
+not ς). Every program that reads the file with sentencepiece then lowercases its input, so
+``decode(encode(s)) == s.lower()`` and ``lowercase`` is True: a model of such a vocabulary reads and
+writes lowercased text, as the Multi30k literature's models do (they train on the corpus's
+lowercased files).
+
 **Determinism.** Training reads every sentence (no sampling unless ``input_sentence_size`` is set,
 then with ``seed``) with a fixed thread count, so one corpus gives byte-identical model files
 (unigram's result depends on ``num_threads``; keep it fixed to reproduce a vocabulary).
@@ -28,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -54,6 +62,7 @@ class Tokenizer:
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     vocab_size: int
     mask_id: int | None = None  # the id of "<mask>", if the vocabulary has it
+    lowercase: bool = False  # whether encode lowercases its input (so decode gives lowercased text)
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -123,6 +132,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.vocab_size = self.sp.get_piece_size()
         mask = self.sp.piece_to_id(MASK)
         self.mask_id = mask if mask != UNK_ID else None
+        self.lowercase = self.sp.normalize("A").endswith("a")  # trained with lowercase=True ("▁a")
 
     @classmethod
     def train(
@@ -137,40 +147,46 @@ class SentencePieceTokenizer(Tokenizer):
         input_sentence_size: int = 0,  # 0 = train on every sentence; else a seeded sample
         source: str = "",  # where the sentences come from, for error messages (e.g. the file names)
         mask: bool = False,  # add "<mask>" (id 4) for masked-LM pre-training
+        lowercase: bool = False,  # a normalisation rule that lowercases every input (module docstring)
     ) -> SentencePieceTokenizer:
         """Train on an iterable of sentences (streamed; sentencepiece keeps them in memory)."""
         if model_type not in ("bpe", "unigram"):
             raise ConfigError(f"model_type={model_type!r} is not one of bpe, unigram")
         spm.set_random_generator_seed(seed)
         guarded, out = _Guarded(sentences), io.BytesIO()
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(guarded),
-                model_writer=out,
-                vocab_size=vocab_size,
-                model_type=model_type,
-                character_coverage=character_coverage,
-                byte_fallback=byte_fallback,
-                normalization_rule_name="identity",
-                remove_extra_whitespaces=False,
-                pad_id=PAD_ID,
-                bos_id=BOS_ID,
-                eos_id=EOS_ID,
-                unk_id=UNK_ID,
-                num_threads=num_threads,
-                user_defined_symbols=[MASK] if mask else [],
-                input_sentence_size=input_sentence_size,
-                shuffle_input_sentence=True,
-                minloglevel=2,
-            )
-        except RuntimeError as e:
-            if guarded.error is not None:
-                raise guarded.error from None
-            why = str(e).split("]")[-1].strip().rstrip(".") or "no sentences to train on"
-            raise DataError(
-                f"sentencepiece could not train a {model_type} vocabulary of {vocab_size} "
-                f"pieces{' on ' + source if source else ''}: {why}. Change vocab_size or train on more text"
-            ) from None
+        with tempfile.TemporaryDirectory(prefix="aiayn-spm-") as tmp:
+            rules = dict(normalization_rule_name="identity")
+            if lowercase:  # sentencepiece reads a user-defined rule table only from a file
+                rules = dict(normalization_rule_tsv=str(Path(tmp) / "lowercase.tsv"))
+                write_text(rules["normalization_rule_tsv"], _lowercase_rules())
+            try:
+                spm.SentencePieceTrainer.train(
+                    sentence_iterator=iter(guarded),
+                    model_writer=out,
+                    vocab_size=vocab_size,
+                    model_type=model_type,
+                    character_coverage=character_coverage,
+                    byte_fallback=byte_fallback,
+                    **rules,
+                    remove_extra_whitespaces=False,
+                    pad_id=PAD_ID,
+                    bos_id=BOS_ID,
+                    eos_id=EOS_ID,
+                    unk_id=UNK_ID,
+                    num_threads=num_threads,
+                    user_defined_symbols=[MASK] if mask else [],
+                    input_sentence_size=input_sentence_size,
+                    shuffle_input_sentence=True,
+                    minloglevel=2,
+                )
+            except RuntimeError as e:
+                if guarded.error is not None:
+                    raise guarded.error from None
+                why = str(e).split("]")[-1].strip().rstrip(".") or "no sentences to train on"
+                raise DataError(
+                    f"sentencepiece could not train a {model_type} vocabulary of {vocab_size} pieces"
+                    f"{' on ' + source if source else ''}: {why}. Change vocab_size or train on more text"
+                ) from None
         if guarded.error is not None:
             raise guarded.error
         return cls(out.getvalue())
@@ -313,6 +329,17 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
             "the tokenizer"
         )
     return tok
+
+
+def _lowercase_rules() -> str:
+    """sentencepiece's rule table (hex code points, tab, hex code points) for ``str.lower`` of every
+    character it changes (surrogates left out: they are not characters)."""
+    lines = []
+    for c in range(0x110000):
+        if 0xD800 <= c < 0xE000 or (low := chr(c).lower()) == chr(c):
+            continue
+        lines.append(f"{c:X}\t{' '.join(f'{ord(x):X}' for x in low)}\n")
+    return "".join(lines)
 
 
 def train_translation_tokenizers(

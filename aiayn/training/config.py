@@ -45,6 +45,9 @@ class TrainConfig:
     tokenizer: str = "bpe"  # "bpe" or "unigram" (sentencepiece), "char" (characters)
     vocab_size: int = 8000  # sentencepiece vocabulary size (per side if not joint)
     joint_vocab: bool = True  # one vocabulary for both sides (needed for shared embeddings)
+    # translation: a vocabulary that lowercases all text, so the model reads and writes lowercased text
+    # (as the Multi30k literature trains on its lowercased files); False = the text as written (the paper)
+    lowercase: bool = False
     # translation: the ids the output layer scores: "all" (the paper) or "target", the pieces that occur
     # on the target side of the training data (of a joint vocabulary, the other language's pieces go)
     output_vocab: str = "all"
@@ -186,6 +189,9 @@ class TrainConfig:
             fail("subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {self.tokenizer!r}")
         if self.subword_dropout_sides != "both" and not self.subword_dropout:
             fail("subword_dropout_sides", "does nothing while subword_dropout=0: give subword_dropout > 0")
+        if self.lowercase and (self.task != "translation" or self.tokenizer == "char"):
+            fail("lowercase", f"is for a translation model's subword vocabulary; task={self.task!r} with "
+                 f"tokenizer={self.tokenizer!r} does not take it (set false)")  # fmt: skip
         if self.r_drop and self.task != "translation":
             fail("r_drop", f"is R-Drop for translation models; task={self.task!r} does not take it (set 0)")
         if self.output_vocab != "all" and self.task != "translation":

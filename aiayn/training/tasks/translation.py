@@ -97,15 +97,14 @@ class TranslationTask(Task):
 
         def tokenizers():  # trained once (rank 0), then read back by every rank
             if not (tok_dir / "tgt").is_dir():
-                src_tok, tgt_tok = train_translation_tokenizers(
-                    train, cfg.vocab_size, joint=cfg.joint_vocab, model_type=cfg.tokenizer
-                )
+                src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, joint=cfg.joint_vocab,
+                                                                model_type=cfg.tokenizer, lowercase=cfg.lowercase)
                 save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
             return load_translation_tokenizers(tok_dir)
 
         self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
-        self.valid_refs = [tgt for _, tgt in valid]
+        self.valid_refs = [tgt.lower() if self.tgt_tok.lowercase else tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
         corpora = [self.train]
