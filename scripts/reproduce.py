@@ -67,9 +67,12 @@ EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "ensembled"
 
 
 def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
+    """Multi30k's sentences and references; a ``lowercase`` run's validation references lowercased, as
+    its models write (the choice then compares like with like), its test references as written (the
+    test set is scored both cased and lowercased)."""
     corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
     srcs, refs = (list(side) for side in zip(*corpus))
-    return srcs, refs
+    return srcs, [r.lower() for r in refs] if cfg.lowercase and split == "valid" else refs
 
 
 def member_dirs(run_dir: Path) -> list[Path]:
@@ -176,8 +179,6 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen[0], mbr="bleu")
     srcs, refs = sources_and_references(cfg, "valid")
-    if cfg.lowercase:  # the models write lowercased text: choose on lowercased references (test: both)
-        refs = [r.lower() for r in refs]
     choice, chosen, decoding, search = choose_on_validation(translators, decodings, args.lenpen, srcs, refs)
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import sentencepiece as spm
 
 from aiayn.data import (
     CharTokenizer,
@@ -62,6 +63,24 @@ def test_save_and_load(tok, tmp_path):
     assert type(back) is type(tok) and back.model_bytes() == tok.model_bytes()
     assert back.encode(TEXTS[4]) == tok.encode(TEXTS[4])
     assert json.loads((tmp_path / "tok" / "tokenizer.json").read_text())["kind"] == tok.kind
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_a_lowercase_vocabulary_reads_every_text_as_str_lower_of_it(model_type, tmp_path):
+    """``lowercase=True`` against Python's ``str.lower``, character by character (final Σ aside: a
+    rule table has no context), with title case (ǅ), a lowercase that is two code points (İ), ß
+    kept; the rule lives in the model file, so sentencepiece itself reading it lowercases too."""
+    tok = SentencePieceTokenizer.train(CORPUS, vocab_size=400, model_type=model_type, lowercase=True)
+    cased = SentencePieceTokenizer.train(CORPUS, vocab_size=400, model_type=model_type)
+    assert tok.lowercase and not cased.lowercase and not CharTokenizer.train("Ab").lowercase
+    for text in [*TEXTS, "ÄRGER IN DER STRASSE, Straße; ǅemal İstanbul ΑΘΉΝΑ", "Ein Mann"]:
+        assert tok.decode(tok.encode(text)) == text.lower()
+        assert tok.encode(text) == tok.encode(text.lower())
+    assert cased.decode(cased.encode("Ein Mann")) == "Ein Mann"
+    back = load_tokenizer(tok.save(tmp_path / "tok"))
+    assert back.lowercase and back.encode("Ein Mann") == tok.encode("ein mann")
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tok" / "spm.model"))
+    assert sp.decode(sp.encode("ZWEI HUNDE")) == "zwei hunde"
 
 
 def test_char_unknown_is_unk_and_decodes_visibly():

@@ -79,6 +79,16 @@ def test_member_dirs_sort_by_number(tmp_path):
     assert [d.name for d in reproduce.member_dirs(tmp_path)] == ["member-1", "member-2", "member-10"]
 
 
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_a_lowercase_run_chooses_on_lowercased_validation_references(lowercase):
+    reproduce = load_script()
+    cfg = load_recipe(ROOT / "recipes" / "multi30k-en-de.toml", [f"lowercase={str(lowercase).lower()}"])
+    _, valid = reproduce.sources_and_references(cfg, "valid")
+    _, test = reproduce.sources_and_references(cfg, "test")
+    assert valid[0] == ("eine gruppe" if lowercase else "Eine Gruppe") + valid[0][11:]
+    assert test[0].startswith("Ein Mann")  # scored both cased and lowercased
+
+
 class FakeTranslator:
     """Translates every source to a prefix of the reference chosen by its quality and the search's
     length penalty, and records the searches it ran."""

@@ -97,8 +97,8 @@ class TranslationTask(Task):
 
         def tokenizers():  # trained once (rank 0), then read back by every rank
             if not (tok_dir / "tgt").is_dir():
-                src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, joint=cfg.joint_vocab,
-                                                                model_type=cfg.tokenizer, lowercase=cfg.lowercase)
+                options = dict(joint=cfg.joint_vocab, model_type=cfg.tokenizer, lowercase=cfg.lowercase)
+                src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, **options)
                 save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
             return load_translation_tokenizers(tok_dir)
 
