@@ -333,7 +333,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
 
 def _lowercase_rules() -> str:
     """sentencepiece's rule table (hex code points, tab, hex code points) for ``str.lower`` of every
-    character it changes (surrogates left out: they are not characters)."""
+    character it changes (surrogates left out: they are not characters). It follows this Python's
+    Unicode version, so a model file trained on another Python may differ in a few rare letters."""
     lines = []
     for c in range(0x110000):
         if 0xD800 <= c < 0xE000 or (low := chr(c).lower()) == chr(c):
