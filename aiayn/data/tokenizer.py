@@ -189,7 +189,7 @@ class SentencePieceTokenizer(Tokenizer):
                 ) from None
         if guarded.error is not None:
             raise guarded.error
-        return cls(out.getvalue())
+        return cls(_without_rule_file(out.getvalue()) if lowercase else out.getvalue())
 
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text, out_type=int)
@@ -341,6 +341,17 @@ def _lowercase_rules() -> str:
             continue
         lines.append(f"{c:X}\t{' '.join(f'{ord(x):X}' for x in low)}\n")
     return "".join(lines)
+
+
+def _without_rule_file(model: bytes) -> bytes:
+    """``model`` without the name of the rule table it was trained from, a temporary file: the rules
+    themselves are compiled into the file (``precompiled_charsmap``), and the same corpus then gives
+    the same bytes in every process (a two-model ensemble checks that its vocabularies are equal)."""
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    proto.normalizer_spec.ClearField("normalization_rule_tsv")
+    return proto.SerializeToString()
 
 
 def train_translation_tokenizers(

@@ -99,12 +99,13 @@ def test_multi30k_valid_round_trip(m30k_tok, side):
         assert m30k_tok.decode(ids) == s
 
 
-def test_training_is_deterministic():
+@pytest.mark.parametrize("lowercase", [False, True])  # True: its rule table is a new temporary file each time
+def test_training_is_deterministic(lowercase):
     sentences = list(load_parallel("multi30k", "valid").sentences())
     for model_type in ("bpe", "unigram"):
-        a = SentencePieceTokenizer.train(sentences, 1000, model_type)
-        b = SentencePieceTokenizer.train(iter(sentences), 1000, model_type)
-        assert a.model_bytes() == b.model_bytes()
+        a = SentencePieceTokenizer.train(sentences, 1000, model_type, lowercase=lowercase)
+        b = SentencePieceTokenizer.train(iter(sentences), 1000, model_type, lowercase=lowercase)
+        assert a.model_bytes() == b.model_bytes() and a.lowercase is lowercase
 
 
 def test_training_errors_are_actionable():
