@@ -10,7 +10,8 @@ keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a be
 the *validation* set (never the test set), try that choice again with a length penalty of 1.0
 besides 0.6 (``--lenpen``), then translate test2016 with the better and score it
 with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
-earlier run's directory again (e.g. after the evaluation changed). Language model: train, then the
+earlier run's directory again (e.g. after the evaluation changed, or when it failed: the training
+figures wait in runs/reproduce-NAME/training.json). Language model: train, then the
 validation loss over the whole split.
 ``--members N`` (translation, no torchrun) trains N models side by side instead of one: one process
 and one thread each, seeds seed … seed+N-1, each under the recipe's budget, in runs/reproduce-NAME/
@@ -61,6 +62,7 @@ def git_commit() -> str:
         return "unknown"
 
 
+TRAINING_FILE = "training.json"  # in the run directory: the results before their evaluation
 EVALUATION_FIELDS = ("valid_bleu", "chosen", "decoding", "averaged", "ensembled", "beam", "lenpen", "mbr",
                      "test", "signatures", "test_decode_seconds", "examples",
                      "evaluation_minutes")  # fmt: skip
@@ -230,7 +232,7 @@ def main() -> int:
     if args.members and cfg.task != "translation":
         ap.error(f"--members is for translation recipes; {args.recipe} is task={cfg.task!r}")
     if args.evaluate_only:
-        return evaluate_again(name, run_dir, results / f"{name}.json", cfg, args, commit)
+        return evaluate_again(name, run_dir, results, cfg, args, commit)
     dist = init_distributed(resolve_device(cfg.device))  # under torchrun: every rank trains
     if args.members and dist.enabled:
         ap.error("--members starts its own processes: run it with python, not torchrun")
@@ -256,6 +258,7 @@ def main() -> int:
     if args.members:
         out["members"] = trained
     out["parameters"] = count_parameters(load_model(member_dirs(run_dir)[0] if args.members else run_dir))
+    write_json(run_dir / TRAINING_FILE, out)  # for --evaluate-only, should the evaluation fail
     if cfg.task == "lm":
         valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
         out["valid_loss"] = round(valid[-1]["loss"], 4)
@@ -267,17 +270,23 @@ def main() -> int:
     return 0
 
 
-def evaluate_again(name: str, run_dir: Path, path: Path, cfg, args: argparse.Namespace, commit: str) -> int:
+def evaluate_again(
+    name: str, run_dir: Path, results: Path, cfg, args: argparse.Namespace, commit: str
+) -> int:
     """``--evaluate-only``: the earlier run's results with a new evaluation; the old one is kept
-    under ``previous_evaluation``."""
+    under ``previous_evaluation``. Without results (the evaluation failed), the run directory's
+    training figures."""
     first = (member_dirs(run_dir) or [run_dir])[0]
+    path = results / f"{name}.json"
+    path = path if path.is_file() else run_dir / TRAINING_FILE
     if cfg.task != "translation" or not (first / "best").is_dir() or not path.is_file():
         print(f"--evaluate-only needs a translation run's {first}/best and {path}: run the command "
               "without --evaluate-only first", file=sys.stderr)  # fmt: skip
         return 2
     old = json.loads(path.read_text())
     out = {k: v for k, v in old.items() if k not in (*EVALUATION_FIELDS, "previous_evaluation")}
-    out["previous_evaluation"] = {k: old[k] for k in EVALUATION_FIELDS if k in old}
+    if any(k in old for k in EVALUATION_FIELDS):
+        out["previous_evaluation"] = {k: old[k] for k in EVALUATION_FIELDS if k in old}
     out.update(evaluate_translation(run_dir, cfg, args))
     out["evaluation_commit"], out["evaluation_machine"] = commit, machine()
     out["end_to_end_minutes"] = round(old["train_wall_minutes"] + out["evaluation_minutes"], 2)
@@ -285,7 +294,7 @@ def evaluate_again(name: str, run_dir: Path, path: Path, cfg, args: argparse.Nam
         "evaluated again with --evaluate-only: training figures (steps, train_wall_minutes, commit, "
         "machine) are the earlier run's; end_to_end_minutes = its training time + this evaluation"
     )
-    write_results(name, run_dir, path.parent, out)
+    write_results(name, run_dir, results, out)
     return 0
 
 

@@ -38,12 +38,15 @@ def test_members_arguments_are_checked_before_anything_runs(args, message):
     assert message in run.stderr
 
 
-def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path, corpus):
+@pytest.mark.parametrize(
+    "lowercase", ["false", "true"]
+)  # true: each member trains its own rule-table vocabulary
+def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path, corpus, lowercase):
     reproduce = load_script()
     recipe = tmp_path / "tiny.toml"
     recipe.write_text(f'task = "translation"\ndataset = "{corpus}"\nsrc_lang = "de"\ntgt_lang = "en"\n')
     overrides = [a for a in tiny_args(corpus, tmp_path / "unused") if not a.startswith("out_dir=")]
-    overrides += ["max_steps=4", "eval_every=2", "keep_last=5", "seed=7"]
+    overrides += ["max_steps=4", "eval_every=2", "keep_last=5", "seed=7", f"lowercase={lowercase}"]
     run_dir = tmp_path / "run"
     cfg = load_recipe(recipe, [*overrides, f"out_dir={run_dir}"])
 
@@ -70,6 +73,25 @@ def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path,
     assert ensembled == []
     ensemble = translators["ensemble of best"].model
     assert isinstance(ensemble, Ensemble) and len(ensemble.members) == 2
+
+
+def test_evaluate_only_finishes_a_run_whose_evaluation_failed(tmp_path, monkeypatch):
+    reproduce = load_script()
+    run_dir, results = tmp_path / "runs" / "reproduce-x", tmp_path / "results"
+    (run_dir / "member-1" / "best").mkdir(parents=True)
+    (run_dir / reproduce.TRAINING_FILE).write_text(json.dumps({"steps": [5, 6], "train_wall_minutes": 50.0}))
+    monkeypatch.setattr(
+        reproduce, "evaluate_translation", lambda *_: {"test": {"bleu": 1.0}, "evaluation_minutes": 2.0}
+    )
+    monkeypatch.setattr(reproduce, "plot_curves", lambda *_: [])
+    cfg = load_recipe(ROOT / "recipes" / "multi30k-en-de.toml")
+    assert reproduce.evaluate_again("x", run_dir, results, cfg, argparse.Namespace(), "abc") == 0
+    out = json.loads((results / "x.json").read_text())
+    assert (out["steps"], out["test"], out["end_to_end_minutes"]) == ([5, 6], {"bleu": 1.0}, 52.0)
+    assert "previous_evaluation" not in out and out["evaluation_commit"] == "abc"
+    (run_dir / reproduce.TRAINING_FILE).unlink()  # results/x.json now holds an evaluation: it is kept
+    assert reproduce.evaluate_again("x", run_dir, results, cfg, argparse.Namespace(), "def") == 0
+    assert json.loads((results / "x.json").read_text())["previous_evaluation"]["test"] == {"bleu": 1.0}
 
 
 def test_member_dirs_sort_by_number(tmp_path):
