@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, "".join(h + "\n" for h in hyps))
     scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None)
     print(f"{corpus.name}: {len(hyps)} sentences, {args.model}")
+    if translator.tgt_tokenizer.lowercase:
+        print("the model writes lowercased text (a lowercase vocabulary): its cased scores say little")
     print(f"BLEU  {scores['bleu']:6.2f}   lowercased {scores['bleu_lc']:6.2f}")
     print(f"chrF  {scores['chrf']:6.2f}   lowercased {scores['chrf_lc']:6.2f}")
     if "bleu_tok_lc" in scores:
@@ -155,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(args.model),
             "ensemble_with": [str(d) for d in args.ensemble_with],
             "sentences": len(hyps),
+            "lowercase": translator.tgt_tokenizer.lowercase,
             **scores,
             "signatures": signatures,
             "search": asdict(config),

@@ -2,6 +2,8 @@
 against lowercased references, translates cased input into lowercased output, and the option is
 validated."""
 
+import json
+
 import pytest
 
 from aiayn.cli.main import main
@@ -50,6 +52,13 @@ def test_a_lowercase_model_translates_cased_input_into_lowercased_text(cased, tm
     assert main(["translate", "--model", str(run / "best"), "--input", str(src), "--beam", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(line == line.lower() and line.strip() for line in out)
+    report = tmp_path / "scores.json"
+    evaluate = ["evaluate", "--model", str(run / "best"), "--src", str(cased / "valid.de"), "--ref",
+                str(cased / "valid.en"), "--beam", "1", "--json", str(report)]  # fmt: skip
+    assert main(evaluate) == 0
+    assert "the model writes lowercased text" in capsys.readouterr().out
+    scores = json.loads(report.read_text())
+    assert scores["lowercase"] is True and scores["bleu"] < scores["bleu_lc"]
 
 
 @pytest.mark.parametrize(
