@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aiayn.errors import OutputError
@@ -59,9 +59,13 @@ def write_json(path: str | os.PathLike, data: object) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory; on success it replaces ``path`` (an existing directory
-    there is removed only after the new one is complete). On failure nothing changes."""
+    there is removed only after the new one is complete). On failure nothing changes.
+
+    ``keep(path)``, asked once the new directory is complete, may keep what is there instead: a
+    content-addressed cache entry that another process published meanwhile is as good as ours,
+    and replacing it would pull it from under that process."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
@@ -69,6 +73,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        if keep is not None and keep(path):
+            return
         if path.is_dir() and not path.is_symlink():
             old = path.with_name(f"{TMP_PREFIX}old-{path.name}-{os.getpid()}")
             os.rename(path, old)

@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -154,6 +154,24 @@ def _cached(final: Path, cls: type):
         return None
 
 
+def _build(final: Path, cls: type, write: Callable[[Path], None]):
+    """``cls(final)``, written first by ``write(folder)`` unless a complete entry is there.
+
+    Processes that need the same entry at once (a recipe's members, a run's ranks) each write a
+    private folder; the first to finish publishes it and the others use that copy, whether they
+    notice before their own rename or by its failure (a directory cannot replace a non-empty one)."""
+    if (hit := _cached(final, cls)) is not None:
+        return hit
+    try:
+        with atomic_dir(final, keep=lambda path: _cached(path, cls) is not None) as tmp:
+            write(tmp)
+    except OSError:
+        if (hit := _cached(final, cls)) is None:
+            raise
+        return hit
+    return cls(final)
+
+
 def _write_meta(directory: Path, kind: str, name: str, origin: dict, dtype: np.dtype, **info):
     meta = dict(format=FORMAT, kind=kind, name=name, **origin, dtype=dtype.str, **info)
     (directory / META_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
@@ -180,11 +198,10 @@ def encode_parallel(
     tokens = (src_tok.model_bytes(), tgt_tok.model_bytes())
     key = _key("parallel", corpus.src.sha256, corpus.tgt.sha256, *tokens, asdict(filt))
     final = Path(cache or cache_dir()) / f"{corpus.name}-{key[:20]}"
-    if (hit := _cached(final, EncodedParallel)) is not None:
-        return hit
     dtype = _dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
-    stats = FilterStats()
-    with atomic_dir(final) as tmp:
+
+    def write(tmp: Path) -> None:
+        stats = FilterStats()
         src_out, tgt_out = _RaggedWriter(tmp, "src", dtype), _RaggedWriter(tmp, "tgt", dtype)
         for chunk in _batched(corpus, chunk_pairs):
             srcs, tgts = zip(*chunk)
@@ -201,17 +218,18 @@ def encode_parallel(
             )
         files = dict(src_file=str(corpus.src.path), tgt_file=str(corpus.tgt.path))
         _write_meta(tmp, "parallel", corpus.name, files, dtype, filter=asdict(filt), stats=asdict(stats))
-    return EncodedParallel(final)
+
+    return _build(final, EncodedParallel, write)
 
 
 def encode_text(corpus: TextCorpus, tok: Tokenizer, cache: str | os.PathLike | None = None) -> EncodedText:
     """Encode a text split into one flat id array in the cache (or find it there)."""
     key = _key("text", corpus.fingerprint, tok.model_bytes())
     final = Path(cache or cache_dir()) / f"{corpus.name}-{key[:20]}"
-    if (hit := _cached(final, EncodedText)) is not None:
-        return hit
-    dtype, n = _dtype(tok.vocab_size), 0
-    with atomic_dir(final) as tmp:
+    dtype = _dtype(tok.vocab_size)
+
+    def write(tmp: Path) -> None:
+        n = 0
         with open(tmp / "tokens.ids", "wb") as f:
             for piece in corpus.chunks():
                 ids = np.asarray(tok.encode(piece), dtype=dtype)
@@ -219,4 +237,5 @@ def encode_text(corpus: TextCorpus, tok: Tokenizer, cache: str | os.PathLike | N
                 n += len(ids)
         span = dict(file=str(corpus.file.path), start=corpus.start, stop=corpus.stop)
         _write_meta(tmp, "text", corpus.name, span, dtype, n_tokens=n)
-    return EncodedText(final)
+
+    return _build(final, EncodedText, write)
