@@ -36,7 +36,9 @@ clean:
 
 # Issue 6 results: each trains from scratch (tokenizer included) and writes results/NAME.json + PNGs.
 .PHONY: reproduce-multi30k-de-en reproduce-multi30k-en-de reproduce-shakespeare-char
-# de→en trains one model as two one-thread processes (its recipe says why); en→de trains two models
+# de→en trains one model as two one-thread processes (its recipe says why), with weight decay 0.1
+# instead of the recipe's 0.0001 (ahead on validation with both seeds, 43.40 against 42.87 on average;
+# docs/results.md, 2026-11-27); en→de trains two models
 # side by side, one per core, and decodes them as one ensemble (ahead on validation, docs/results.md),
 # each with 4,096-token updates, so the learning rate is the recipe's scaled by 1/√2, on a lowercase
 # vocabulary (lowercase=true: as Wu et al. train for the lowercased BLEU the goal counts; +0.5 and +0.8
@@ -45,7 +47,7 @@ clean:
 # one process.
 TORCHRUN := $(PY) -m torch.distributed.run --standalone --nproc_per_node=2
 reproduce-multi30k-de-en: $(STAMP)
-	$(TORCHRUN) scripts/reproduce.py multi30k-de-en
+	$(TORCHRUN) scripts/reproduce.py multi30k-de-en weight_decay=0.1
 
 reproduce-multi30k-en-de: $(STAMP)
 	$(PY) scripts/reproduce.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 --members 2

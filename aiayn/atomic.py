@@ -1,7 +1,7 @@
 """Atomic writes: a file or directory appears complete under its name, or not at all.
 
 Every file the package writes goes through here. The content is written under a temporary name in
-the same folder (``.NAME.tmp-PID``) and renamed into place with ``os.replace``, which is atomic on
+the same folder (``.tmp-NAME-PID``) and renamed into place with ``os.replace``, which is atomic on
 POSIX and Windows, so a crash, a full disk or a Ctrl-C never leaves half a file behind, and the
 previous version stays intact until the new one is complete. ``check_output`` is the one rule for
 what a command may write over: never its own inputs, a model or run only when told to (``--force``),

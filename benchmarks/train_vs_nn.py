@@ -1,4 +1,4 @@
-"""Training throughput: aiayn's training step against the plain recipe a user would write instead.
+r"""Training throughput: aiayn's training step against the plain recipe a user would write instead.
 
 The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions +
 an untied ``nn.Linear`` head + ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained
@@ -12,6 +12,9 @@ growth on the CPU, max allocated on CUDA).
 
     python benchmarks/train_vs_nn.py --size tiny --precision fp32
     python benchmarks/train_vs_nn.py --size base --precision bf16 --steps 6
+    # as a CPU without AVX-512 would run it (what the file's isa_limits records):
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        python benchmarks/train_vs_nn.py
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -91,6 +95,10 @@ def batches(n: int, vocab: int, max_tokens: int, seed: int = 0):
             tgt_out[i, :t], tgt_out[i, t] = y, EOS
         out.append((src, tgt_in, tgt_out))
     return out
+
+
+# the variables that make this machine run narrower vector code, as a slower CPU would (e.g. AVX2 only)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def matmul_gflops(device: torch.device, n: int = 1024, repeat: int = 20) -> float:
@@ -214,6 +222,8 @@ def main() -> None:
               "threads": torch.get_num_threads(), "target_tokens_per_step": tokens,
               "machine": f"{machine()}, {torch.get_num_threads()} threads",
               "matmul_gflops": matmul_gflops(device),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector kernels
+              "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
               "torch": torch.__version__,
               "plain_optimizer": "fused Adam" if args.fused_plain else "Adam"}  # fmt: skip
     all_tokens = sum(int((b[2] != PAD).sum()) for b in data[args.warmup :])
