@@ -86,49 +86,54 @@ def test_broken_cache_entry_is_rebuilt(corpus, tok, tmp_path):
     assert len(again) == len(enc) == 3
 
 
-def publish_meanwhile(corpus, tok, cache, other):
-    """Put a complete entry at ``cache``'s final name as another process would: built elsewhere,
-    renamed in."""
-    built = encode_parallel(corpus, tok, tok, cache=other).directory
-    os.rename(built, cache / built.name)
-    return (cache / built.name).stat().st_ino
+class Rival:
+    """Another process encoding the same corpus: ``publish()`` puts a complete entry at the cache's
+    final name once (built elsewhere, renamed in), as that process would on finishing first."""
+
+    def __init__(self, corpus, tok, tmp_path):
+        self.corpus, self.tok, self.other = corpus, tok, tmp_path / "other"
+        self.cache = tmp_path / "cache"
+        self.cache.mkdir()
+        self.inode = None
+
+    def publish(self):
+        if self.inode is not None:
+            return
+        self.inode = 0  # the build below passes the same hooks: mark first
+        built = encode_parallel(self.corpus, self.tok, self.tok, cache=self.other).directory
+        os.rename(built, self.cache / built.name)
+        self.inode = (self.cache / built.name).stat().st_ino
 
 
 def test_an_entry_published_meanwhile_is_kept(corpus, tok, tmp_path, monkeypatch):
     # two members or ranks encode the same corpus at once: the first to finish publishes, the
     # other finds that copy before its rename and keeps it (replacing it would pull it from under
     # the first, whose data-loader workers reopen it by name)
-    (tmp_path / "cache").mkdir()
-    encode_batch, published = CharTokenizer.encode_batch, []
+    rival, encode_batch = Rival(corpus, tok, tmp_path), CharTokenizer.encode_batch
 
     def encode_and_race(self, texts):
-        if not published:
-            published.append(None)
-            published[0] = publish_meanwhile(corpus, tok, tmp_path / "cache", tmp_path / "other")
+        rival.publish()
         return encode_batch(self, texts)
 
     monkeypatch.setattr(CharTokenizer, "encode_batch", encode_and_race)
-    enc = encode_parallel(corpus, tok, tok, cache=tmp_path / "cache")
-    assert enc.directory.stat().st_ino == published[0] and len(enc) == 3
-    assert os.listdir(tmp_path / "cache") == [enc.directory.name]  # ours discarded
+    enc = encode_parallel(corpus, tok, tok, cache=rival.cache)
+    assert enc.directory.stat().st_ino == rival.inode and len(enc) == 3
+    assert os.listdir(rival.cache) == [enc.directory.name]  # ours discarded
 
 
 def test_losing_the_rename_uses_the_winners_entry(corpus, tok, tmp_path, monkeypatch):
     # the other process publishes between our last look and our rename: the rename fails
     # (a directory cannot replace a non-empty one) and the winner's entry is used
-    (tmp_path / "cache").mkdir()
-    replace, published = os.replace, []
+    rival, replace = Rival(corpus, tok, tmp_path), os.replace
 
     def publish_then_replace(src, dst):
-        if not published:  # (the inner build renames too: mark first)
-            published.append(None)
-            published[0] = publish_meanwhile(corpus, tok, tmp_path / "cache", tmp_path / "other")
+        rival.publish()
         return replace(src, dst)
 
     monkeypatch.setattr(atomic.os, "replace", publish_then_replace)
-    enc = encode_parallel(corpus, tok, tok, cache=tmp_path / "cache")
-    assert enc.directory.stat().st_ino == published[0] and len(enc) == 3
-    assert os.listdir(tmp_path / "cache") == [enc.directory.name]
+    enc = encode_parallel(corpus, tok, tok, cache=rival.cache)
+    assert enc.directory.stat().st_ino == rival.inode and len(enc) == 3
+    assert os.listdir(rival.cache) == [enc.directory.name]
 
 
 def test_everything_filtered_is_an_error(corpus, tok, tmp_path):
