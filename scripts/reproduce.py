@@ -18,7 +18,9 @@ and one thread each, seeds seed … seed+N-1, each under the recipe's budget, in
 member-K; the choice on validation then also weighs their ensembles (the members' best checkpoints,
 or their averages, decoded as one model).
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
-override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly.
+override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly;
+``--tag TAG`` ends NAME with ``-TAG`` (e.g. the machine), so that a run elsewhere never replaces a result
+already in results/.
 Under ``torchrun`` every rank trains (DistributedDataParallel) and rank 0 evaluates and writes.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -195,6 +198,19 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
             "evaluation_minutes": round((time.time() - t0) / 60, 2)}  # fmt: skip
 
 
+COSMETIC = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
+
+
+def run_name(recipe: str, overrides: list[str], members: int, tag: str | None) -> str:
+    """NAME of runs/reproduce-NAME and results/NAME.json: the recipe, what changes its results, the tag."""
+    return (
+        recipe
+        + "".join(f"-{o.replace('=', '')}" for o in overrides if not o.startswith(COSMETIC))
+        + (f"-members{members}" if members else "")
+        + (f"-{tag}" if tag else "")
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipe", help="a recipe name in recipes/ (without .toml)")
@@ -214,18 +230,17 @@ def main() -> int:
     ap.add_argument("--members", type=int, default=0,
                     help="train this many models side by side, one process each, and weigh their ensemble "
                     "(translation; run it without torchrun)")  # fmt: skip
+    ap.add_argument("--tag", help="ends NAME with -TAG (letters, digits, '.', '_', '-'), e.g. the machine, "
+                    "so that this run's files sit beside those already in results/")  # fmt: skip
     args = ap.parse_args()
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.tag):
+        ap.error(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-' only: it names files")
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
     if args.members == 1 or args.members < 0:
         ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
-    cosmetic = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
-    name = (
-        args.recipe
-        + "".join(f"-{o.replace('=', '')}" for o in args.overrides if not o.startswith(cosmetic))
-        + (f"-members{args.members}" if args.members else "")
-    )
+    name = run_name(args.recipe, args.overrides, args.members, args.tag)
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     recipe = ROOT / "recipes" / f"{args.recipe}.toml"
     cfg = load_recipe(recipe, [*args.overrides, f"out_dir={run_dir}"])

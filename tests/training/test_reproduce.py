@@ -30,12 +30,21 @@ def load_script():
     [
         (["multi30k-en-de", "--members", "1"], "--members 1: give 2 or more"),
         (["shakespeare-char", "--members", "2"], "--members is for translation recipes"),
+        (["multi30k-en-de", "--tag", "../elsewhere"], "--tag '../elsewhere': use letters"),
     ],
 )
 def test_members_arguments_are_checked_before_anything_runs(args, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert message in run.stderr
+
+
+def test_the_run_name_leaves_out_cosmetic_overrides_and_ends_with_the_tag():
+    run_name = load_script().run_name
+    assert run_name("multi30k-en-de", ["lr=0.0035", "threads=1", "seed=3"], 2, None) == (
+        "multi30k-en-de-lr0.0035-seed3-members2"
+    )
+    assert run_name("multi30k-de-en", ["seed=2"], 0, "isa-avx2") == "multi30k-de-en-seed2-isa-avx2"
 
 
 @pytest.mark.parametrize(
