@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +35,16 @@ def de_en_meta(path: Path) -> None:
     """Name the languages of a test translation model, as a training run records them."""
     meta = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**meta, "src_lang": "de", "tgt_lang": "en"}))
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    """POST ``body`` as JSON to the running server: (status, the JSON answer), errors included."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def free_port() -> int:

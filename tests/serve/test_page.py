@@ -6,7 +6,6 @@ CI sets AIAYN_REQUIRE_BROWSER=1 so that it fails instead."""
 import json
 import os
 import shutil
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from aiayn.cli.main import main
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
+from tests.serve.conftest import post
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -125,10 +125,9 @@ def test_language_model_streams(page, server):
     page.wait_for_function("document.getElementById('g-go').disabled === false")
     page.unroute("**/v1/generate")
     assert sent and sent[0]["stream"] is True and page.text_content("#error") == ""
-    body = json.dumps({**sent[0], "stream": False}).encode()
-    whole = urllib.request.Request(server[0] + "v1/generate", body, {"Content-Type": "application/json"})
-    text = json.load(urllib.request.urlopen(whole, timeout=30))["text"]
-    assert text and page.text_content("#g-out") == "Ein" + text
+    status, whole = post(server[0] + "v1/generate", {**sent[0], "stream": False})
+    text = whole["text"]
+    assert status == 200 and text and page.text_content("#g-out") == "Ein" + text
 
 
 def test_no_request_leaves_the_server(page, server):

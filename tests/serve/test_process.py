@@ -1,7 +1,6 @@
 """``aiayn serve`` as a real uvicorn process on 127.0.0.1, used by the real LibreTranslate client
 (libretranslatepy) and by concurrent plain HTTP clients."""
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -14,15 +13,7 @@ pytest.importorskip("uvicorn")
 
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
-
-
-def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from tests.serve.conftest import post  # noqa: E402
 
 
 def test_the_libretranslate_client_translates_as_the_cli(server, served):

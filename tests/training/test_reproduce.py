@@ -33,7 +33,7 @@ def load_script():
         (["multi30k-en-de", "--tag", "../elsewhere"], "--tag '../elsewhere': use letters"),
     ],
 )
-def test_members_arguments_are_checked_before_anything_runs(args, message):
+def test_arguments_are_checked_before_anything_runs(args, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert message in run.stderr
