@@ -36,7 +36,7 @@ from torch import nn
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.atomic import write_json
-from aiayn.cli.demo import machine
+from aiayn.cli.demo import ISA_LIMITS, machine
 from aiayn.modules.embedding import sinusoidal_table
 from aiayn.training.config import TrainConfig
 from aiayn.training.trainer import make_optimizer
@@ -95,10 +95,6 @@ def batches(n: int, vocab: int, max_tokens: int, seed: int = 0):
             tgt_out[i, :t], tgt_out[i, t] = y, EOS
         out.append((src, tgt_in, tgt_out))
     return out
-
-
-# the variables that make this machine run narrower vector code, as a slower CPU would (e.g. AVX2 only)
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def matmul_gflops(device: torch.device, n: int = 1024, repeat: int = 20) -> float:

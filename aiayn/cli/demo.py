@@ -25,6 +25,9 @@ from aiayn.errors import ConfigError
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
 REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo figures and their machines
+# Variables that make ATen, MKL and oneDNN use a lesser instruction set (e.g. AVX2 on an AVX-512 CPU): a
+# way to measure what a slower CPU gets, which a result must then say it was measured under.
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def demo_config(out: Path, minutes: float):
@@ -109,11 +112,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def machine() -> str:
-    """The CPU model, its core count and the torch build: what a time-bounded figure depends on."""
+    """The CPU model, its core count, the torch build and any instruction-set limit in force (ISA_LIMITS):
+    what a time-bounded figure depends on."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    limits = " ".join(f"{k}={os.environ[k]}" for k in ISA_LIMITS if os.environ.get(k))
+    described = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return f"{described}, limited by {limits}" if limits else described

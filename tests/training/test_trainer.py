@@ -210,6 +210,19 @@ def test_the_demo_config_loads_from_the_recipe(tmp_path):
     assert (cfg.schedule, cfg.horizon, cfg.max_minutes) == ("inverse_sqrt", "steps", 10)
 
 
+def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch):
+    """A figure measured with ATen/MKL/oneDNN held to AVX2 must not read as the unrestricted machine's."""
+    from aiayn.cli.demo import ISA_LIMITS, machine
+
+    for name in ISA_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    plain = machine()
+    assert "limited by" not in plain and plain.endswith(f"torch {torch.__version__}")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert machine() == f"{plain}, limited by ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+
+
 def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=4")]) == 0
