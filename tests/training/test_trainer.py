@@ -223,6 +223,21 @@ def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch
     assert machine() == f"{plain}, limited by ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
 
 
+def test_the_machine_names_the_widest_vector_instructions_of_the_first_cpu():
+    """Two VMs that both call themselves "AMD EPYC" differ 3× in speed: the flags tell them apart."""
+    from aiayn.cli.demo import describe_cpu
+
+    def block(model, flags):
+        return f"processor\t: 0\nmodel name\t: {model}\nflags\t\t: {flags}\n\n"
+
+    zen1, zen4 = block("AMD EPYC", "fpu sse2 avx fma avx2"), block("AMD EPYC", "avx2 avx512f avx512_bf16")
+    assert describe_cpu(zen1 + block("Other", "avx2 avx512f amx_bf16")) == "AMD EPYC (AVX2)"
+    assert describe_cpu(zen4) == "AMD EPYC (AVX-512 BF16)"
+    assert describe_cpu(block("Intel Xeon", "avx2 avx512f avx512_bf16 amx_bf16")) == "Intel Xeon (AMX)"
+    assert describe_cpu(block("Intel Xeon", "avx2 avx512f")) == "Intel Xeon (AVX-512)"
+    assert describe_cpu(block("Old", "sse2 avx")) == "Old"
+
+
 def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=4")]) == 0
