@@ -210,6 +210,19 @@ def test_the_demo_config_loads_from_the_recipe(tmp_path):
     assert (cfg.schedule, cfg.horizon, cfg.max_minutes) == ("inverse_sqrt", "steps", 10)
 
 
+def test_the_demo_compares_its_speed_and_tells_a_slower_machine_how_long_to_train():
+    """0.74 updates/s against the README's 1,496 updates at 2.49/s: 0.30× as fast, and 34 minutes for them."""
+    from aiayn.cli.demo import against_references
+
+    readme = {"bleu": 33.61, "updates": 1496, "minutes": 10.0, "updates_per_s": 2.49, "machine": "A"}
+    refs = [readme, {**readme, "bleu": 22.28, "updates": 874, "updates_per_s": 1.46, "machine": "B"}]
+    slow = against_references(0.74, refs)
+    assert "came from 2.49 updates/s on A: this machine ran 0.30× as fast" in slow[0]
+    assert "this machine ran 0.51× as fast" in slow[1]
+    assert slow[2].endswith("1,496 updates at this machine's speed: .venv/bin/aiayn demo --minutes 34")
+    assert len(against_references(2.4, refs)) == 2 and against_references(0.74, []) == []
+
+
 def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch):
     """A figure measured with ATen/MKL/oneDNN held to AVX2 must not read as the unrestricted machine's."""
     from aiayn.cli.demo import ISA_LIMITS, machine
