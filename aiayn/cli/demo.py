@@ -28,6 +28,9 @@ REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo fig
 # Variables that make ATen, MKL and oneDNN use a lesser instruction set (e.g. AVX2 on an AVX-512 CPU): a
 # way to measure what a slower CPU gets, which a result must then say it was measured under.
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+# /proc/cpuinfo flags, widest first, and how results name them: two VMs that both call themselves "AMD
+# EPYC" (a Zen 4 with AVX-512 and a Zen 1 with AVX2) train the tiny model at 3× different speeds.
+VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
 
 
 def demo_config(out: Path, minutes: float):
@@ -139,22 +142,14 @@ def machine() -> str:
     return f"{described}, limited by {limits}" if limits else described
 
 
-# /proc/cpuinfo flags, widest first, and how results name them: two VMs that both call themselves "AMD
-# EPYC" (a Zen 4 with AVX-512 and a Zen 1 with AVX2) train the tiny model at 3× different speeds.
-VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-
 
 def describe_cpu(cpuinfo: str) -> str:
     """MODEL (ISA) from the text of /proc/cpuinfo: the first model name and the widest vector
     instructions its flags list (the model alone where neither is known)."""
-    model, flags = platform.processor() or platform.machine(), set()
-    for line in cpuinfo.splitlines():
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key == "model name":
-            model = value
-        elif key == "flags":
-            flags = set(value.split())
-        if key == "" and flags:  # the end of the first processor's block
-            break
+    block = cpuinfo.split("\n\n", 1)[0]  # the first processor's
+    pairs = (line.partition(":") for line in block.splitlines())
+    fields = {key.strip(): value.strip() for key, _, value in pairs}
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
     isa = next((name for flag, name in VECTOR_ISAS if flag in flags), None)
     return f"{model} ({isa})" if isa else model
