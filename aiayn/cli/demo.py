@@ -142,7 +142,6 @@ def machine() -> str:
     return f"{described}, limited by {limits}" if limits else described
 
 
-
 def describe_cpu(cpuinfo: str) -> str:
     """MODEL (ISA) from the text of /proc/cpuinfo: the first model name and the widest vector
     instructions its flags list (the model alone where neither is known)."""
