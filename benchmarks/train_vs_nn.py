@@ -8,10 +8,14 @@ Multi30k's, bucketed to a token budget, padding included), in the same precision
 step by step in one process so that machine noise hits both alike. Reported: target tokens/s
 (median over steps, and over all steps together: batches of different lengths take different
 paths), the ratios, and peak memory of each implementation measured alone in a child process (RSS
-growth on the CPU, max allocated on CUDA).
+growth on the CPU, max allocated on CUDA). ``--profile`` (CPU) also measures, under the PyTorch profiler
+after the timed steps, the share of each step spent in matrix products, and from it the ceiling of
+the ratio: the plain step's time over aiayn's products alone, which no saving outside the products
+can pass (both sides do the same products, on the same machine).
 
     python benchmarks/train_vs_nn.py --size tiny --precision fp32
     python benchmarks/train_vs_nn.py --size base --precision bf16 --steps 6
+    python benchmarks/train_vs_nn.py --profile     # + the matrix products' share and the ceiling
     # as a CPU without AVX-512 would run it (what the file's isa_limits records):
     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
         python benchmarks/train_vs_nn.py
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -46,6 +51,8 @@ SIZES = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, layers=6, vocab=37000),
 }
 PAD, BOS, EOS = 0, 1, 2
+# the operators that run matrix products on the CPU (self time: matmul, linear dispatch to these)
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addbmm")
 
 
 class PlainRecipe(nn.Module):
@@ -121,6 +128,19 @@ def child_peak(name: str) -> float:
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
 
+def product_share(step, batches) -> float:
+    """The fraction of ``step``'s CPU time (over ``batches``) spent in matrix products, under the
+    PyTorch profiler: self time, so an operator is counted once, whichever path dispatched it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            step(batch)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sum(e.self_cpu_time_total for e in events if e.key in MATRIX_PRODUCTS) / total
+
+
 def rss_mb(field: str = "VmHWM") -> float:
     """This process's peak (VmHWM) or current (VmRSS) resident memory. Unlike ru_maxrss, VmHWM
     starts afresh in a new program, so the parent's peak does not leak into the child's figure."""
@@ -148,9 +168,12 @@ def main() -> None:
         action="store_true",
         help="the plain recipe steps with the fused Adam too (separates model from optimizer)",
     )
+    ap.add_argument("--profile", action="store_true", help="also the matrix products' share of a step (CPU)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--memory-of", choices=["aiayn", "nn.Transformer"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.profile and args.device != "cpu":
+        ap.error(f"--profile measures CPU time; --device {args.device} runs on an accelerator (drop one)")
     if args.threads:
         torch.set_num_threads(args.threads)
     s, device = SIZES[args.size], torch.device(args.device)
@@ -190,24 +213,26 @@ def main() -> None:
         loss.backward()
 
     steps = {"aiayn": step_aiayn, "nn.Transformer": step_plain}
+
+    def update(name, batch):  # forward, backward and the optimizer's step
+        steps[name](batch)
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+
     if args.memory_of:  # a child process: the peak memory of one implementation alone
         before = rss_mb("VmRSS")
         for batch in data[:3]:
-            steps[args.memory_of](batch)
-            opts[args.memory_of].step()
-            opts[args.memory_of].zero_grad(set_to_none=True)
+            update(args.memory_of, batch)
         peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else rss_mb() - before
         print(json.dumps({"peak_mb": round(peak, 1)}))
         return
     times: dict[str, list[float]] = {k: [] for k in steps}
     for i, batch in enumerate(data):
-        for name, fn in steps.items():  # alternate, so both see the same machine state
+        for name in steps:  # alternate, so both see the same machine state
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            fn(batch)
-            opts[name].step()
-            opts[name].zero_grad(set_to_none=True)
+            update(name, batch)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if i >= args.warmup:
@@ -232,6 +257,14 @@ def main() -> None:
     result["speedup_all_steps"] = round(sum(times["nn.Transformer"]) / sum(times["aiayn"]), 2)  # total time
     ratios = [b / a for a, b in zip(times["aiayn"], times["nn.Transformer"])]  # same batch, back to back
     result["speedup_median_of_pairs"] = round(statistics.median(ratios), 2)
+    if args.profile:  # after the timing, so that the profiler's overhead touches none of it
+        for name in steps:
+            share = product_share(functools.partial(update, name), data[args.warmup : args.warmup + 5])
+            result[name]["matrix_product_share"] = round(share, 3)
+            result[name]["matrix_product_s"] = round(share * result[name]["step_s"], 4)  # of the median step
+        # no saving outside the products can make aiayn's step shorter than its products alone
+        ceiling = result["nn.Transformer"]["step_s"] / result["aiayn"]["matrix_product_s"]
+        result["speedup_ceiling"] = round(ceiling, 2)
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)  # temp file + rename: nothing half-written

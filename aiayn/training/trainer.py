@@ -171,6 +171,19 @@ def _record(line: str) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
 
 
+def slow_machine_hint(cfg: TrainConfig, reachable: int) -> str | None:
+    """Advice for a time-budgeted translation run whose budget holds under a third of ``max_steps``.
+
+    A recipe's ``max_steps`` is a cap near what the machines it was tuned on reach; on a machine far
+    slower, the few updates of the recipe's size learn less than twice as many of half the size
+    (docs/results.md, "Smaller updates on a slow machine"). None when the advice does not apply.
+    """
+    if cfg.task != "translation" or reachable >= cfg.max_steps / 3 or cfg.max_tokens <= 1024:
+        return None
+    return (f"aiayn train: under a third of max_steps; on a machine this slow, smaller updates train further "
+            f"within the budget (e.g. max_tokens={cfg.max_tokens // 2}; docs/results.md)")  # fmt: skip
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         self.cfg = cfg
@@ -424,6 +437,9 @@ class Trainer:
             budget, cap = f"{self.cfg.max_minutes:g}-minute", f"max_steps {self.cfg.max_steps:,}"
             tqdm.write(f"aiayn train: {rate:.2f} updates/s on this machine; the {budget} budget allows "
                        f"≈ {reachable:,} updates ({cap})", file=sys.stderr)  # fmt: skip
+            hint = slow_machine_hint(self.cfg, reachable)
+            if hint:
+                tqdm.write(hint, file=sys.stderr)
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict:
