@@ -115,8 +115,10 @@ def train_members(recipe: Path, overrides: list[str], run_dir: Path, cfg, n: int
             reason = "max_steps"
         elif cfg.max_minutes and minutes >= cfg.max_minutes - 0.1:  # its training clock ran out
             reason = "max_minutes"
+        sizes = [r["max_tokens"] for r in records if "max_tokens" in r]  # short_budget may have halved them
         out.append({"dir": d.name, "seed": seed, "steps": steps, "stopped_by": reason,
-                    "train_minutes": round(minutes, 2)})  # fmt: skip
+                    "train_minutes": round(minutes, 2),
+                    "max_tokens": sizes[-1] if sizes else cfg.max_tokens})  # fmt: skip
     return out
 
 
@@ -257,7 +259,8 @@ def main() -> int:
     t0 = time.time()
     if args.members:
         trained = train_members(recipe, args.overrides, run_dir, cfg, args.members)
-        result = {"step": [m["steps"] for m in trained], "reason": "see members"}
+        result = {"step": [m["steps"] for m in trained], "reason": "see members",
+                  "max_tokens": [m["max_tokens"] for m in trained]}  # fmt: skip
     else:
         result = Trainer(cfg).fit()
     wall = time.time() - t0
@@ -268,6 +271,7 @@ def main() -> int:
         return 1
     out = {"name": name, "recipe": f"recipes/{args.recipe}.toml", "overrides": args.overrides,
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
+           "max_tokens": result["max_tokens"],  # after short_budget: the batches the run ended with
            "train_wall_minutes": round(wall / 60, 2), "processes": args.members or dist.world_size,
            "machine": machine(), "commit": commit, "config": to_dict(cfg)}  # fmt: skip
     if args.members:

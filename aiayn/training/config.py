@@ -99,6 +99,10 @@ class TrainConfig:
     max_epochs: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # training-time budget (evaluation excluded); 0 = no limit
     horizon: str = "steps"  # cosine spans "steps" (decay_steps) or "budget": steps or max_minutes, first out
+    # translation with max_minutes: what a run does when, at the speed of its first 20 updates, the budget
+    # holds under a third of max_steps (a machine far slower than the recipe's): "warn" says that half-size
+    # updates train further there; "halve_max_tokens" trains on with them (once, if max_tokens > 1024)
+    short_budget: str = "warn"
     patience: int = 0  # stop after this many evaluations without improvement; 0 = off
     # -- hardware -------------------------------------------------------------------------------
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", …
@@ -136,6 +140,7 @@ class TrainConfig:
                               ("r2l_memory_from", ("reference", "greedy")),
                               ("subword_dropout_sides", ("both", "source", "target")),
                               ("output_vocab", ("all", "target")),
+                              ("short_budget", ("warn", "halve_max_tokens")),
                               ("schedule", ("noam", "inverse_sqrt", "constant", "cosine"))):  # fmt: skip
             if getattr(self, name) not in choices:
                 fail(name, f"is not one of {choices}")
@@ -177,6 +182,9 @@ class TrainConfig:
             fail("min_lr", f"is above lr={self.lr}: the cosine schedule decays from lr down to min_lr")
         if self.horizon == "budget" and (self.schedule != "cosine" or not self.max_minutes):
             fail("horizon", "needs schedule='cosine' and max_minutes > 0 (the budget the schedule spans)")
+        if self.short_budget == "halve_max_tokens" and self.task != "translation":
+            fail("short_budget", f"resizes a translation run's token batches; task={self.task!r} has none to "
+                 "resize (use 'warn')")  # fmt: skip
         if self.seed < 0:
             fail("seed", "must be ≥ 0")
         if not self.out_dir:

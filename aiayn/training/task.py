@@ -84,6 +84,12 @@ class Task:
     def valid_batches(self) -> Iterator[Batch]:
         raise NotImplementedError
 
+    def rebatch(self, max_tokens: int) -> None:
+        """Training batches of ``max_tokens`` from here on, the current epoch again from its start
+        (``TrainConfig.short_budget``); ``train_batches()`` afterwards iterates them. Only tasks with
+        token-budget batches can."""
+        raise NotImplementedError(f"task {self.cfg.task!r} has no token-budget batches to resize")
+
     # -- the objective ----------------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: Batch, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
         """Summed training loss, summed NLL and the number of targets of ``batch``; ``model`` may be

@@ -52,6 +52,8 @@ RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval
 STOP_REASONS = ("", "max_epochs", "max_minutes", "patience", "SIGINT", "SIGTERM")
 # what a run that never reached a checkpoint leaves; removed when it is started again
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
+# updates timed before a time-budgeted run says its speed (and, with short_budget, acts on it)
+SPEED_UPDATES = 20
 
 
 class TrainingDiverged(AiaynError):
@@ -171,17 +173,29 @@ def _record(line: str) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
 
 
-def slow_machine_hint(cfg: TrainConfig, reachable: int) -> str | None:
-    """Advice for a time-budgeted translation run whose budget holds under a third of ``max_steps``.
+def budget_too_short(cfg: TrainConfig, max_tokens: int, reachable: int) -> bool:
+    """Whether a time-budgeted translation run of ``max_tokens``-token batches, whose budget holds
+    ``reachable`` updates at the speed measured, should train on with half-size updates.
 
     A recipe's ``max_steps`` is a cap near what the machines it was tuned on reach; on a machine far
-    slower, the few updates of the recipe's size learn less than twice as many of half the size
-    (docs/results.md, "Smaller updates on a slow machine"). None when the advice does not apply.
+    slower, where the budget holds under a third of it, the few updates of the recipe's size learn
+    less than twice as many of half the size: de→en 38.40 against 23.69 BLEU, en→de 38.47 against
+    35.72 (an AMD EPYC Zen 1 VM; at 44% of max_steps, on a faster VM, the halving was level on
+    validation; docs/results.md, "Smaller updates on a slow machine"). Half of 1,024 tokens or of a
+    pair ``max_len`` allows is untried, or does not fit.
     """
-    if cfg.task != "translation" or reachable >= cfg.max_steps / 3 or cfg.max_tokens <= 1024:
+    if cfg.task != "translation" or reachable >= cfg.max_steps / 3:
+        return False
+    return max_tokens > 1024 and max_tokens // 2 > cfg.max_len
+
+
+def slow_machine_hint(cfg: TrainConfig, reachable: int) -> str | None:
+    """With ``short_budget="warn"``: the advice for a run ``budget_too_short`` finds, or None."""
+    if not budget_too_short(cfg, cfg.max_tokens, reachable):
         return None
     return (f"aiayn train: under a third of max_steps; on a machine this slow, smaller updates train further "
-            f"within the budget (e.g. max_tokens={cfg.max_tokens // 2}; docs/results.md)")  # fmt: skip
+            f"within the budget (e.g. max_tokens={cfg.max_tokens // 2}, or short_budget=\"halve_max_tokens\" "
+            "to switch by itself; docs/results.md)")  # fmt: skip
 
 
 class Trainer:
@@ -227,6 +241,8 @@ class Trainer:
         self.schedule = make_schedule(cfg, self.model.config.d_model)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
+        # the batches' size, which short_budget may halve once, when the speed is first measured
+        self.max_tokens, self.speed_checked = cfg.max_tokens, False
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
             self._resume(checkpoints)
@@ -275,6 +291,10 @@ class Trainer:
             raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({'; '.join(skipped)})")
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
         self.elapsed = state["elapsed"]
+        self.speed_checked = state.get("speed_checked", True)  # a run from before short_budget: checked
+        if state.get("max_tokens", self.max_tokens) != self.max_tokens:  # short_budget halved them
+            self.max_tokens = int(state["max_tokens"])
+            self.task.rebatch(self.max_tokens)
         self.task.sampler.load_state_dict(state["sampler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -374,7 +394,8 @@ class Trainer:
             return None
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
-                 "epoch": self.task.epoch, "run_id": self.run_id}  # fmt: skip
+                 "epoch": self.task.epoch, "run_id": self.run_id, "max_tokens": self.max_tokens,
+                 "speed_checked": self.speed_checked}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta())  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
@@ -419,12 +440,13 @@ class Trainer:
         """The fraction of the time budget spent, for a schedule whose horizon is the budget."""
         return self.elapsed / (60 * self.cfg.max_minutes) if self.cfg.horizon == "budget" else 0.0
 
-    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> None:
+    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> int | None:
         """Set the progress bar's total to the updates the time budget allows at the speed measured
-        so far (so its ETA is the budget's), and say once what that speed is."""
+        since ``start`` (so its ETA is the budget's), say once what that speed is, and return those
+        updates (None without a budget)."""
         steps, seconds = self.step - start[0], self.elapsed - start[1]
         if not (self.cfg.max_minutes and steps and seconds > 0):
-            return
+            return None
         rate = steps / seconds  # updates per second of training time
         left = 60 * self.cfg.max_minutes - self.elapsed
         reachable = self.step + int(rate * max(left, 0.0))
@@ -432,14 +454,39 @@ class Trainer:
         floor = self.step + (self.cfg.log_every if left > 0 else 0)
         bar.total = min(self.cfg.max_steps, max(floor, reachable))
         bar.refresh()
-        if steps >= 20 and not self._told_speed and self.dist.is_main:
+        if steps >= SPEED_UPDATES and not self._told_speed and self.dist.is_main:
             self._told_speed = True
             budget, cap = f"{self.cfg.max_minutes:g}-minute", f"max_steps {self.cfg.max_steps:,}"
-            tqdm.write(f"aiayn train: {rate:.2f} updates/s on this machine; the {budget} budget allows "
+            size = f" of max_tokens={self.max_tokens}" if self.max_tokens != self.cfg.max_tokens else ""
+            tqdm.write(f"aiayn train: {rate:.2f} updates/s{size} on this machine; the {budget} budget allows "
                        f"≈ {reachable:,} updates ({cap})", file=sys.stderr)  # fmt: skip
-            hint = slow_machine_hint(self.cfg, reachable)
+            hint = slow_machine_hint(self.cfg, reachable) if self.cfg.short_budget == "warn" else None
             if hint:
                 tqdm.write(hint, file=sys.stderr)
+        return reachable
+
+    def _halve_batches(self, reachable: int | None) -> bool:
+        """``short_budget="halve_max_tokens"``: once per run, at the first speed estimate after
+        ``SPEED_UPDATES`` updates, halve the batches if rank 0 finds the budget too short
+        (``budget_too_short``); every rank follows its answer. True when the batches changed."""
+        cfg = self.cfg
+        if cfg.short_budget != "halve_max_tokens" or self.speed_checked or self.step < SPEED_UPDATES:
+            return False
+        self.speed_checked = True
+        short = reachable is not None and budget_too_short(cfg, self.max_tokens, reachable)
+        short = short and self.dist.is_main
+        if self.dist.enabled:  # rank 0's clock decides for every rank
+            short = bool(all_reduce_max(torch.tensor([float(short)], device=self.device), self.dist)[0])
+        if not short:
+            return False
+        self.max_tokens //= 2
+        self.task.rebatch(self.max_tokens)
+        if self.dist.is_main:
+            tqdm.write(f"aiayn train: the budget holds under a third of max_steps at this speed: on with "
+                       f"max_tokens={self.max_tokens} (short_budget=\"halve_max_tokens\"), whose smaller "
+                       "updates train further on a machine this slow (docs/results.md)",
+                       file=sys.stderr)  # fmt: skip
+        return True
 
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -477,8 +524,10 @@ class Trainer:
                     )
                     self.log({"step": self.step, "split": "train", **stats, **self.task.pop_metrics("train"),
                               "tokens_per_s": round(tok_s), "epoch": self.task.epoch,
-                              "elapsed": round(self.elapsed, 1)})  # fmt: skip
-                    self._follow_budget(bar, start)
+                              "elapsed": round(self.elapsed, 1), "max_tokens": self.max_tokens})  # fmt: skip
+                    if self._halve_batches(self._follow_budget(bar, start)):
+                        batches = self.task.train_batches()  # the current epoch again, in the new batches
+                        start, self._told_speed = (self.step, self.elapsed), False  # time the new size
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()
                     last_eval = self.step
@@ -497,4 +546,4 @@ class Trainer:
             print(f"aiayn train: stopped at step {self.step} ({reason}); best checkpoint "
                   f"{(self.run_dir / 'best').resolve()}", file=sys.stderr)  # fmt: skip
         shutdown(self.dist)
-        return {"step": self.step, "reason": reason, "best": self.best}
+        return {"step": self.step, "reason": reason, "best": self.best, "max_tokens": self.max_tokens}

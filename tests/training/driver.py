@@ -4,11 +4,12 @@ production code carries no test hooks.
     python tests/training/driver.py [--dump-params DIR] [--pause-checkpoint STEP:SECONDS]
                                     [--pid-dir DIR] [--fast-clock RANK:FACTOR] -- ARGS…
 
-``--dump-params`` saves each rank's final parameters and step as DIR/rank{R}.safetensors (DDP tests
-compare ranks); ``--pause-checkpoint`` sleeps once checkpoint STEP is fully written but not yet
-renamed into place, so that a test can kill the process mid-write; ``--pid-dir`` writes each rank's
-process id to DIR/rank{R}.pid (to signal one rank); ``--fast-clock`` makes rank RANK's training
-clock run FACTOR times too fast (ranks that disagree about the time budget).
+``--dump-params`` saves each rank's final parameters, step and batch size (max_tokens) as
+DIR/rank{R}.safetensors (DDP tests compare ranks); ``--pause-checkpoint`` sleeps once checkpoint
+STEP is fully written but not yet renamed into place, so that a test can kill the process
+mid-write; ``--pid-dir`` writes each rank's process id to DIR/rank{R}.pid (to signal one rank);
+``--fast-clock`` makes rank RANK's training clock run FACTOR times too fast (ranks that disagree
+about the time budget).
 """
 
 import argparse
@@ -32,7 +33,9 @@ def dump_params(folder: str) -> None:
     def fit(self):
         result = real_fit(self)
         path = Path(folder) / f"rank{self.dist.rank}.safetensors"
-        save_model(self.model, str(path), metadata={"step": str(self.step)})
+        save_model(
+            self.model, str(path), metadata={"step": str(self.step), "max_tokens": str(self.max_tokens)}
+        )
         return result
 
     trainer.Trainer.fit = fit

@@ -88,6 +88,7 @@ def test_a_budget_horizon_needs_a_cosine_and_a_budget(overrides, message):
         ({"max_tokens": 8192}, 1029, "max_tokens=4096"),
         ({"max_tokens": 1024}, 100, None),  # already small
         ({"task": "lm"}, 100, None),  # measured on translation only
+        ({"max_len": 2048}, 100, None),  # half the batch would not hold the longest pairs
     ],
 )
 def test_a_slow_machine_is_told_that_smaller_updates_train_further(fields, reachable, advice):
@@ -97,3 +98,70 @@ def test_a_slow_machine_is_told_that_smaller_updates_train_further(fields, reach
         assert hint is None
     else:
         assert advice in hint and "under a third of max_steps" in hint
+
+
+SHORT = ["max_tokens=2048", "max_minutes=0.25", "max_steps=1000", "short_budget=halve_max_tokens",
+         "eval_every=10"]  # fmt: skip  # 61 updates of 0.25 s pass 15 s: under a third of max_steps
+
+
+def _stop_after(monkeypatch, step: int):
+    """Stop the run as a SIGINT would (save and exit 0) once update ``step`` is done."""
+    real = trainer_module.Trainer.train_step
+
+    def train_step(self, batches):
+        stats = real(self, batches)
+        if self.step == step:
+            self._stop_signal = "SIGINT"
+        return stats
+
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", train_step)
+
+
+def test_a_short_budget_halves_the_batches_once(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, *SHORT)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("on with max_tokens=1024") == 1 and "updates/s of max_tokens=1024" in err
+    records = _train(run)
+    assert [r["step"] for r in records] == list(range(1, 62))
+    before, after = records[:20], records[20:]
+    assert {r["max_tokens"] for r in before} == {2048} and {r["max_tokens"] for r in after} == {1024}
+    # targets per update follow the padded size: every batch of the tiny corpus's pairs is then half as big
+    assert max(r["tokens"] for r in after) <= 1024 < max(r["tokens"] for r in before)
+    state = json.loads((run / "step-000061" / "trainer_state.json").read_text())
+    assert state["max_tokens"] == 1024 and state["speed_checked"] is True
+
+
+def test_a_long_enough_budget_keeps_the_batches(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, *SHORT, "max_steps=150")]) == 0  # 60 ≥ 150 / 3
+    assert "on with max_tokens" not in capsys.readouterr().err
+    assert {r["max_tokens"] for r in _train(run)} == {2048}
+
+
+@pytest.mark.parametrize("stop", [8, 30])  # before the speed is measured (update 20), and after it halved
+def test_resume_around_the_halving_is_exact(corpus, tmp_path, monkeypatch, stop):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, ref, *SHORT)]) == 0
+    with monkeypatch.context() as m:
+        _stop_after(m, stop)
+        assert main(["train", *tiny_args(corpus, run, *SHORT)]) == 0
+    assert _train(run)[-1]["step"] == stop
+    assert main(["train", *tiny_args(corpus, run, *SHORT), "--resume"]) == 0
+
+    def rows(path):
+        return [(r["step"], r["loss"], r["lr"], r["max_tokens"], r["tokens"]) for r in _train(path)]
+
+    assert rows(run) == rows(ref)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["short_budget=halve"], "short_budget='halve' is not one of"),
+        (["short_budget=halve_max_tokens", "task=lm"], "task='lm' has none to resize"),
+    ],
+)
+def test_short_budget_is_checked(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(None, overrides)

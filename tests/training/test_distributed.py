@@ -127,6 +127,28 @@ def test_sigterm_to_one_rank_stops_both_cleanly(corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_rank_0s_clock_halves_the_batches_of_both_ranks(corpus, tmp_path):
+    """short_budget: rank 0's clock runs 50× fast, so that its budget holds under a third of max_steps
+    while rank 1's does not; both ranks go on in half-size batches, and stay identical."""
+    dump, pids, run = tmp_path / "dump", tmp_path / "pids", tmp_path / "run"
+    dump.mkdir(), pids.mkdir()
+    options = ["--dump-params", str(dump), "--pid-dir", str(pids), "--fast-clock", "0:50"]
+    budget = ["max_minutes=60", "max_tokens=2048", "short_budget=halve_max_tokens"]
+    proc = _torchrun(corpus, tmp_path, 29545, options, "max_steps=100000", "eval_every=100000", *budget)
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 30:
+        assert proc.poll() is None and time.time() < deadline, "the run did not get to 30 updates"
+        time.sleep(0.1)
+    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGTERM)
+    err = _finish(proc, pids)
+    assert err.count("on with max_tokens=1024") == 1
+    assert {safe_open(str(dump / f"rank{r}.safetensors"), "pt").metadata()["max_tokens"] for r in (0, 1)} == {
+        "1024"
+    }
+    assert _same_final_state(dump, run) >= 30
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("precision", "port"), [("bf16", 29543), ("auto", 29544)])
 def test_ranks_train_in_one_precision_and_stay_identical(corpus, tmp_path, precision, port):
     """bf16 autocast under DistributedDataParallel keeps the ranks identical; with ``auto`` rank 0's

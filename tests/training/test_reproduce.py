@@ -61,9 +61,9 @@ def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path,
 
     trained = reproduce.train_members(recipe, overrides, run_dir, cfg, 2)
 
-    assert [(m["dir"], m["seed"], m["steps"], m["stopped_by"]) for m in trained] == [
-        ("member-1", 7, 4, "max_steps"),
-        ("member-2", 8, 4, "max_steps"),
+    assert [(m["dir"], m["seed"], m["steps"], m["stopped_by"], m["max_tokens"]) for m in trained] == [
+        ("member-1", 7, 4, "max_steps", 256),
+        ("member-2", 8, 4, "max_steps", 256),
     ]
     configs = [json.loads((d / "train_config.json").read_text()) for d in reproduce.member_dirs(run_dir)]
     assert [(c["seed"], c["threads"]) for c in configs] == [(7, 1), (8, 1)]

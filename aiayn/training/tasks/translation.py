@@ -150,6 +150,12 @@ class TranslationTask(Task):
             for pairs in self.sampler:
                 yield self._collate(pairs)
 
+    def rebatch(self, max_tokens: int) -> None:
+        old = self.sampler
+        self.sampler = CorpusEpochs(old.corpora, max_tokens, seed=old.seed, rank=old.rank,
+                                    world_size=old.world_size)  # fmt: skip
+        self.sampler.load_state_dict({"epoch": old.state_dict()["epoch"], "position": 0})
+
     def valid_batches(self) -> Iterator[TranslationBatch]:
         sampler = TokenBatchSampler(self.valid.src.lengths, self.valid.tgt.lengths, self.cfg.max_tokens,
                                     shuffle=False)  # fmt: skip
