@@ -101,7 +101,8 @@ class TrainConfig:
     horizon: str = "steps"  # cosine spans "steps" (decay_steps) or "budget": steps or max_minutes, first out
     # translation with max_minutes: what a run does when, at the speed of its first 20 updates, the budget
     # holds under a third of max_steps (a machine far slower than the recipe's): "warn" says that half-size
-    # updates train further there; "halve_max_tokens" trains on with them (once, if max_tokens > 1024)
+    # updates train further there; "halve_max_tokens" trains on with them (once, where max_tokens > 1024
+    # and half of it holds a pair of max_len)
     short_budget: str = "warn"
     patience: int = 0  # stop after this many evaluations without improvement; 0 = off
     # -- hardware -------------------------------------------------------------------------------

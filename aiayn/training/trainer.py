@@ -45,15 +45,18 @@ from aiayn.training.task import TOKENIZER_DIR, Batch, get_task
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 # fields that may change when a run is resumed: they do not change what is computed
+# (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
+# hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
                      "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
-                     "compile", "out_dir"}  # fmt: skip
+                     "compile", "out_dir", "short_budget"}  # fmt: skip
 # why a run stops before max_steps, by priority: when ranks differ, the highest code wins
 STOP_REASONS = ("", "max_epochs", "max_minutes", "patience", "SIGINT", "SIGTERM")
 # what a run that never reached a checkpoint leaves; removed when it is started again
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
-# updates timed before a time-budgeted run says its speed (and, with short_budget, acts on it)
-SPEED_UPDATES = 20
+# a time-budgeted run says its speed after SPEED_UPDATES updates, and short_budget acts at update
+# SPEED_UPDATES on the speed of the updates after the first SPEED_SKIP (compiling, first allocations)
+SPEED_UPDATES, SPEED_SKIP = 20, 5
 
 
 class TrainingDiverged(AiaynError):
@@ -243,6 +246,7 @@ class Trainer:
         self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
         # the batches' size, which short_budget may halve once, when the speed is first measured
         self.max_tokens, self.speed_checked = cfg.max_tokens, False
+        self.checked_rate: float | None = None  # updates/s of cfg.max_tokens when short_budget looked
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
             self._resume(checkpoints)
@@ -440,16 +444,22 @@ class Trainer:
         """The fraction of the time budget spent, for a schedule whose horizon is the budget."""
         return self.elapsed / (60 * self.cfg.max_minutes) if self.cfg.horizon == "budget" else 0.0
 
-    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> int | None:
-        """Set the progress bar's total to the updates the time budget allows at the speed measured
-        since ``start`` (so its ETA is the budget's), say once what that speed is, and return those
-        updates (None without a budget)."""
-        steps, seconds = self.step - start[0], self.elapsed - start[1]
+    def _reachable(self, since: tuple[int, float]) -> tuple[float, int] | None:
+        """(updates/s of training time since ``since``, the updates the time budget allows at that
+        speed), or None without a budget or a timed update."""
+        steps, seconds = self.step - since[0], self.elapsed - since[1]
         if not (self.cfg.max_minutes and steps and seconds > 0):
             return None
-        rate = steps / seconds  # updates per second of training time
-        left = 60 * self.cfg.max_minutes - self.elapsed
-        reachable = self.step + int(rate * max(left, 0.0))
+        rate = steps / seconds
+        return rate, self.step + int(rate * max(60 * self.cfg.max_minutes - self.elapsed, 0.0))
+
+    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> None:
+        """Set the progress bar's total to the updates the time budget allows at the speed measured
+        since ``start`` (so its ETA is the budget's), and say once what that speed is."""
+        speed = self._reachable(start)
+        if speed is None:
+            return
+        (rate, reachable), steps, left = speed, self.step - start[0], 60 * self.cfg.max_minutes - self.elapsed
         # while time is left, at least the updates until the next refresh: the bar never runs past its total
         floor = self.step + (self.cfg.log_every if left > 0 else 0)
         bar.total = min(self.cfg.max_steps, max(floor, reachable))
@@ -463,18 +473,19 @@ class Trainer:
             hint = slow_machine_hint(self.cfg, reachable) if self.cfg.short_budget == "warn" else None
             if hint:
                 tqdm.write(hint, file=sys.stderr)
-        return reachable
 
-    def _halve_batches(self, reachable: int | None) -> bool:
-        """``short_budget="halve_max_tokens"``: once per run, at the first speed estimate after
-        ``SPEED_UPDATES`` updates, halve the batches if rank 0 finds the budget too short
-        (``budget_too_short``); every rank follows its answer. True when the batches changed."""
+    def _halve_batches(self, since: tuple[int, float]) -> bool:
+        """``short_budget="halve_max_tokens"``: at update ``SPEED_UPDATES``, once per run, halve the
+        batches if rank 0 finds the budget too short (``budget_too_short``) at the speed measured
+        ``since`` then; every rank follows its answer. True when the batches changed."""
         cfg = self.cfg
-        if cfg.short_budget != "halve_max_tokens" or self.speed_checked or self.step < SPEED_UPDATES:
+        if cfg.short_budget != "halve_max_tokens" or self.speed_checked or self.step != SPEED_UPDATES:
             return False
         self.speed_checked = True
-        short = reachable is not None and budget_too_short(cfg, self.max_tokens, reachable)
-        short = short and self.dist.is_main
+        speed = self._reachable(since)
+        if speed is not None:
+            self.checked_rate = speed[0]
+        short = self.dist.is_main and speed is not None and budget_too_short(cfg, self.max_tokens, speed[1])
         if self.dist.enabled:  # rank 0's clock decides for every rank
             short = bool(all_reduce_max(torch.tensor([float(short)], device=self.device), self.dist)[0])
         if not short:
@@ -482,10 +493,11 @@ class Trainer:
         self.max_tokens //= 2
         self.task.rebatch(self.max_tokens)
         if self.dist.is_main:
-            tqdm.write(f"aiayn train: the budget holds under a third of max_steps at this speed: on with "
-                       f"max_tokens={self.max_tokens} (short_budget=\"halve_max_tokens\"), whose smaller "
-                       "updates train further on a machine this slow (docs/results.md)",
-                       file=sys.stderr)  # fmt: skip
+            (rate, reachable), timed = speed, f"updates {since[0] + 1}–{self.step}"
+            tqdm.write(f"aiayn train: {rate:.2f} updates/s over {timed}: the budget holds ≈ {reachable:,}, "
+                       f"under a third of max_steps; on with max_tokens={self.max_tokens} "
+                       "(short_budget=\"halve_max_tokens\"), whose smaller updates train further on a "
+                       "machine this slow (docs/results.md)", file=sys.stderr)  # fmt: skip
         return True
 
     # -- the loop -------------------------------------------------------------------------------
@@ -505,6 +517,7 @@ class Trainer:
         batches, reason = self.task.train_batches(), "max_steps"
         window_tokens, window_start, last_eval = 0, time.perf_counter(), self.step
         start, self._told_speed = (self.step, self.elapsed), False
+        speed_from = start  # where short_budget times the updates from: past the first SPEED_SKIP
         try:
             while self.step < cfg.max_steps:
                 if stop := self.agree_to_stop():
@@ -525,9 +538,12 @@ class Trainer:
                     self.log({"step": self.step, "split": "train", **stats, **self.task.pop_metrics("train"),
                               "tokens_per_s": round(tok_s), "epoch": self.task.epoch,
                               "elapsed": round(self.elapsed, 1), "max_tokens": self.max_tokens})  # fmt: skip
-                    if self._halve_batches(self._follow_budget(bar, start)):
-                        batches = self.task.train_batches()  # the current epoch again, in the new batches
-                        start, self._told_speed = (self.step, self.elapsed), False  # time the new size
+                    self._follow_budget(bar, start)
+                if self.step == SPEED_SKIP and start[0] < SPEED_SKIP:
+                    speed_from = (self.step, self.elapsed)
+                if self._halve_batches(speed_from):
+                    batches = self.task.train_batches()  # the current epoch again, in the new batches
+                    start, self._told_speed = (self.step, self.elapsed), False  # time the new size
                 if self.step % cfg.eval_every == 0:
                     self.evaluate_and_save()
                     last_eval = self.step

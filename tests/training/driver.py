@@ -9,7 +9,8 @@ DIR/rank{R}.safetensors (DDP tests compare ranks); ``--pause-checkpoint`` sleeps
 STEP is fully written but not yet renamed into place, so that a test can kill the process
 mid-write; ``--pid-dir`` writes each rank's process id to DIR/rank{R}.pid (to signal one rank);
 ``--fast-clock`` makes rank RANK's training clock run FACTOR times too fast (ranks that disagree
-about the time budget).
+about the time budget); ``--short-on RANK`` makes rank RANK alone find its budget too short for its
+batches (``short_budget``).
 """
 
 import argparse
@@ -70,12 +71,18 @@ def fast_clock(spec: str) -> None:
         trainer.time = types.SimpleNamespace(perf_counter=lambda: float(factor) * real())
 
 
+def short_on(rank: str) -> None:
+    if os.environ.get("RANK", "0") == rank:
+        trainer.budget_too_short = lambda cfg, max_tokens, reachable: True
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--dump-params")
     parser.add_argument("--pause-checkpoint")
     parser.add_argument("--pid-dir")
     parser.add_argument("--fast-clock")
+    parser.add_argument("--short-on")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args()
     if opts.dump_params:
@@ -86,5 +93,7 @@ if __name__ == "__main__":
         write_pid(opts.pid_dir)
     if opts.fast_clock:
         fast_clock(opts.fast_clock)
+    if opts.short_on:
+        short_on(opts.short_on)
     args = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
     sys.exit(main(["train", *args]))

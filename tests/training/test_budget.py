@@ -165,3 +165,22 @@ def test_resume_around_the_halving_is_exact(corpus, tmp_path, monkeypatch, stop)
 def test_short_budget_is_checked(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_recipe(None, overrides)
+
+
+def test_a_run_from_before_short_budget_resumes_under_a_recipe_that_sets_it(corpus, tmp_path, capsys):
+    """Its checkpoints hold no decision: it keeps its batches (as it would have without the field)."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, *SHORT, "max_steps=12")]) == 0
+
+    def forget(path, *keys):  # as such a run wrote its files
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in data.items() if k not in keys}))
+
+    forget(run / "train_config.json", "short_budget")
+    for path in run.glob("step-*/trainer_state.json"):
+        forget(path, "max_tokens", "speed_checked")
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, *SHORT), "--resume"]) == 0
+    assert "on with max_tokens" not in capsys.readouterr().err
+    records = _train(run)
+    assert records[-1]["step"] == 61 and {r["max_tokens"] for r in records} == {2048}
