@@ -99,7 +99,7 @@ class TrainConfig:
     max_epochs: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # training-time budget (evaluation excluded); 0 = no limit
     horizon: str = "steps"  # cosine spans "steps" (decay_steps) or "budget": steps or max_minutes, first out
-    # translation with max_minutes: what a run does when, at the speed of its first 20 updates, the budget
+    # translation with max_minutes: what a run does when, at update 20 (the speed of updates 6–20), the budget
     # holds under a third of max_steps (a machine far slower than the recipe's): "warn" says that half-size
     # updates train further there; "halve_max_tokens" trains on with them (once, where max_tokens > 1024
     # and half of it holds a pair of max_len)
