@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     # too short for them (short_budget), it is what the run measured before it went on in smaller ones
     train_s, speed = time.time() - t0, updates / max(trainer.elapsed, 1e-9)
     halved = trainer.max_tokens != cfg.max_tokens
-    recipe_speed = trainer.checked_rate if halved and trainer.checked_rate else speed
+    recipe_speed = trainer.checked_rate if halved else speed  # the trainer times updates before halving
 
     translator = Translator.from_dir(out)
     test = load_parallel("multi30k", "test", "de", "en")
