@@ -184,8 +184,10 @@ def budget_too_short(cfg: TrainConfig, max_tokens: int, reachable: int) -> bool:
     slower, where the budget holds under a third of it, the few updates of the recipe's size learn
     less than twice as many of half the size: de→en 38.40 against 23.69 BLEU, en→de 38.47 against
     35.72 (an AMD EPYC Zen 1 VM; at 44% of max_steps, on a faster VM, the halving was level on
-    validation; docs/results.md, "Smaller updates on a slow machine"). Never below 512 tokens
-    (untried), nor where half the batch would not hold a pair of ``max_len``.
+    validation; docs/results.md, "Smaller updates on a slow machine"). Once: quarter-size updates at
+    the same learning rate trained worse (the demo's loss climbed back; docs/results.md, "make
+    demo"). Never below 512 tokens (untried), nor where half the batch would not hold a pair of
+    ``max_len``.
     """
     if cfg.task != "translation" or reachable >= cfg.max_steps / 3:
         return False
