@@ -36,8 +36,8 @@ VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f",
 def demo_config(out: Path, minutes: float):
     """The de→en recipe as the demo trains it. A run cut by a 10-minute clock learns best here with a
     long, low warm-up (inverse-√, 1,000 updates: the lr is still rising when the budget ends); the
-    recipe's cosine spread over the budget (horizon="budget") scored far lower in 10 minutes
-    (docs/results.md, "make demo")."""
+    recipe's cosine spread over the budget (horizon="budget") scored far lower in 10 minutes, with
+    its short warm-up and with one of 75% of the budget (docs/results.md, "make demo")."""
     from aiayn.training.config import load_recipe
 
     overrides = [f"out_dir={out}", f"max_minutes={minutes}", "schedule=inverse_sqrt", "horizon=steps",
