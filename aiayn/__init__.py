@@ -5,12 +5,13 @@ attention scores (B, h, T_q, T_k); True means "may attend". Combine masks with `
 """
 
 from aiayn.masks import causal_mask, padding_mask
-from aiayn.models import EncoderModel, LanguageModel, Transformer
+from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, Transformer, build_transformer
 from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 from aiayn.modules.config import LayerConfig
 from aiayn.version import __version__
 
 __all__ = [
+    "BidirectionalTransformer",
     "EncoderConfig",
     "EncoderModel",
     "LMConfig",
@@ -19,6 +20,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "__version__",
+    "build_transformer",
     "causal_mask",
     "from_pretrained",
     "padding_mask",

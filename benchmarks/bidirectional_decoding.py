@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from aiayn import Transformer, TransformerConfig
+from aiayn import Transformer, TransformerConfig, build_transformer
 from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
@@ -28,7 +28,7 @@ def model(bidirectional: bool) -> Transformer:
     torch.manual_seed(0)
     sizes = dict(n_encoder_layers=4, n_decoder_layers=4, d_model=128, n_heads=4, d_ff=256, dropout=0.0)
     cfg = TransformerConfig(src_vocab_size=8000, tgt_vocab_size=8000, bidirectional=bidirectional, **sizes)
-    return Transformer(cfg).eval()
+    return build_transformer(cfg).eval()
 
 
 def sentences_per_s(m: Transformer, src: torch.Tensor, beam: int, length: int, batch: int) -> float:

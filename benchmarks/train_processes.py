@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     from aiayn.atomic import write_json
     from aiayn.cli.demo import machine
-    from aiayn.training.config import load_recipe
+    from aiayn.training.recipe import load_recipe
 
     max_tokens = load_recipe(args.recipe).max_tokens
     c = args.cores

@@ -42,9 +42,11 @@ from torch import nn
 from aiayn import Transformer, TransformerConfig
 from aiayn.atomic import write_json
 from aiayn.cli.demo import ISA_LIMITS, machine
+from aiayn.data.batching import TranslationBatch
 from aiayn.modules.embedding import sinusoidal_table
 from aiayn.training.config import TrainConfig
-from aiayn.training.trainer import make_optimizer
+from aiayn.training.criteria import label_smoothed_loss
+from aiayn.training.optim import make_optimizer
 
 SIZES = {
     "tiny": dict(d_model=128, n_heads=4, d_ff=256, layers=4, vocab=10000),
@@ -201,7 +203,7 @@ def main() -> None:
     def step_aiayn(batch):
         with amp:
             src, tgt_in, tgt_out = batch
-            loss, _, n = ours(src, tgt_in, targets=tgt_out, label_smoothing=0.1)
+            loss, _, n = label_smoothed_loss(ours, TranslationBatch(src, tgt_in, tgt_out), 0.1)
         (loss / n).backward()
 
     def step_plain(batch):

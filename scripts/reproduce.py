@@ -50,8 +50,9 @@ from aiayn.device import resolve_device  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
 from aiayn.models.io import load_model  # noqa: E402
 from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
-from aiayn.training.config import load_recipe, to_dict  # noqa: E402
+from aiayn.training.config import to_dict  # noqa: E402
 from aiayn.training.distributed import barrier, init_distributed  # noqa: E402
+from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
 
@@ -75,9 +76,9 @@ def sources_and_references(cfg, split: str) -> tuple[list[str], list[str]]:
     """Multi30k's sentences and references; a ``lowercase`` run's validation references lowercased, as
     its models write (the choice then compares like with like), its test references as written (the
     test set is scored both cased and lowercased)."""
-    corpus = load_parallel("multi30k", split, cfg.src_lang, cfg.tgt_lang)
+    corpus = load_parallel("multi30k", split, cfg.options.src_lang, cfg.options.tgt_lang)
     srcs, refs = (list(side) for side in zip(*corpus))
-    return srcs, [r.lower() for r in refs] if cfg.lowercase and split == "valid" else refs
+    return srcs, [r.lower() for r in refs] if cfg.options.lowercase and split == "valid" else refs
 
 
 def member_dirs(run_dir: Path) -> list[Path]:
@@ -190,7 +191,7 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     t1 = time.time()
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, search)
-    scores, signatures = score(hyps, refs, cfg.tgt_lang)  # with the tokenized BLEU of papers
+    scores, signatures = score(hyps, refs, cfg.options.tgt_lang)  # with the tokenized BLEU of papers
     return {"valid_bleu": choice, "chosen": chosen, "decoding": decoding,
             "averaged": [str(p.relative_to(run_dir)) for p in paths],
             "ensembled": [p.name for p in members], "beam": search.beam, "lenpen": search.lenpen,

@@ -38,7 +38,7 @@ from aiayn.data.labelled import find_table  # noqa: E402
 from aiayn.data.sentences import load_examples  # noqa: E402
 from aiayn.decoding.classifier import TextClassifier  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
-from aiayn.training.config import load_recipe  # noqa: E402
+from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
 

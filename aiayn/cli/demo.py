@@ -28,17 +28,18 @@ REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo fig
 # Variables that make ATen, MKL and oneDNN use a lesser instruction set (e.g. AVX2 on an AVX-512 CPU): a
 # way to measure what a slower CPU gets, which a result must then say it was measured under.
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
-# /proc/cpuinfo flags, widest first, and how results name them: two VMs that both call themselves "AMD
-# EPYC" (a Zen 4 with AVX-512 and a Zen 1 with AVX2) train the tiny model at 3× different speeds.
+# /proc/cpuinfo flags, widest first, and how results name them: a CPU's model name alone does not tell
+# its speed (one name covers generations with and without AVX-512, far apart on the tiny model).
 VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
 
 
 def demo_config(out: Path, minutes: float):
-    """The de→en recipe as the demo trains it. A run cut by a 10-minute clock learns best here with a
-    long, low warm-up (inverse-√, 1,000 updates: the lr is still rising when the budget ends); the
-    recipe's cosine spread over the budget (horizon="budget") scored far lower in 10 minutes, with
-    its short warm-up and with one of 75% of the budget (docs/results.md, "make demo")."""
-    from aiayn.training.config import load_recipe
+    """The de→en recipe as the demo trains it: the inverse-√ schedule by steps, with a long, low
+    warm-up (1,000 updates) whose learning rate is still rising when a budget of minutes ends. A run
+    cut that short learns more so than with the recipe's cosine spread over the budget
+    (``horizon="budget"``), whether that warms up briefly or for most of the budget: annealing does
+    not pay before the model has learned much (docs/results.md, "make demo")."""
+    from aiayn.training.recipe import load_recipe
 
     overrides = [f"out_dir={out}", f"max_minutes={minutes}", "schedule=inverse_sqrt", "horizon=steps",
                  "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]  # fmt: skip
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.data.corpus import load_parallel
     from aiayn.decoding.options import SearchConfig
     from aiayn.decoding.translator import Translator
-    from aiayn.training.trainer import SPEED_UPDATES, Trainer
+    from aiayn.training.budget import SPEED_UPDATES
+    from aiayn.training.trainer import Trainer
 
     if not (math.isfinite(args.minutes) and args.minutes > 0):
         raise ConfigError(f"--minutes={args.minutes} must be a number > 0")

@@ -13,8 +13,8 @@ from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
+from aiayn.interop.marian import save_marian_tokenizer
 from aiayn.interop.model_dir import load_encoder_dir, load_translation_dir, model_meta
-from aiayn.interop.tokenizers import save_marian_tokenizer
 from aiayn.models.io import resolve_model_dir
 
 EXAMPLES = """examples:

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.training.config import load_recipe
+    from aiayn.training.recipe import load_recipe
     from aiayn.training.trainer import Trainer
 
     recipe, overrides = args.recipe, list(args.overrides)

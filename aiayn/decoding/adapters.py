@@ -21,6 +21,7 @@ from torch import Tensor
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
 from aiayn.modules.kv_cache import DecoderCache
+from aiayn.modules.layers import DecoderContext
 
 
 class IncrementalDecoder:
@@ -75,30 +76,32 @@ class Seq2SeqAdapter(IncrementalDecoder):
     model: Transformer
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:
-        src_mask = self.model.src_mask(src)  # (B, 1, 1, S)
-        return self.start_from(self.model.encode(src, src_mask), src_mask, n)  # memory (B, S, d_model)
+        return self.start_from(self.model.context(src), n)  # memory (B, S, d_model) and its mask
 
-    def start_from(self, memory: Tensor, src_mask: Tensor, n: int = 1) -> Tensor:
-        """``start`` for an encoder memory already computed."""
+    def start_from(self, context: DecoderContext, n: int = 1) -> Tensor:
+        """``start`` for a decoder context already computed (the encoder memory, and the memory of
+        the right-to-left pass for a bidirectional model)."""
         if n > 1:
-            memory, src_mask = memory.repeat_interleave(n, 0), src_mask.repeat_interleave(n, 0)
-        self.memory, self.src_mask = memory, src_mask
+            context = context.select(torch.arange(context.memory.size(0), device=context.memory.device)
+                                     .repeat_interleave(n))  # fmt: skip
+        self.context = context
         self.cache = self._new_cache()
+        memory = context.memory
         return torch.full((memory.size(0), 1), self.bos_id, dtype=torch.long, device=memory.device)
 
     def _hidden(self, new: Tensor) -> Tensor:
-        return self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
+        return self.model.decode(new, self.context, cache=self.cache)
 
     def _select_inputs(self, index: Tensor) -> None:
-        self.memory, self.src_mask = self.memory[index], self.src_mask[index]
+        self.context = self.context.select(index)
 
 
 class R2LAdapter(Seq2SeqAdapter):
-    """The right-to-left decoder of a bidirectional ``Transformer``: it writes the target backwards
+    """The right-to-left decoder of a ``BidirectionalTransformer``: it writes the target backwards
     (its tokens are the reversed target, then eos)."""
 
     def _hidden(self, new: Tensor) -> Tensor:
-        return self.model.decode_r2l(new, self.memory, self.src_mask, cache=self.cache)
+        return self.model.decode_r2l(new, self.context, cache=self.cache)
 
 
 class LMAdapter(IncrementalDecoder):

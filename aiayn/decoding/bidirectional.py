@@ -21,8 +21,10 @@ from aiayn.decoding.ensemble import EnsembleAdapter
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
+from aiayn.models.bidirectional import BidirectionalTransformer
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.transformer import Transformer
+from aiayn.modules.layers import DecoderContext
 
 
 def r2l_inputs(hyps: list[list[Hypothesis]], bos_id: int, eos_id: int, pad_id: int, device) -> Tensor:
@@ -35,23 +37,22 @@ def r2l_inputs(hyps: list[list[Hypothesis]], bos_id: int, eos_id: int, pad_id: i
 
 
 def r2l_translation(
-    model: Transformer,
+    model: BidirectionalTransformer,
     src: Tensor,
-    memory: Tensor,
-    src_mask: Tensor,
+    context: DecoderContext,
     config: SearchConfig,
     max_len: int | Tensor,
     use_cache: bool = True,
 ) -> tuple[list[list[Hypothesis]], Tensor]:
-    """The right-to-left decoder's own translation of ``src`` (whose encoder ``memory`` is given):
+    """The right-to-left decoder's own translation of ``src`` (whose encoder memory ``context`` holds):
     its hypotheses (best first) and ``[bos] + the best one`` (``r2l_inputs``), the sequence whose
     teacher-forced states become the left-to-right decoder's memory. Decoding uses it; so does
     training with ``r2l_memory_from="greedy"``, so that both read the same kind of memory.
 
     Shape:
-        src (B, S), memory (B, S, d_model) -> B lists of hypotheses, (B, 1 + longest hypothesis)
+        src (B, S), context.memory (B, S, d_model) -> B lists of hypotheses, (B, 1 + longest hypothesis)
     """
-    backward = _Started(R2LAdapter(model, use_cache), memory, src_mask)
+    backward = _Started(R2LAdapter(model, use_cache), context)
     hyps = search(backward, src, config, max_len)
     c = model.config
     return hyps, r2l_inputs(hyps, c.bos_id, c.eos_id, c.pad_id, src.device)
@@ -65,7 +66,7 @@ class BidirectionalAdapter(Seq2SeqAdapter):
         start: src (B, S) -> first tokens (B·n, 1); ``r2l_hypotheses``: B lists, best first
     """
 
-    def __init__(self, model: Transformer, config: SearchConfig, max_len: int | Tensor):
+    def __init__(self, model: BidirectionalTransformer, config: SearchConfig, max_len: int | Tensor):
         super().__init__(model, config.use_cache)
         beam = config.r2l_beam or config.beam
         self.r2l_config = dataclasses.replace(config, beam=beam, nbest=1, sample=False, r2l_beam=None)
@@ -74,35 +75,22 @@ class BidirectionalAdapter(Seq2SeqAdapter):
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:
         m = self.model
-        src_mask = m.src_mask(src)
-        memory = m.encode(src, src_mask)  # (B, S, d_model), shared by both passes
-        self.r2l_hypotheses, r2l_in = r2l_translation(m, src, memory, src_mask, self.r2l_config, self.max_len,
+        context = m.context(src)  # the encoder memory, shared by both passes
+        self.r2l_hypotheses, r2l_in = r2l_translation(m, src, context, self.r2l_config, self.max_len,
                                                       self.use_cache)  # fmt: skip
-        states = m.decode_r2l(r2l_in, memory, src_mask)  # (B, T', d_model) teacher-forced, as in training
-        mask = m.r2l_mask(r2l_in)  # (B, 1, 1, T')
-        if n > 1:
-            states, mask = states.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-        self.r2l_states, self.r2l_mask = states, mask
-        return self.start_from(memory, src_mask, n)
-
-    def _hidden(self, new: Tensor) -> Tensor:
-        return self.model.decode(new, self.memory, self.src_mask, cache=self.cache,
-                                 r2l_memory=self.r2l_states, r2l_mask=self.r2l_mask)  # fmt: skip
-
-    def _select_inputs(self, index: Tensor) -> None:
-        super()._select_inputs(index)
-        self.r2l_states, self.r2l_mask = self.r2l_states[index], self.r2l_mask[index]
+        # the states of r2l_in, teacher-forced as in training, under their padding mask (B, 1, 1, T')
+        return self.start_from(m.with_r2l_memory(context, r2l_in), n)
 
 
 class _Started:
-    """An adapter whose ``start`` reuses an encoder memory already computed (the search calls
+    """An adapter whose ``start`` reuses a decoder context already computed (the search calls
     ``start(inputs, n)``; everything else passes through)."""
 
-    def __init__(self, adapter: Seq2SeqAdapter, memory: Tensor, src_mask: Tensor):
-        self.adapter, self.memory, self.src_mask = adapter, memory, src_mask
+    def __init__(self, adapter: Seq2SeqAdapter, context: DecoderContext):
+        self.adapter, self.context = adapter, context
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:
-        return self.adapter.start_from(self.memory, self.src_mask, n)
+        return self.adapter.start_from(self.context, n)
 
     def __getattr__(self, name: str):
         return getattr(self.adapter, name)

@@ -9,6 +9,9 @@ tokenizer interface, so that ``aiayn translate``, ``aiayn generate``, ``aiayn cl
 rounding (``tests/interop``); see docs/interop.md.
 """
 
+from aiayn.interop.bert import WordPieceTokenizer, load_bert_tokenizer
+from aiayn.interop.gpt2 import GPT2Tokenizer, load_gpt2_tokenizer
+from aiayn.interop.marian import MarianTokenizer, load_marian_tokenizers
 from aiayn.interop.model_dir import load_lm_dir, load_translation_dir
 from aiayn.interop.pretrained import (
     export_hf,
@@ -16,14 +19,6 @@ from aiayn.interop.pretrained import (
     hf_model_type,
     load_gpt2_generation,
     load_marian_translation,
-)
-from aiayn.interop.tokenizers import (
-    GPT2Tokenizer,
-    MarianTokenizer,
-    WordPieceTokenizer,
-    load_bert_tokenizer,
-    load_gpt2_tokenizer,
-    load_marian_tokenizers,
 )
 
 __all__ = [

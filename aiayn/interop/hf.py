@@ -9,7 +9,8 @@ along dim 0 (HF's ``q_proj``, ``k_proj``, ``v_proj`` make our ``w_qkv``), and GP
 weights are stored transposed. The same map loads (``to_aiayn``) and exports (``to_hf``), and
 loading is strict: every aiayn tensor must be filled with the right shape and every HF tensor used.
 A file that is missing, corrupt or does not fit is a ``ModelDirError`` naming it.
-This module knows no architecture; ``marian.py``, ``gpt2.py`` and ``bert.py`` build the maps.
+This module knows no architecture; ``marian/``, ``gpt2/`` and ``bert/`` build the maps. It also
+reads ``vocab.json`` files and imports the optional ``tokenizers`` library for their tokenizers.
 """
 
 from __future__ import annotations
@@ -54,6 +55,24 @@ def activation_from_hf(name: str, field: str = "activation_function") -> str:
 def read_json(path: Path, missing: str) -> dict:
     """A JSON object from an HF directory; ``missing`` says what its absence means."""
     return textfiles.read_json(path, missing, ModelDirError, fix="restore it or fetch the model again")
+
+
+def read_vocab(path: Path, missing: str) -> dict[str, int]:
+    """A piece -> id map from a ``vocab.json``, checked: every id is an integer ≥ 0."""
+    vocab = read_json(path, missing)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vocab.values()):
+        raise ModelDirError(f"{path} does not map pieces to integer ids ≥ 0; download or restore it again")
+    return vocab
+
+
+def hf_tokenizers(what: str):
+    """HF's ``tokenizers`` library, which reads GPT-2's and BERT's tokenizer files; an optional
+    dependency, so its absence is a one-line error that says how to install it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ModelDirError(f"{what} needs the tokenizers package: pip install 'aiayn[hf]'") from None
+    return tokenizers
 
 
 def read_hf_config(directory: str | os.PathLike) -> dict:

@@ -20,15 +20,9 @@ from torch import nn
 
 from aiayn.errors import ModelDirError
 from aiayn.interop.bert import export_bert, load_bert
-from aiayn.interop.gpt2 import export_gpt2, load_gpt2
+from aiayn.interop.gpt2 import GPT2Tokenizer, export_gpt2, load_gpt2, load_gpt2_tokenizer
 from aiayn.interop.hf import HF_CONFIG, read_hf_config
-from aiayn.interop.marian import export_marian, load_marian
-from aiayn.interop.tokenizers import (
-    GPT2Tokenizer,
-    MarianTokenizer,
-    load_gpt2_tokenizer,
-    load_marian_tokenizers,
-)
+from aiayn.interop.marian import MarianTokenizer, export_marian, load_marian, load_marian_tokenizers
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.io import load_model
 from aiayn.models.lm import LanguageModel

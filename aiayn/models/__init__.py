@@ -1,7 +1,15 @@
-"""The three models: encoder–decoder, encoder-only, decoder-only."""
+"""The models: encoder–decoder (and its bidirectional variant), encoder-only, decoder-only."""
 
+from aiayn.models.bidirectional import BidirectionalOutput, BidirectionalTransformer, build_transformer
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
 
-__all__ = ["EncoderModel", "LanguageModel", "Transformer"]
+__all__ = [
+    "BidirectionalOutput",
+    "BidirectionalTransformer",
+    "EncoderModel",
+    "LanguageModel",
+    "Transformer",
+    "build_transformer",
+]

@@ -21,6 +21,7 @@ from torch import nn
 
 from aiayn.atomic import atomic_path, write_json
 from aiayn.errors import ConfigError, ModelDirError
+from aiayn.models.bidirectional import build_transformer
 from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
@@ -50,7 +51,7 @@ def build_model(kind: str, config: dict) -> nn.Module:
     if not isinstance(kind, str) or kind not in KINDS:
         raise ConfigError(f"unknown model kind {kind!r}; expected one of {sorted(KINDS)}")
     cls, cfg_cls = KINDS[kind]
-    return cls(cfg_cls.from_dict(config))
+    return (build_transformer if cls is Transformer else cls)(cfg_cls.from_dict(config))
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:

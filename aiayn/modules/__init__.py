@@ -10,12 +10,13 @@ from aiayn.modules.embedding import (
 )
 from aiayn.modules.feed_forward import FeedForward
 from aiayn.modules.kv_cache import DecoderCache, KVCache
-from aiayn.modules.layers import Decoder, DecoderLayer, Encoder, EncoderLayer
+from aiayn.modules.layers import Decoder, DecoderContext, DecoderLayer, Encoder, EncoderLayer
 from aiayn.modules.norm import LayerNorm
 
 __all__ = [
     "Decoder",
     "DecoderCache",
+    "DecoderContext",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",

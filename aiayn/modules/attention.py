@@ -41,17 +41,16 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 
 
 # Keys up to this many are attended with the explicit products on the CPU: for sentence-length
-# sequences the three batched products beat the fused kernel, which tiles for long ones. Forward +
-# backward on the 2-core AMD VM: 1.1–1.5× faster at 12–40 keys with one thread, 1.5–2× with two;
-# with one thread the fused kernel wins from ≈ 48 keys (benchmarks/attention_kernels.py,
-# results/bench-attention-kernels*.json). A single query (a decoding step) keeps the fused kernel,
-# which is as fast there and faster for few keys.
+# sequences the three batched products beat the fused kernel in forward + backward, which tiles for
+# long ones and, with one thread, wins a little past this length. A single query (a decoding step)
+# keeps the fused kernel, which is as fast there and faster for few keys. benchmarks/attention_kernels.py
+# measures both paths by key length; docs/results.md ("Attention over short keys") has the figures.
 EXPLICIT_MAX_KEYS = 40
 # Training in bfloat16 (autocast) moves the crossover far out: the fused kernel's backward is slow in
-# bfloat16 on the CPU, and its forward + backward took 2.7–9.5× the explicit products' time at 12–128
-# keys with one thread (1.9–7.3× with two), 1.4–1.6× at 256 and 1.2–1.3× at 512 (AMD VM with
-# AVX512_BF16, results/bench-attention-kernels-bf16*.json); past 256 the gain shrinks while the
-# explicit scores grow as T². Without gradients the float32 threshold holds (forward only: even).
+# bfloat16 on the CPU, so the explicit products stay the faster forward + backward to a few hundred
+# keys; past 256 the gain shrinks while the explicit scores grow as T². Without gradients the
+# float32 threshold holds (forward only, the two are even). benchmarks/attention_kernels.py
+# --precision bf16 measures it; docs/results.md ("Attention and the loss in bf16") has the figures.
 EXPLICIT_MAX_KEYS_BF16_TRAINING = 256
 
 
@@ -68,14 +67,13 @@ def _simd_floats() -> int:
 
 
 # PyTorch's CPU softmax over the last dimension reduces a row shorter than one vector (16 float32
-# lanes with AVX-512, 8 with AVX2) lane by lane: on the 2-core AMD VM (AVX-512) rows of 4–15 keys
-# cost 13–16× more per element than rows of 16, forward and backward. Most Multi30k sentences are
-# shorter than 16 pieces, so short rows are padded with −∞ (probability 0) to one vector and the
-# padding is sliced off again (benchmarks/attention_kernels.py measures both, "softmax_rows").
+# lanes with AVX-512, 8 with AVX2) lane by lane, at many times the cost per element of a full
+# vector's row, forward and backward. Most Multi30k sentences are shorter than 16 pieces, so short
+# rows are padded with −∞ (probability 0) to one vector and the padding is sliced off again.
 # A vector holds twice as many bfloat16 (or float16) values, and so their rows are padded to twice
-# the length: under bf16 autocast the scores are bfloat16, and there rows of 8–31 keys took 1.9–3.9×
-# the time of rows padded to 32, forward and backward (one thread, AMD VM;
-# results/bench-attention-kernels-softmax-rows-bf16-1thread.json).
+# the length: under bf16 autocast the scores are bfloat16, and rows shorter than 32 are slow there.
+# benchmarks/attention_kernels.py measures both softmaxes by row length ("softmax_rows");
+# docs/results.md ("Short softmax rows", "Attention and the loss in bf16") has the figures.
 SOFTMAX_MIN_ROW = _simd_floats()
 
 

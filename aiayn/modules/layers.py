@@ -11,6 +11,7 @@ Masks follow ``aiayn.masks``: bool, True = may attend.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
@@ -48,6 +49,28 @@ class Residual(nn.Module):
         """x + Dropout(h), normalised afterwards for post-norm."""
         x = self.dropout.add(x, h)
         return x if self.norm_first else self.norm(x)
+
+
+@dataclass
+class DecoderContext:
+    """What a decoder reads besides its own input: the encoder memory and, for a decoder built with
+    the fourth sublayer, the right-to-left memory, each with its key mask (bool, True = may attend).
+
+    Shape:
+        memory: (B, S, d_model), memory_mask: broadcastable to (B, h, T, S)
+        r2l_memory: (B, S', d_model), r2l_mask: broadcastable to (B, h, T, S')
+    """
+
+    memory: Tensor
+    memory_mask: Tensor | None = None
+    r2l_memory: Tensor | None = None
+    r2l_mask: Tensor | None = None
+
+    def select(self, index: Tensor) -> DecoderContext:
+        """The rows ``index`` of every tensor (beam search reorders and repeats rows with it)."""
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return DecoderContext(pick(self.memory), pick(self.memory_mask), pick(self.r2l_memory),
+                              pick(self.r2l_mask))  # fmt: skip
 
 
 def _slot(cache: dict | None, name: str):
@@ -96,8 +119,8 @@ class DecoderLayer(nn.Module):
     a decoder that read the target backwards) after the first.
 
     Shape:
-        x: (B, T, d_model), memory: (B, S, d_model)
-        self_mask: bool broadcastable to (B, h, T, T_total); memory_mask: to (B, h, T, S)
+        x: (B, T, d_model), context: ``DecoderContext`` (memory (B, S, d_model) and its mask)
+        self_mask: bool broadcastable to (B, h, T, T_total)
         returns: x (B, T, d_model), {"self", "cross"[, "cross_r2l"]: weights (B, h, T, ·)}
     """
 
@@ -115,31 +138,28 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        context: DecoderContext,
         self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        r2l_memory: Tensor | None = None,
-        r2l_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: dict | None = None,
     ) -> tuple[Tensor, dict[str, Tensor | None]]:
-        weights = {}
+        c, weights = context, {}
         h = self.self_attn_res.normed(x)
         h, weights["self"] = self.self_attn(h, h, h, self_mask, need_weights, _slot(cache, "self"))
         x = self.self_attn_res.add(x, h)
 
         h = self.cross_attn_res.normed(x)
         h, weights["cross"] = self.cross_attn(
-            h, memory, memory, memory_mask, need_weights, _slot(cache, "cross")
+            h, c.memory, c.memory, c.memory_mask, need_weights, _slot(cache, "cross")
         )
         x = self.cross_attn_res.add(x, h)
 
         if self.cross_attn_r2l is not None:
-            if r2l_memory is None:
+            if c.r2l_memory is None:
                 raise ValueError("this decoder was built with r2l_memory=True: pass r2l_memory")
             h = self.cross_attn_r2l_res.normed(x)
             h, weights["cross_r2l"] = self.cross_attn_r2l(
-                h, r2l_memory, r2l_memory, r2l_mask, need_weights, _slot(cache, "cross_r2l")
+                h, c.r2l_memory, c.r2l_memory, c.r2l_mask, need_weights, _slot(cache, "cross_r2l")
             )
             x = self.cross_attn_r2l_res.add(x, h)
 
@@ -179,7 +199,7 @@ class Decoder(nn.Module):
     """N decoder layers (plus a final LayerNorm when pre-norm).
 
     Shape:
-        x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model)
+        x: (B, T, d_model), context: ``DecoderContext`` -> (B, T, d_model)
     """
 
     def __init__(self, cfg: LayerConfig, n_layers: int, r2l: bool = False):
@@ -190,20 +210,14 @@ class Decoder(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        context: DecoderContext,
         self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        r2l_memory: Tensor | None = None,
-        r2l_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: DecoderCache | None = None,
     ) -> tuple[Tensor, list[dict[str, Tensor | None]]]:
         all_weights = []
         for i, layer in enumerate(self.layers):
-            x, w = layer(
-                x, memory, self_mask, memory_mask, r2l_memory, r2l_mask, need_weights,
-                None if cache is None else cache.layers[i],
-            )  # fmt: skip
+            x, w = layer(x, context, self_mask, need_weights, None if cache is None else cache.layers[i])
             all_weights.append(w)
         if self.norm is not None:
             x = self.norm(x)

@@ -293,7 +293,8 @@ class _Grads:
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float, out: Tensor | None = None):
     """(h Wᵀ) · scale + b in float32, written into ``out[:rows]`` when a buffer is given: the forward
-    reuses one (chunk, V) buffer for every chunk (a fresh one each time made the loss ≈ 15% slower).
+    reuses one (chunk, V) buffer for every chunk, since allocating a fresh one each time made the loss
+    measurably slower (docs/results.md has the figure).
     h and W share a dtype; a bfloat16/float16 product (accumulated in float32 by the kernel) is
     rounded to its dtype once, then widened."""
     out = None if out is None else out[: h.size(0)]
@@ -335,7 +336,8 @@ def linear_label_smoothed_nll_loss(
     bfloat16 inputs, so each logit is rounded to 2⁻⁹ of its size, as the logits of an autocast
     output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
     float32. On CPUs with AVX512_BF16 the products are most of this loss's time, and bfloat16 ones
-    run 2–2.7× as fast (the AMD VM, chunks of 200–4,096 rows × 128 · 128 × 5,322–10,000).
+    run well ahead of float32 ones at the loss's shapes (docs/results.md, "The output layer's
+    products in bfloat16 too", has the figures).
 
     Shape:
         h: (N, d_model), weight: (V, d_model), target: (N,) -> three scalars

@@ -3,13 +3,14 @@
 The event loop never runs a model. ``Batcher.submit`` puts a job on a bounded queue and awaits its
 future; a full queue raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
 memory never grows with the number of waiting clients. A worker thread takes the oldest job,
-waits up to ``window`` seconds for more jobs with the same *key* (same model, same decoding
-options: they can share one search), stops at ``max_items`` texts, and runs them as one call of
-``run(key, payloads)``; each job's result (or exception) goes back to its own future. A job whose
-caller gave up (a timeout, a client that disconnected) is cancelled and skipped if it has not run.
-Jobs of other keys wait, in order, for the next rounds. With ``workers`` > 1, as many batches run at
-once (each on its own thread; give torch one thread per worker), so that a request arriving while a
-batch runs need not wait for it to end.
+waits up to ``window`` seconds for more jobs of an equal *kind* (same model, same decoding
+options: they can share one search; ``jobs.py`` names the server's kinds), stops at ``max_items``
+texts, and runs them as one call of ``run(kind, payloads)``; each job's result (or exception) goes
+back to its own future. A job submitted ``alone`` (a streamed generation) is never batched with
+another. A job whose caller gave up (a timeout, a client that disconnected) is cancelled and
+skipped if it has not run. Jobs of other kinds wait, in order, for the next rounds. With
+``workers`` > 1, as many batches run at once (each on its own thread; give torch one thread per
+worker), so that a request arriving while a batch runs need not wait for it to end.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,23 +31,28 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    key: Hashable
+    kind: Any  # jobs whose kinds are equal (==) may run as one batch
     payload: Any
     size: int  # texts in the job (what ``max_items`` counts)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    alone: bool = False  # never batched with another job
     queued: float = field(default_factory=time.perf_counter)
+
+    def joins(self, first: Job) -> bool:
+        """Whether this job may run in the batch that ``first`` opened."""
+        return not (self.alone or first.alone) and self.kind == first.kind
 
 
 class Batcher:
-    """Worker threads running ``run(key, payloads) -> results`` on batches of jobs.
+    """Worker threads running ``run(kind, payloads) -> results`` on batches of jobs.
 
     ``on_batch(n_jobs, n_items, seconds)`` is called after each batch (for metrics).
     """
 
     def __init__(
         self,
-        run: Callable[[Hashable, list[Any]], list[Any]],
+        run: Callable[[Any, list[Any]], list[Any]],
         max_queue: int,
         window: float,
         max_items: int,
@@ -56,7 +62,7 @@ class Batcher:
         self.run, self.window, self.max_items = run, window, max_items
         self.on_batch = on_batch or (lambda *_: None)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their key
+        self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
         self.held_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._work, name=f"aiayn-model-{i}", daemon=True)
                         for i in range(workers)]  # fmt: skip
@@ -66,9 +72,10 @@ class Batcher:
     def depth(self) -> int:
         return self.queue.qsize() + len(self.held)
 
-    async def submit(self, key: Hashable, payload: Any, size: int = 1) -> Any:
+    async def submit(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> Any:
+        """``run(kind, [payload, …])``'s result for this payload; ``size`` is its number of texts."""
         loop = asyncio.get_running_loop()
-        job = Job(key, payload, size, loop.create_future(), loop)
+        job = Job(kind, payload, size, loop.create_future(), loop, alone)
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -101,7 +108,7 @@ class Batcher:
             batch, items = [first], first.size
             deadline = time.perf_counter() + self.window
             others: list[Job] = []
-            while self.max_items and items < self.max_items:
+            while self.max_items and items < self.max_items and not first.alone:
                 remaining = deadline - time.perf_counter()
                 try:
                     job = (
@@ -116,7 +123,7 @@ class Batcher:
                     break
                 if job.future.cancelled():
                     continue
-                if job.key == first.key and items + job.size <= self.max_items:
+                if job.joins(first) and items + job.size <= self.max_items:
                     batch.append(job)
                     items += job.size
                 else:
@@ -128,7 +135,7 @@ class Batcher:
     def _run(self, batch: list[Job], items: int) -> None:
         t0 = time.perf_counter()
         try:
-            results = self.run(batch[0].key, [job.payload for job in batch])
+            results = self.run(batch[0].kind, [job.payload for job in batch])
             outcomes = [(job, result, None) for job, result in zip(batch, results, strict=True)]
         except Exception as e:  # noqa: BLE001 -- every caller of the batch gets the error
             outcomes = [(job, None, e) for job in batch]

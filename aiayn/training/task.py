@@ -4,13 +4,20 @@ The loop (``trainer.py``) knows nothing about translation or language modelling:
 for a model, batches, a loss and metrics. A new kind of training is one module under
 ``training/tasks/`` that subclasses ``Task`` and registers itself by name::
 
+    @dataclass
+    class MyOptions(TaskOptions):
+        my_weight: float = 1.0  # the task's own fields, flat in a recipe
+
     @register_task("my_task")
     class MyTask(Task):
         model_config = LMConfig
+        options = MyOptions
         ...
 
-after which ``aiayn train task=my_task …`` runs it (``TrainConfig.task`` is checked against the
-registry).
+after which ``aiayn train task=my_task my_weight=0.5 …`` runs it (``TrainConfig.task`` is checked
+against the registry). The loop trains the task's ``objective``: a module around the model whose
+forward is the task's ``loss``, so DDP and ``torch.compile`` wrap the loss with the model and the loss
+may call any method of the bare model.
 """
 
 from __future__ import annotations
@@ -18,17 +25,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.errors import ConfigError
 from aiayn.modules.config import LayerConfig
+from aiayn.training.config import TaskOptions, TrainConfig
 from aiayn.training.distributed import DistInfo
-
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
 
 BUILTIN = "aiayn.training.tasks"  # importing it registers the built-in tasks
 TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizers trained for it
@@ -49,8 +54,14 @@ class Task:
 
     name: ClassVar[str] = ""  # set by ``register_task``
     model_config: ClassVar[type[LayerConfig]]  # the config class of the model it trains
+    options: ClassVar[type[TaskOptions]] = TaskOptions  # its own fields (``cfg.options``)
+    token_batches: ClassVar[bool] = False  # batches of max_tokens, which ``rebatch`` can resize
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
+        if not isinstance(cfg.options, self.options):
+            raise ConfigError(f"task={cfg.task!r} needs its options ({self.options.__name__}), not "
+                              f"{type(cfg.options).__name__}: build the config with "
+                              "aiayn.training.recipe")  # fmt: skip
         self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
 
     # -- the config, before any work -----------------------------------------------------------
@@ -59,6 +70,9 @@ class Task:
         """Raise ``ConfigError`` naming the field if ``cfg`` makes no sense for this task. The
         default checks the ``[model]`` table against ``model_config`` with placeholder vocabulary
         sizes (the real ones come from the tokenizer)."""
+        if cfg.short_budget == "halve_max_tokens" and not cls.token_batches:
+            raise ConfigError(f"short_budget='halve_max_tokens' resizes a run's token batches; "
+                              f"task={cls.name!r} has none to resize (use 'warn')")  # fmt: skip
         cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
 
     @classmethod
@@ -92,9 +106,14 @@ class Task:
 
     # -- the objective ----------------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: Batch, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
-        """Summed training loss, summed NLL and the number of targets of ``batch``; ``model`` may be
-        wrapped (DDP, ``torch.compile``), so it is only ever called, never looked inside."""
+        """Summed training loss, summed NLL and the number of targets of ``batch``. ``model`` is the
+        bare model (the loop wraps the ``objective``, never the model), and ``model.training`` says
+        whether this is a training or a validation batch."""
         raise NotImplementedError
+
+    def objective(self, model: nn.Module) -> Objective:
+        """The module the loop trains and evaluates: ``model`` and this task's ``loss``."""
+        return Objective(self, model)
 
     def pop_metrics(self, split: str) -> dict[str, float]:
         """Metrics the task gathered itself from the ``loss`` calls of ``split`` ("train": since the
@@ -121,6 +140,21 @@ class Task:
     def save_tokenizers(self, directory: Path) -> None:
         """Write the tokenizer(s) into a checkpoint, where the inference commands look for them."""
         raise NotImplementedError
+
+
+class Objective(nn.Module):
+    """A model and its task's loss as one module: ``objective(batch, smoothing)`` is
+    ``task.loss(model, batch, smoothing)``. The loop wraps this (``DistributedDataParallel``,
+    ``torch.compile``) rather than the model, so the loss may call any method of the model (its
+    decoder states for the fused projection + loss, say) and still runs through the wrappers."""
+
+    def __init__(self, task: Task, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.task = task  # a plain attribute: the task holds data, not parameters
+
+    def forward(self, batch: Batch, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+        return self.task.loss(self.model, batch, smoothing)
 
 
 TASKS: dict[str, type[Task]] = {}

@@ -6,6 +6,10 @@ One ``Trainer`` per process. Under ``torchrun`` each rank trains on its shard of
 The loss of an update is the sum over its target tokens divided by the number of target tokens
 in the whole update (all micro-batches, all ranks), so accumulation and data parallelism give the
 same gradient as one big batch.
+
+The policies the loop calls live beside it: ``rundir`` (what ``out_dir`` holds, resume
+compatibility), ``precision`` (autocast, ``precision="auto"``), ``optim`` (optimiser, schedule) and
+``budget`` (what a time budget holds, ``short_budget``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -25,185 +28,30 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from aiayn.atomic import remove_temporaries, write_json, write_text
 from aiayn.device import resolve_device
-from aiayn.errors import AiaynError, ConfigError, ModelDirError, OutputError
+from aiayn.errors import AiaynError, ModelDirError
 from aiayn.models.common import count_parameters
-from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
-from aiayn.training.config import TrainConfig, to_dict
-from aiayn.training.distributed import (
-    all_reduce_max,
-    all_reduce_sum,
-    barrier,
-    init_distributed,
-    shutdown,
-)
-from aiayn.training.schedule import Schedule
-from aiayn.training.task import TOKENIZER_DIR, Batch, get_task
+from aiayn.training.budget import BudgetWatch, ShortBudget, budget_used
+from aiayn.training.config import TrainConfig
+from aiayn.training.distributed import all_reduce_max, all_reduce_sum, barrier, init_distributed, shutdown
+from aiayn.training.optim import make_optimizer, make_schedule
+from aiayn.training.precision import autocast, resolve_precision
+from aiayn.training.rundir import METRICS, plan_run_dir, prepare_run_dir, truncate_metrics
+from aiayn.training.task import Batch, get_task
 
-TRAIN_CONFIG = "train_config.json"
-METRICS = "metrics.jsonl"
-# fields that may change when a run is resumed: they do not change what is computed
-# (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
-# hold, so a run started before the field existed resumes under a recipe that sets it)
-RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
-                     "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
-                     "compile", "out_dir", "short_budget"}  # fmt: skip
 # why a run stops before max_steps, by priority: when ranks differ, the highest code wins
 STOP_REASONS = ("", "max_epochs", "max_minutes", "patience", "SIGINT", "SIGTERM")
-# what a run that never reached a checkpoint leaves; removed when it is started again
-RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
-# a time-budgeted run says its speed after SPEED_UPDATES updates, and short_budget acts at update
-# SPEED_UPDATES on the speed of the updates after the first SPEED_SKIP (compiling, first allocations)
-SPEED_UPDATES, SPEED_SKIP = 20, 5
 
 
 class TrainingDiverged(AiaynError):
     """The loss became NaN or infinite; the message names the last good checkpoint."""
 
 
-_TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-
-
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam(β1, β2, ε) as in the paper; weight decay only on matrices (not biases, norms)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    # the fused kernel: one pass per tensor instead of a dozen elementwise ops (CUDA; CPU from torch 2.4)
-    devices = ("cpu", "cuda") if _TORCH_VERSION >= (2, 4) else ("cuda",)
-    fused = all(p.device.type in devices and p.is_floating_point() for p in params)
-    return cls(groups, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=fused or None)
-
-
-def make_schedule(cfg: TrainConfig, d_model: int) -> Schedule:
-    return Schedule(cfg.schedule, cfg.lr, cfg.warmup, d_model, cfg.min_lr, cfg.decay_steps or cfg.max_steps)
-
-
-# precision="auto" trains in bf16 where a bfloat16 matrix product of the model's feed-forward size
-# runs at least this many times faster than a float32 one (CPUs with AVX512_BF16 or AMX, CUDA GPUs
-# with bfloat16); elsewhere bfloat16 is emulated and slower, and fp32 is kept.
-AUTO_BF16_MIN_SPEEDUP = 1.25
-
-
-def bf16_speedup(device: torch.device, tokens: int, d_model: int, d_ff: int) -> float:
-    """float32 time / bfloat16 time of a (tokens × d_model) · (d_model × d_ff) product on this
-    device now, each the best of 5 (≈ 0.1 s in all on a CPU)."""
-
-    def best(dtype: torch.dtype) -> float:
-        x = torch.randn(tokens, d_model, device=device, dtype=dtype)
-        w = torch.randn(d_ff, d_model, device=device, dtype=dtype)
-        times = []
-        for _ in range(6):  # the first call warms up and is not counted
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            nn.functional.linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        return min(times[1:])
-
-    return best(torch.float32) / best(torch.bfloat16)
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("precision=fp16 needs a CUDA device; use bf16 on CPU")
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def read_run_config(run_dir: Path) -> dict:
-    """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``)."""
-    return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix="resume cannot go on")
-
-
-def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
-    """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
-    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes."""
-    now, default = to_dict(cfg), to_dict(TrainConfig())  # a field added since the run: its default
-    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != now[k])
-    if changed:
-        k = changed[0]
-        raise ConfigError(
-            f"cannot resume {run_dir}: {k} was {saved.get(k, default[k])!r}, now {now[k]!r} "
-            f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
-            f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
-        )
-
-
-def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, list[Path], bool]:
-    """What ``out_dir`` holds and what to do with it: ``(run_id, checkpoints newest first, restart)``.
-
-    A run with checkpoints continues only with ``--resume`` and compatible settings; a run that
-    stopped before its first checkpoint is started again (``restart``: its files are ours to
-    replace); anything else that is not empty is not ours, and is never written into.
-    """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise OutputError(f"out_dir={cfg.out_dir!r} is a file; choose a directory for the run")
-    checkpoints = [p for _, p in reversed(ckpt.step_dirs(run_dir))]
-    saved_models = any(run_dir.glob("step-*")) or (run_dir / "best").is_symlink()
-    if saved_models and not resume:
-        raise OutputError(f"{run_dir} already holds a run: pass --resume, or choose another out_dir")
-    if checkpoints:
-        saved = read_run_config(run_dir)
-        check_resume_compatible(saved, cfg, run_dir)
-        return str(saved.get("run_id") or uuid.uuid4().hex), checkpoints, False  # a run from before ids: new
-    if saved_models:
-        raise OutputError(f"{run_dir} holds models but no trainer state to resume; choose another out_dir")
-    if (run_dir / TRAIN_CONFIG).is_file():
-        return uuid.uuid4().hex, [], True
-    if resume:
-        raise ModelDirError(f"cannot resume: {run_dir / TRAIN_CONFIG} is missing ({run_dir} holds no run)")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
-    return uuid.uuid4().hex, [], False
-
-
-def _record(line: str) -> dict | None:
-    """A metrics line as a dict, or None for a torn or foreign one (a run killed mid-write)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
-
-
-def budget_too_short(cfg: TrainConfig, max_tokens: int, reachable: int) -> bool:
-    """Whether a time-budgeted translation run of ``max_tokens``-token batches, whose budget holds
-    ``reachable`` updates at the speed measured, should train on with half-size updates.
-
-    A recipe's ``max_steps`` is a cap near what the machines it was tuned on reach; on a machine far
-    slower, where the budget holds under a third of it, the few updates of the recipe's size learn
-    less than twice as many of half the size: de→en 38.40 against 23.69 BLEU, en→de 38.47 against
-    35.72 (an AMD EPYC Zen 1 VM; at 44% of max_steps, on a faster VM, the halving was level on
-    validation; docs/results.md, "Smaller updates on a slow machine"). Once: quarter-size updates at
-    the same learning rate trained worse (the demo's loss climbed back; docs/results.md, "make
-    demo"). Never below 512 tokens (untried), nor where half the batch would not hold a pair of
-    ``max_len``.
-    """
-    if cfg.task != "translation" or reachable >= cfg.max_steps / 3:
-        return False
-    return max_tokens > 1024 and max_tokens // 2 > cfg.max_len
-
-
-def slow_machine_hint(cfg: TrainConfig, reachable: int) -> str | None:
-    """With ``short_budget="warn"``: the advice for a run ``budget_too_short`` finds, or None."""
-    if not budget_too_short(cfg, cfg.max_tokens, reachable):
-        return None
-    return (f"aiayn train: under a third of max_steps; on a machine this slow, smaller updates train further "
-            f"within the budget (e.g. max_tokens={cfg.max_tokens // 2}, or short_budget=\"halve_max_tokens\" "
-            "to switch by itself; docs/results.md)")  # fmt: skip
-
-
 class Trainer:
+    """One run of ``cfg`` in this process: ``Trainer(cfg, resume)`` claims ``cfg.out_dir`` and builds
+    (or restores) the model, optimiser and data position; ``fit()`` trains until a stop reason."""
+
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         self.cfg = cfg
         self.run_dir = Path(cfg.out_dir)
@@ -220,14 +68,7 @@ class Trainer:
         fresh = not self.run_dir.exists()
         barrier(self.dist)  # every rank looks before rank 0 writes
         if self.dist.is_main:
-            if restart:
-                print(f"aiayn train: {self.run_dir} has no checkpoint: starting it again", file=sys.stderr)
-                for name in RUN_FILES:
-                    path = self.run_dir / name
-                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            remove_temporaries(self.run_dir)
-            write_json(self.run_dir / TRAIN_CONFIG, {**to_dict(cfg), "run_id": self.run_id})
+            prepare_run_dir(self.run_dir, cfg, self.run_id, restart)
         barrier(self.dist)
         try:
             self._setup(checkpoints)
@@ -237,47 +78,41 @@ class Trainer:
             raise
 
     def _setup(self, checkpoints: list[Path]) -> None:
+        """The task, model, precision, optimiser and schedule; the newest loadable checkpoint's state."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
         self.model = self.task.build_model().to(self.device)
-        self.precision = self._resolve_precision()
+        self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
+                                           self.model.config)  # fmt: skip
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = make_schedule(cfg, self.model.config.d_model)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
-        # the batches' size, which short_budget may halve once, when the speed is first measured
-        self.max_tokens, self.speed_checked = cfg.max_tokens, False
-        self.checked_rate: float | None = None  # updates/s of cfg.max_tokens when short_budget looked
+        self.short_budget = ShortBudget(cfg.max_tokens)  # the batches' size, which short_budget may halve
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
             self._resume(checkpoints)
-        self.train_model = self.model
+        self.train_model = self.task.objective(self.model)  # the model and its loss, which the wrappers wrap
         if cfg.compile:
-            self.train_model = torch.compile(self.model)
+            self.train_model = torch.compile(self.train_model)
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
         self._stop_signal: str | None = None
         self.tb = None
-        self._truncate_metrics()
+        if self.dist.is_main:  # after a resume, the lines logged past the checkpoint are redone
+            truncate_metrics(self.run_dir, self.step)
 
-    def _resolve_precision(self) -> str:
-        """``cfg.precision``, with "auto" decided by rank 0's measurement (``bf16_speedup``) so that
-        every rank trains alike."""
-        if self.cfg.precision != "auto":
-            return self.cfg.precision
-        config = self.model.config
-        speedup = torch.zeros((), device=self.device)
-        if self.dist.is_main:
-            speedup += bf16_speedup(self.device, self.cfg.max_tokens, config.d_model, config.d_ff)
-        speedup = float(all_reduce_sum(speedup, self.dist))
-        precision = "bf16" if speedup >= AUTO_BF16_MIN_SPEEDUP else "fp32"
-        if self.dist.is_main:
-            print(f"aiayn train: precision=auto chose {precision}: bfloat16 products ran "
-                  f"{speedup:.2f}× as fast as float32 here (bf16 from {AUTO_BF16_MIN_SPEEDUP}×)",
-                  file=sys.stderr)  # fmt: skip
-        return precision
+    @property
+    def max_tokens(self) -> int:
+        """The training batches' size now: ``cfg.max_tokens``, or half of it once short_budget halved it."""
+        return self.short_budget.max_tokens
+
+    @property
+    def checked_rate(self) -> float | None:
+        """Updates/s in batches of ``cfg.max_tokens`` when short_budget looked, or None."""
+        return self.short_budget.checked_rate
 
     def _resume(self, checkpoints: list[Path]) -> None:
         """Continue from the newest checkpoint that loads, newest first; one that does not (a
@@ -297,9 +132,7 @@ class Trainer:
             raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({'; '.join(skipped)})")
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
         self.elapsed = state["elapsed"]
-        self.speed_checked = state.get("speed_checked", True)  # a run from before short_budget: checked
-        if state.get("max_tokens", self.max_tokens) != self.max_tokens:  # short_budget halved them
-            self.max_tokens = int(state["max_tokens"])
+        if self.short_budget.load_state_dict(state):  # short_budget halved them
             self.task.rebatch(self.max_tokens)
         self.task.sampler.load_state_dict(state["sampler"])
         if state.get("scaler"):
@@ -310,14 +143,6 @@ class Trainer:
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def _truncate_metrics(self) -> None:
-        """After a resume, drop metrics lines logged after the checkpoint (they will be redone)."""
-        path = self.run_dir / METRICS
-        if self.dist.is_main and path.exists():
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            kept = [ln for ln in lines if (r := _record(ln)) is not None and r.get("step", 0) <= self.step]
-            write_text(path, "".join(ln + "\n" for ln in kept))
-
     def log(self, record: dict) -> None:
         if self.dist.is_main:
             with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
@@ -333,9 +158,9 @@ class Trainer:
     # -- one update -----------------------------------------------------------------------------
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimizer update over ``update_freq`` micro-batches."""
-        cfg, model = self.cfg, self.train_model
-        model.train()
-        lr = self.schedule(self.step + 1, self.budget_used())
+        cfg, objective = self.cfg, self.train_model
+        objective.train()
+        lr = self.schedule(self.step + 1, budget_used(cfg, self.elapsed))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batches = [b.to(self.device, non_blocking=True) for b in batches]
@@ -345,9 +170,9 @@ class Trainer:
         loss_sum = nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1 or not self.dist.enabled
-            no_sync = contextlib.nullcontext() if sync else model.no_sync()
+            no_sync = contextlib.nullcontext() if sync else objective.no_sync()
             with no_sync, autocast(self.device, self.precision):
-                loss, nll, _ = self.task.loss(model, batch, cfg.label_smoothing)
+                loss, nll, _ = objective(batch, cfg.label_smoothing)
             self.scaler.scale(loss * scale).backward()
             loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
         self.scaler.unscale_(self.optimizer)
@@ -400,8 +225,8 @@ class Trainer:
             return None
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
-                 "epoch": self.task.epoch, "run_id": self.run_id, "max_tokens": self.max_tokens,
-                 "speed_checked": self.speed_checked}  # fmt: skip
+                 "epoch": self.task.epoch, "run_id": self.run_id,
+                 **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta())  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
@@ -442,68 +267,10 @@ class Trainer:
             code, self.elapsed = int(agreed[0]), float(agreed[1])
         return STOP_REASONS[code]
 
-    def budget_used(self) -> float:
-        """The fraction of the time budget spent, for a schedule whose horizon is the budget."""
-        return self.elapsed / (60 * self.cfg.max_minutes) if self.cfg.horizon == "budget" else 0.0
-
-    def _reachable(self, since: tuple[int, float]) -> tuple[float, int] | None:
-        """(updates/s of training time since ``since``, the updates the time budget allows at that
-        speed), or None without a budget or a timed update."""
-        steps, seconds = self.step - since[0], self.elapsed - since[1]
-        if not (self.cfg.max_minutes and steps and seconds > 0):
-            return None
-        rate = steps / seconds
-        return rate, self.step + int(rate * max(60 * self.cfg.max_minutes - self.elapsed, 0.0))
-
-    def _follow_budget(self, bar: tqdm, start: tuple[int, float]) -> None:
-        """Set the progress bar's total to the updates the time budget allows at the speed measured
-        since ``start`` (so its ETA is the budget's), and say once what that speed is."""
-        speed = self._reachable(start)
-        if speed is None:
-            return
-        (rate, reachable), steps, left = speed, self.step - start[0], 60 * self.cfg.max_minutes - self.elapsed
-        # while time is left, at least the updates until the next refresh: the bar never runs past its total
-        floor = self.step + (self.cfg.log_every if left > 0 else 0)
-        bar.total = min(self.cfg.max_steps, max(floor, reachable))
-        bar.refresh()
-        if steps >= SPEED_UPDATES and not self._told_speed and self.dist.is_main:
-            self._told_speed = True
-            budget, cap = f"{self.cfg.max_minutes:g}-minute", f"max_steps {self.cfg.max_steps:,}"
-            size = f" of max_tokens={self.max_tokens}" if self.max_tokens != self.cfg.max_tokens else ""
-            tqdm.write(f"aiayn train: {rate:.2f} updates/s{size} on this machine; the {budget} budget allows "
-                       f"≈ {reachable:,} updates ({cap})", file=sys.stderr)  # fmt: skip
-            hint = slow_machine_hint(self.cfg, reachable) if self.cfg.short_budget == "warn" else None
-            if hint:
-                tqdm.write(hint, file=sys.stderr)
-
-    def _halve_batches(self, since: tuple[int, float]) -> bool:
-        """``short_budget="halve_max_tokens"``: at update ``SPEED_UPDATES``, once per run, halve the
-        batches if rank 0 finds the budget too short (``budget_too_short``) at the speed measured
-        ``since`` then; every rank follows its answer. True when the batches changed."""
-        cfg = self.cfg
-        if cfg.short_budget != "halve_max_tokens" or self.speed_checked or self.step != SPEED_UPDATES:
-            return False
-        self.speed_checked = True
-        speed = self._reachable(since)
-        if speed is not None:
-            self.checked_rate = speed[0]
-        short = self.dist.is_main and speed is not None and budget_too_short(cfg, self.max_tokens, speed[1])
-        if self.dist.enabled:  # rank 0's clock decides for every rank
-            short = bool(all_reduce_max(torch.tensor([float(short)], device=self.device), self.dist)[0])
-        if not short:
-            return False
-        self.max_tokens //= 2
-        self.task.rebatch(self.max_tokens)
-        if self.dist.is_main:
-            (rate, reachable), timed = speed, f"updates {since[0] + 1}–{self.step}"
-            tqdm.write(f"aiayn train: {rate:.2f} updates/s over {timed}: the budget holds ≈ {reachable:,}, "
-                       f"under a third of max_steps; on with max_tokens={self.max_tokens} "
-                       "(short_budget=\"halve_max_tokens\"), whose smaller updates train further on a "
-                       "machine this slow (docs/results.md)", file=sys.stderr)  # fmt: skip
-        return True
-
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict:
+        """Train to ``max_steps`` or the first of ``STOP_REASONS``, evaluating and saving every
+        ``eval_every`` updates and at the end; signals stop the run cleanly, with a checkpoint."""
         cfg = self.cfg
         if cfg.tensorboard and self.dist.is_main:
             from torch.utils.tensorboard import SummaryWriter
@@ -516,44 +283,8 @@ class Trainer:
                   f"{self.dist.world_size} process(es), run {self.run_dir}", file=sys.stderr)  # fmt: skip
         bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
                    dynamic_ncols=True, desc="train")  # fmt: skip
-        batches, reason = self.task.train_batches(), "max_steps"
-        window_tokens, window_start, last_eval = 0, time.perf_counter(), self.step
-        start, self._told_speed = (self.step, self.elapsed), False
-        speed_from = start  # where short_budget times the updates from: past the first SPEED_SKIP
         try:
-            while self.step < cfg.max_steps:
-                if stop := self.agree_to_stop():
-                    reason = stop
-                    break
-                t0 = time.perf_counter()
-                stats = self.train_step([next(batches) for _ in range(cfg.update_freq)])
-                self.elapsed += time.perf_counter() - t0
-                window_tokens += stats["tokens"]
-                bar.update(1)
-                if self.step % cfg.log_every == 0:
-                    now = time.perf_counter()
-                    tok_s = window_tokens * self.dist.world_size / (now - window_start)
-                    window_tokens, window_start = 0, now
-                    bar.set_postfix(
-                        loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:.0f}"
-                    )
-                    self.log({"step": self.step, "split": "train", **stats, **self.task.pop_metrics("train"),
-                              "tokens_per_s": round(tok_s), "epoch": self.task.epoch,
-                              "elapsed": round(self.elapsed, 1), "max_tokens": self.max_tokens})  # fmt: skip
-                    self._follow_budget(bar, start)
-                if self.step == SPEED_SKIP and start[0] < SPEED_SKIP:
-                    speed_from = (self.step, self.elapsed)
-                if self._halve_batches(speed_from):
-                    batches = self.task.train_batches()  # the current epoch again, in the new batches
-                    start, self._told_speed = (self.step, self.elapsed), False  # time the new size
-                if self.step % cfg.eval_every == 0:
-                    self.evaluate_and_save()
-                    last_eval = self.step
-            if reason == "max_minutes":  # the budget's estimate of the total becomes the count
-                bar.total = self.step
-                bar.refresh()
-            if self.step != last_eval:
-                self.evaluate_and_save()
+            reason = self._train(bar)
         finally:
             bar.close()
             for s, handler in old.items():
@@ -565,3 +296,42 @@ class Trainer:
                   f"{(self.run_dir / 'best').resolve()}", file=sys.stderr)  # fmt: skip
         shutdown(self.dist)
         return {"step": self.step, "reason": reason, "best": self.best, "max_tokens": self.max_tokens}
+
+    def _train(self, bar: tqdm) -> str:
+        """The updates, then the last evaluation; returns why they stopped."""
+        cfg, reason, last_eval = self.cfg, "max_steps", self.step
+        batches = self.task.train_batches()
+        window_tokens, window_start = 0, time.perf_counter()  # for tokens/s between log lines
+        budget = BudgetWatch(cfg, self.dist, self.device, self.short_budget, self.step, self.elapsed)
+        while self.step < cfg.max_steps:
+            if stop := self.agree_to_stop():
+                reason = stop
+                break
+            t0 = time.perf_counter()
+            stats = self.train_step([next(batches) for _ in range(cfg.update_freq)])
+            self.elapsed += time.perf_counter() - t0
+            window_tokens += stats["tokens"]
+            bar.update(1)
+            if self.step % cfg.log_every == 0:
+                now = time.perf_counter()
+                tok_s = window_tokens * self.dist.world_size / (now - window_start)
+                window_tokens, window_start = 0, now
+                self._log_train(stats, tok_s, bar)
+                budget.follow(bar, self.step, self.elapsed)
+            if budget.after_update(self.step, self.elapsed, self.task.rebatch):  # short_budget halved them
+                batches = self.task.train_batches()  # the current epoch again, in the new batches
+            if self.step % cfg.eval_every == 0:
+                self.evaluate_and_save()
+                last_eval = self.step
+        if reason == "max_minutes":  # the budget's estimate of the total becomes the count
+            bar.total = self.step
+            bar.refresh()
+        if self.step != last_eval:
+            self.evaluate_and_save()
+        return reason
+
+    def _log_train(self, stats: dict[str, float], tok_s: float, bar: tqdm) -> None:
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:.0f}")
+        self.log({"step": self.step, "split": "train", **stats, **self.task.pop_metrics("train"),
+                  "tokens_per_s": round(tok_s), "epoch": self.task.epoch,
+                  "elapsed": round(self.elapsed, 1), "max_tokens": self.max_tokens})  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import LanguageModel, LMConfig, Transformer, TransformerConfig
+from aiayn import LanguageModel, LMConfig, Transformer, TransformerConfig, build_transformer
 from aiayn.data.tokenizer import CharTokenizer, save_translation_tokenizers
 from aiayn.models.io import save_model
 
@@ -22,7 +22,7 @@ def tiny_transformer(vocab: int = 50, seed: int = 0, eos_bias: float = 0.0, **kw
     torch.manual_seed(seed)
     sizes = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, n_encoder_layers=2, n_decoder_layers=2)
     cfg = TransformerConfig(**sizes, output_bias=eos_bias != 0.0, **{**TINY, **kw})
-    model = Transformer(cfg).eval()
+    model = build_transformer(cfg).eval()
     if eos_bias:
         with torch.no_grad():
             model.head.bias[cfg.eos_id] = eos_bias

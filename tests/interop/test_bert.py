@@ -5,9 +5,12 @@ map is refused by name, and the WordPiece tokenizer gives ``BertTokenizer``'s id
 
 import json
 import random
+import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -17,9 +20,8 @@ from aiayn.cli.main import main  # noqa: E402
 from aiayn.data import SentencePieceTokenizer  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop import export_hf, from_pretrained  # noqa: E402
-from aiayn.interop.bert import export_bert, load_bert  # noqa: E402
+from aiayn.interop.bert import WordPieceTokenizer, export_bert, load_bert, load_bert_tokenizer  # noqa: E402
 from aiayn.interop.model_dir import load_encoder_dir  # noqa: E402
-from aiayn.interop.tokenizers import WordPieceTokenizer, load_bert_tokenizer  # noqa: E402
 from aiayn.models.io import save_model  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
 from tests.interop.hf_builders import padded_ids  # noqa: E402
@@ -284,6 +286,36 @@ def test_wordpiece_needs_its_special_tokens(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelDirError, match=r"vocab\.txt is missing"):
         load_bert_tokenizer(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def wordpiece_pair(vocab_dir):
+    """(ours, transformers') tokenizers of the cased or uncased vocabulary, for the property tests."""
+    return load_bert_tokenizer(vocab_dir), transformers.BertTokenizer.from_pretrained(vocab_dir)
+
+
+# pieces that exercise the special-token cut, punctuation, accents, CJK, control and space characters
+PIECES = st.sampled_from(
+    ["[MASK]", "[CLS]", "[mask]", "##", " ", "\t", "é", "É", "e\u0301", "漢", "—", "\x00", "'s"]
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(parts=st.lists(st.one_of(st.text(max_size=8), PIECES), max_size=8))
+def test_any_text_encodes_as_bert_tokenizer(wordpiece_pair, parts):
+    ours, ref = wordpiece_pair
+    text = "".join(parts).replace("<mask>", "")  # aiayn's mask symbol, which BertTokenizer does not know
+    ids = ours.encode(text)
+    assert ids == ref(text, add_special_tokens=False)["input_ids"]
+    assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+
+
+def test_without_the_tokenizers_library_the_error_says_what_to_install(vocab_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # ``import tokenizers`` now raises ImportError
+    with pytest.raises(
+        ModelDirError, match=r"WordPiece tokenizer needs the tokenizers package: pip install 'aiayn\[hf\]'"
+    ):
+        load_bert_tokenizer(vocab_dir)
 
 
 def test_downloaded_bert_directory_runs_with_its_wordpiece_tokenizer(vocab_dir, tmp_path):

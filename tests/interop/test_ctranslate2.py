@@ -8,7 +8,7 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from aiayn import Transformer, TransformerConfig  # noqa: E402
+from aiayn import BidirectionalTransformer, Transformer, TransformerConfig  # noqa: E402
 from aiayn.data import CharTokenizer, SentencePieceTokenizer, data_dir  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
@@ -83,7 +83,7 @@ def test_what_does_not_map_is_refused_by_name(data, tmp_path):
     small = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, n_encoder_layers=1,
                  n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)  # fmt: skip
     cases = [
-        (Transformer(TransformerConfig(**small, bidirectional=True)), tok, "bidirectional"),
+        (BidirectionalTransformer(TransformerConfig(**small, bidirectional=True)), tok, "bidirectional"),
         (Transformer(TransformerConfig(**small, d_k=4, d_v=4)), tok, "d_k=4"),
         (Transformer(TransformerConfig(**small)), CharTokenizer.train("abc"), "CharTokenizer"),
     ]

@@ -1,9 +1,12 @@
 """GPT-2's byte-level BPE behind aiayn's tokenizer interface, and ``aiayn generate`` on a GPT-2 directory."""
 
 import json
+import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiayn.cli.main import main
 from aiayn.errors import ModelDirError
@@ -75,3 +78,55 @@ def test_generate_command_matches_transformers(gpt2_files, capsys):
     fixed = dict(max_new_tokens=9, min_new_tokens=9)
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=eos, **fixed)
     assert capsys.readouterr().out == prompt + tok.decode(out[0, ids.size(1) :]) + "\n"
+
+
+def test_end_of_text_written_in_the_text_is_the_special_token(gpt2_files):
+    """As transformers reads it: a written ``<|endoftext|>`` is the one eos id, not its characters."""
+    directory, vocab = gpt2_files
+    ours, hf = load_gpt2_tokenizer(directory), transformers.GPT2Tokenizer.from_pretrained(directory)
+    text = "one<|endoftext|>two <|endoftext|>"
+    ids = ours.encode(text)
+    assert ids == hf(text).input_ids and ids.count(vocab["<|endoftext|>"]) == 2
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True) == "onetwo "
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair(tmp_path_factory):
+    """(ours, transformers') tokenizers of one trained vocabulary, shared by the property tests."""
+    directory = tmp_path_factory.mktemp("gpt2")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 5, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(directory))
+    return load_gpt2_tokenizer(directory), transformers.GPT2Tokenizer.from_pretrained(directory)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=40))
+def test_any_text_encodes_as_transformers_and_round_trips(gpt2_pair, text):
+    ours, hf = gpt2_pair
+    ids = ours.encode(text)
+    assert ids == hf(text).input_ids
+    if "<|endoftext|>" not in text:
+        assert ours.decode(ids) == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_any_ids_decode_as_transformers(gpt2_pair, data):
+    """Byte pieces that end mid-character included: both decode them as U+FFFD."""
+    ours, hf = gpt2_pair
+    ids = data.draw(st.lists(st.integers(0, ours.vocab_size - 1), max_size=12))
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+
+
+def test_without_the_tokenizers_library_the_error_says_what_to_install(gpt2_files, monkeypatch, capsys):
+    directory, vocab = gpt2_files
+    eos = vocab["<|endoftext|>"]
+    gpt2(directory, vocab_size=len(vocab), bos_token_id=eos, eos_token_id=eos, n_positions=64)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # ``import tokenizers`` now raises ImportError
+    install = r"GPT-2's tokenizer needs the tokenizers package: pip install 'aiayn\[hf\]'"
+    with pytest.raises(ModelDirError, match=install):
+        load_gpt2_tokenizer(directory)
+    assert main(["generate", "--model", str(directory), "--prompt", "The", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'aiayn[hf]'" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

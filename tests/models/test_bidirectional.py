@@ -6,23 +6,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn import Transformer, TransformerConfig
-from aiayn.data.batching import reverse_targets
+from aiayn import BidirectionalTransformer, Transformer, TransformerConfig
+from aiayn.data.batching import TranslationBatch, reverse_targets
 from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs, r2l_translation
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError
+from aiayn.training import criteria
 from tests.helpers import assert_close
 
 V = 40
 
 
-def model(seed=0, **kw) -> Transformer:
+def model(seed=0, **kw) -> BidirectionalTransformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2, n_decoder_layers=2,
                             d_model=32, n_heads=4, d_ff=64, dropout=0.0, bidirectional=True, output_bias=True,
                             **kw)  # fmt: skip
-    m = Transformer(cfg).eval()
+    m = BidirectionalTransformer(cfg).eval()
     with torch.no_grad():
         m.head.bias[cfg.eos_id] = 0.5  # outputs of varied length
     return m
@@ -52,18 +53,21 @@ def test_fourth_sublayer_reads_the_r2l_states_under_their_padding_mask():
     src, tgt_in, tgt_out = batch()
     r2l_in, _ = reverse_targets(tgt_out)
     with torch.no_grad():
-        base = m(src, tgt_in, r2l_tgt=r2l_in)
+        base = m(src, tgt_in, r2l_tgt=r2l_in).l2r
         other = r2l_in.clone()
         other[0, 2] = 9 if other[0, 2] != 9 else 10
-        assert not torch.allclose(m(src, tgt_in, r2l_tgt=other)[0], base[0]), (
+        assert not torch.allclose(m(src, tgt_in, r2l_tgt=other).l2r[0], base[0]), (
             "a changed memory changes nothing"
         )
-        torch.testing.assert_close(m(src, tgt_in, r2l_tgt=other)[1:], base[1:])
+        torch.testing.assert_close(m(src, tgt_in, r2l_tgt=other).l2r[1:], base[1:])
         padded = torch.cat([r2l_in, torch.zeros(3, 3, dtype=torch.long)], 1)
-        assert_close("bidirectional: padded r2l memory", m(src, tgt_in, r2l_tgt=padded), base)
-    plain = Transformer(TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2,
-                                          n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64))  # fmt: skip
+        assert_close("bidirectional: padded r2l memory", m(src, tgt_in, r2l_tgt=padded).l2r, base)
+    plain_cfg = TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2, n_decoder_layers=2,
+                                  d_model=32, n_heads=4, d_ff=64)  # fmt: skip
+    plain = Transformer(plain_cfg)
     assert plain.r2l_decoder is None and plain.decoder.layers[0].cross_attn_r2l is None
+    with pytest.raises(ValueError, match="BidirectionalTransformer"):
+        Transformer(m.config)
 
 
 def test_joint_loss_is_l2r_plus_lambda_r2l_cross_entropy():
@@ -71,11 +75,11 @@ def test_joint_loss_is_l2r_plus_lambda_r2l_cross_entropy():
     src, tgt_in, tgt_out = batch()
     r2l_in, r2l_out = reverse_targets(tgt_out)
     with torch.no_grad():
-        loss, nll, n, r2l_nll, r2l_n = m(src, tgt_in, targets=tgt_out, r2l_tgt=r2l_in, r2l_targets=r2l_out,
-                                         r2l_weight=0.5)  # fmt: skip
-        logits = m(src, tgt_in, r2l_tgt=r2l_in)
-        memory = m.encode(src)
-        r2l_logits = m.head(m.decode_r2l(r2l_in, memory, m.src_mask(src)))
+        (loss, nll, n), (_, r2l_nll, r2l_n) = criteria.bidirectional_loss(
+            m, TranslationBatch(src, tgt_in, tgt_out), 0.0, r2l_weight=0.5
+        )
+        logits = m(src, tgt_in, r2l_tgt=r2l_in).l2r
+        r2l_logits = m.head(m.decode_r2l(r2l_in, m.context(src)))
     ref = F.cross_entropy(logits[tgt_out != 0], tgt_out[tgt_out != 0], reduction="sum")
     ref_r2l = F.cross_entropy(r2l_logits[r2l_out != 0], r2l_out[r2l_out != 0], reduction="sum")
     assert_close("bidirectional l2r NLL", nll, ref, atol=1e-4)
@@ -89,53 +93,47 @@ def test_detaching_stops_the_l2r_gradient_into_the_r2l_decoder(detach):
     m = model()
     m.train()
     src, tgt_in, tgt_out = batch()
-    r2l_in, r2l_out = reverse_targets(tgt_out)
-    loss = m(src, tgt_in, targets=tgt_out, r2l_tgt=r2l_in, r2l_targets=r2l_out, r2l_weight=0.0,
-             detach_r2l=detach)[0]  # fmt: skip
-    loss.backward()
+    loss = criteria.bidirectional_loss(m, TranslationBatch(src, tgt_in, tgt_out), 0.0, r2l_weight=0.0,
+                                       detach_memory=detach)[0]  # fmt: skip
+    loss.loss.backward()
     grad = sum(p.grad.abs().sum() for p in m.r2l_decoder.parameters() if p.grad is not None)
     assert (grad == 0) if detach else (grad > 0)
 
 
 def test_memory_of_another_sequence_feeds_the_l2r_loss_only():
-    """With ``r2l_memory_tgt`` the left-to-right loss reads that sequence's states (exactly as if it
+    """With ``memory_tgt`` the left-to-right loss reads that sequence's states (exactly as if it
     were the teacher-forced ``r2l_tgt``), and the right-to-left loss stays the reference's."""
     m = model()
     src, tgt_in, tgt_out = batch()
-    r2l_in, r2l_out = reverse_targets(tgt_out)
     other = torch.randint(5, V, (3, 4), generator=torch.Generator().manual_seed(3))
     other[:, 0], other[2, 2:] = 1, 0
-    kw = {"targets": tgt_out, "r2l_targets": r2l_out}
+    b = TranslationBatch(src, tgt_in, tgt_out)
     with torch.no_grad():
-        ref = m(src, tgt_in, r2l_tgt=r2l_in, **kw)
-        read_other = m(src, tgt_in, r2l_tgt=r2l_in, r2l_memory_tgt=other, **kw)
-        as_if = m(src, tgt_in, r2l_tgt=other, r2l_targets=torch.zeros_like(other), targets=tgt_out)
-    assert_close("l2r NLL reading another sequence's states", read_other[1], as_if[1])
-    assert_close("r2l NLL stays the reference's", read_other[3], ref[3])
-    assert abs(float(read_other[1] - ref[1])) > 1e-3, "the memory made no difference: the test proves nothing"
+        ref = criteria.bidirectional_loss(m, b, 0.0)
+        read_other = criteria.bidirectional_loss(m, b, 0.0, memory_tgt=other)
+        h = m.hidden(src, tgt_in, other).l2r  # teacher-forced on ``other``
+        as_if = criteria.smoothed_sums(m.head, h, tgt_out, 0.0, 0)
+    assert_close("l2r NLL reading another sequence's states", read_other[0].nll, as_if.nll)
+    assert_close("r2l NLL stays the reference's", read_other[1].nll, ref[1].nll)
+    assert abs(float(read_other[0].nll - ref[0].nll)) > 1e-3, (
+        "the memory made no difference: the test proves nothing"
+    )
 
 
 def test_training_builds_the_memory_sequence_the_greedy_search_reads():
     """``r2l_memory_from="greedy"`` and decoding with beam 1 use the same right-to-left translation."""
-    from aiayn.training.config import TrainConfig
-    from aiayn.training.tasks.translation import R2L_MARGIN, TranslationTask
-
     m = model()
     src, _, _ = batch()
-    limits = (src != 0).sum(1) + R2L_MARGIN
+    limits = (src != 0).sum(1) + criteria.R2L_MARGIN
     adapter = BidirectionalAdapter(m, SearchConfig(beam=1), limits)
     with torch.no_grad():
         search(adapter, src, SearchConfig(beam=1), limits)
-    task = TranslationTask.__new__(TranslationTask)  # only the config is needed
-    task.cfg = TrainConfig(task="translation", r2l_memory_from="greedy")
     m.train()
-    built = task._r2l_memory_input(m, src)
+    built = criteria.greedy_memory_input(m, src)
     assert m.training, "the training mode was not restored"
     assert torch.equal(built, r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device))
     with torch.no_grad():
-        _, again = r2l_translation(
-            m.eval(), src, m.encode(src), m.src_mask(src), SearchConfig(beam=1), limits
-        )
+        _, again = r2l_translation(m.eval(), src, m.context(src), SearchConfig(beam=1), limits)
     assert torch.equal(built, again)
 
 
@@ -171,7 +169,7 @@ def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
         for i, h in enumerate(hyps):
             tokens = h[0].tokens
             tgt_in = torch.tensor([[1, *tokens[:-1]]])
-            logits = m(src[i : i + 1], tgt_in, r2l_tgt=r2l_in[i : i + 1])[0].log_softmax(-1)  # (T, V)
+            logits = m(src[i : i + 1], tgt_in, r2l_tgt=r2l_in[i : i + 1]).l2r[0].log_softmax(-1)  # (T, V)
             chosen = logits.gather(1, torch.tensor(tokens)[:, None]).sum()
             assert chosen.item() == pytest.approx(h[0].log_prob, abs=1e-4)
 

@@ -11,6 +11,8 @@ from aiayn import (
     Transformer,
     TransformerConfig,
 )
+from aiayn.data.batching import TranslationBatch
+from aiayn.training.criteria import label_smoothed_loss
 from tests.helpers import assert_close
 
 SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
@@ -65,10 +67,9 @@ def test_cached_decoding_equals_full_decoding():
     src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
     src[1, 5:] = 0
     full = m(src, tgt)
-    src_mask = m.src_mask(src)
-    memory, cache = m.encode(src, src_mask), m.new_cache()
-    prefix = m.head(m.decode(tgt[:, :2], memory, src_mask, cache=cache))  # a 2-token prompt
-    steps = [m.head(m.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache)) for t in range(2, 6)]
+    context, cache = m.context(src), m.new_cache()
+    prefix = m.head(m.decode(tgt[:, :2], context, cache=cache))  # a 2-token prompt
+    steps = [m.head(m.decode(tgt[:, t : t + 1], context, cache=cache)) for t in range(2, 6)]
     assert len(cache) == 6
     assert_close("Transformer KV-cached vs full decoding", torch.cat([prefix, *steps], 1), full)
 
@@ -122,7 +123,7 @@ def test_every_model_returns_all_layers_attention_weights():
 def test_output_scale_and_bias_options():
     m = _transformer(emb_scale="prj", output_bias=True)
     src, tgt = torch.randint(4, 50, (1, 4)), torch.randint(4, 50, (1, 3))
-    h = m.decode(tgt, m.encode(src), m.src_mask(src))
+    h = m.decode(tgt, m.context(src))
     expected = h @ m.tgt_embed.tokens.weight.T / 32**0.5 + m.head.bias
     assert_close("OutputProjection (prj scale, bias) by hand", m(src, tgt), expected)
 
@@ -144,26 +145,6 @@ def test_right_to_left_memory_through_the_model():
     assert "cross_r2l" not in _transformer().attention_weights(src, tgt)
 
 
-def test_r_drop_runs_the_batch_twice_through_different_dropout_masks():
-    torch.manual_seed(0)
-    src, tgt = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
-    tgt[0, 3:] = 0  # padding
-    targets = torch.cat([tgt[:, 1:], torch.full((3, 1), 0)], 1)
-    model = _transformer().train()  # dropout 0: both passes equal, no consistency term
-    assert_close("R-Drop without dropout vs the plain loss", model(src, tgt, targets=targets, r_drop=5.0)[0],
-                 model(src, tgt, targets=targets)[0])  # fmt: skip
-    model = _transformer(dropout=0.3).train()
-    losses = []
-    for alpha in (1e-9, 1.0, 2.0):  # the same masks each time: the loss is linear in α
-        torch.manual_seed(1)
-        losses.append(model(src, tgt, targets=targets, label_smoothing=0.1, r_drop=alpha)[0])
-    kl_term = losses[1] - losses[0]
-    assert kl_term > 1e-3  # two different masks
-    assert_close("the KL term doubles with α", losses[2] - losses[0], 2 * kl_term)
-    with pytest.raises(ValueError, match="r_drop needs targets"):
-        model(src, tgt, r_drop=1.0)
-
-
 def test_bf16_autocast_training_step_agrees_with_float32():
     """``precision=bf16`` runs the matrix products in bfloat16 under autocast (the output layer's too;
     its softmax and loss stay in float32): the loss and every gradient stay within bfloat16's rounding
@@ -178,7 +159,7 @@ def test_bf16_autocast_training_step_agrees_with_float32():
         model.zero_grad()
         torch.manual_seed(1)  # the same dropout masks
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss, _, n = model(src, tgt, targets=targets, label_smoothing=0.1)
+            loss, _, n = label_smoothed_loss(model, TranslationBatch(src, tgt, targets), 0.1)
         (loss / n).backward()
         return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from aiayn.masks import causal_mask, padding_mask
-from aiayn.modules import Decoder, DecoderLayer, Encoder, EncoderLayer
+from aiayn.modules import Decoder, DecoderContext, DecoderLayer, Encoder, EncoderLayer
 from aiayn.modules.config import LayerConfig
 from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm
 
@@ -45,7 +45,9 @@ def test_decoder_layer_matches_nn(norm_first):
     ours = DecoderLayer(_cfg(norm_first))
     copy_decoder_layer(ours, ref)
     memory, src_ids, y, tgt_ids = _batch()
-    out, _ = ours(y, memory, padding_mask(tgt_ids, 0) & causal_mask(5), padding_mask(src_ids, 0))
+    out, _ = ours(
+        y, DecoderContext(memory, padding_mask(src_ids, 0)), padding_mask(tgt_ids, 0) & causal_mask(5)
+    )
     ref_out = ref(
         y, memory, tgt_mask=~causal_mask(5), tgt_key_padding_mask=tgt_ids == 0,
         memory_key_padding_mask=src_ids == 0,
@@ -76,7 +78,7 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_first):
     x, src_ids, y, _ = _batch()
     src_mask = padding_mask(src_ids, 0)
     memory, _ = enc(x, src_mask)
-    out, _ = dec(y, memory, causal_mask(5), src_mask)
+    out, _ = dec(y, DecoderContext(memory, src_mask), causal_mask(5))
     ref_out = ref(x, y, tgt_mask=~causal_mask(5), src_key_padding_mask=src_ids == 0,
                   memory_key_padding_mask=src_ids == 0)  # fmt: skip
     name = f"Encoder+Decoder({'pre' if norm_first else 'post'}-norm) vs nn.Transformer"
@@ -103,9 +105,9 @@ def test_pre_norm_stack_has_final_norm_and_post_norm_does_not():
 def test_right_to_left_memory_is_attended():
     layer = DecoderLayer(_cfg(False), r2l=True).eval()
     y, memory, r2l = torch.randn(2, 4, D), torch.randn(2, 6, D), torch.randn(2, 5, D)
-    out, w = layer(y, memory, causal_mask(4), None, r2l, None, need_weights=True)
+    out, w = layer(y, DecoderContext(memory, r2l_memory=r2l), causal_mask(4), need_weights=True)
     assert out.shape == (2, 4, D) and w["cross_r2l"].shape == (2, H, 4, 5)
-    out2, _ = layer(y, memory, causal_mask(4), None, r2l + 1.0, None)
+    out2, _ = layer(y, DecoderContext(memory, r2l_memory=r2l + 1.0), causal_mask(4))
     assert (out - out2).abs().max() > 1e-4  # the second memory changes the output
     with pytest.raises(ValueError, match="pass r2l_memory"):
-        layer(y, memory)
+        layer(y, DecoderContext(memory))

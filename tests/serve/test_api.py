@@ -233,3 +233,53 @@ def test_an_ensemble_is_served_as_the_library_decodes_it(pair):
     with TestClient(create_app([load_service("de-en", pair, quantization="int8")], Settings())) as c:
         results = c.post("/v1/translate", json={"q": texts, "beam": 2}).json()["results"]
         assert [x["translation"] for x in results] == quantized.translate(texts, search)
+
+
+@pytest.mark.parametrize(
+    "path, body, fragment",
+    [
+        ("/v1/generate", {"prompt": "Ein", "stream": "false"}, "stream='false' must be true or false"),
+        ("/v1/generate", {"prompt": "Ein", "greedy": "false"}, "greedy='false' must be true or false"),
+        ("/v1/translate", {"q": "Ein", "sample": "false"}, "sample='false' must be true or false"),
+        ("/v1/translate", {"q": "Ein", "attention": 1}, "attention=1 must be true or false"),
+        ("/v1/translate", {"q": "Ein", "beam": "3"}, "beam='3' must be an integer"),
+        ("/v1/translate", {"q": "Ein", "beam": 3.0}, "beam=3.0 must be an integer"),
+        ("/v1/translate", {"q": "Ein", "lenpen": "0.6"}, "lenpen='0.6' must be a number"),
+        ("/v1/classify", {"q": "a", "top_k": "2", "model": "sentiment"}, "top_k='2' must be an integer"),
+        ("/v1/classify", {"q": "a", "top_k": 0, "model": "sentiment"}, "top_k must be an integer in 1..100"),
+        ("/translate", {"q": "Ein", "target": "en", "format": "pdf"}, "format='pdf' is not"),
+    ],
+)
+def test_fields_are_strictly_typed(client, path, body, fragment):
+    """A string is never read as a boolean or a number (``"false"`` would be true), in JSON."""
+    r = client.post(path, json={**body, **KEY})
+    assert r.status_code == 400 and fragment in r.json()["error"], r.text
+
+
+def test_a_form_sends_numbers_as_text_and_a_number_is_still_a_number(client):
+    form = {"q": "Ein Mann", "source": "de", "target": "en", "alternatives": "1", **KEY}
+    assert len(client.post("/translate", data=form).json()["alternatives"]) == 1
+    r = client.post("/v1/translate", json={"q": "Ein Mann", "lenpen": 1, "beam": 2, **KEY})  # int for float
+    assert r.status_code == 200
+
+
+def test_docs_describe_every_body_and_answer(client):
+    """Each body is read by a dependency (to stop at the size limit), yet /docs shows its fields."""
+    spec = client.get("/openapi.json").json()
+    posts = {path: ops["post"] for path, ops in spec["paths"].items() if "post" in ops}
+    assert set(posts) == {"/translate", "/v1/translate", "/v1/generate", "/v1/classify", "/v1/fill-mask"}
+    for path, op in posts.items():
+        content = op["requestBody"]["content"]
+        fields = content["application/json"]["schema"]["properties"]
+        assert "api_key" in fields and all(f.get("description") for f in fields.values()), path
+        answer = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        assert spec["components"]["schemas"][answer.rsplit("/", 1)[1]]["properties"], path
+        for status in (400, 403, 413, 429, 503):
+            assert op["responses"][str(status)]["content"]["application/json"]["schema"], (path, status)
+    assert "application/x-www-form-urlencoded" in posts["/translate"]["requestBody"]["content"]
+    assert {"q", "target", "alternatives"} <= set(
+        posts["/translate"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    )
+    assert {"beam", "mbr", "attention"} <= set(
+        posts["/v1/translate"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    )

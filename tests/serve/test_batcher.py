@@ -102,3 +102,16 @@ def test_two_workers_run_two_batches_at_once(workers):
     out = asyncio.run(go())
     b.close()
     assert out == (["together:1", "together:2"] if workers == 2 else ["alone:1", "alone:2"])
+
+
+def test_a_job_submitted_alone_is_never_batched():
+    """A streamed generation talks to one client: equal kinds run in batches of their own."""
+    run = Recorder(delay=0.05)
+    b = Batcher(run, max_queue=16, window=0.05, max_items=8)
+
+    async def go():
+        return await asyncio.gather(*(b.submit("g", i, alone=True) for i in range(3)), b.submit("k", 9))
+
+    assert asyncio.run(go()) == ["g:0", "g:1", "g:2", "k:9"]
+    b.close()
+    assert sorted(len(p) for _, p in run.calls) == [1, 1, 1, 1]

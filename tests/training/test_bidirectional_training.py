@@ -81,7 +81,7 @@ def test_reference_memory_trains_and_resumes_exactly(corpus, tmp_path):
 )
 def test_bad_bidirectional_configs(overrides, match):
     from aiayn.errors import ConfigError
-    from aiayn.training.config import load_recipe
+    from aiayn.training.recipe import load_recipe
 
     with pytest.raises(ConfigError, match=match):
         load_recipe(None, overrides)

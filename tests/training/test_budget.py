@@ -9,9 +9,9 @@ import pytest
 
 from aiayn.cli.main import main
 from aiayn.training import trainer as trainer_module
-from aiayn.training.config import TrainConfig, load_recipe
+from aiayn.training.budget import slow_machine_hint
+from aiayn.training.recipe import config_from_dict, load_recipe
 from aiayn.training.schedule import Schedule
-from aiayn.training.trainer import slow_machine_hint
 from tests.training.conftest import tiny_args
 
 BUDGET = ["schedule=cosine", "lr=0.003", "warmup=2", "min_lr=0.0001", "horizon=budget", "max_minutes=0.05",
@@ -92,7 +92,7 @@ def test_a_budget_horizon_needs_a_cosine_and_a_budget(overrides, message):
     ],
 )
 def test_a_slow_machine_is_told_that_smaller_updates_train_further(fields, reachable, advice):
-    cfg = TrainConfig(**{"task": "translation", "max_steps": 3600, "max_tokens": 4096, **fields})
+    cfg = config_from_dict({"task": "translation", "max_steps": 3600, "max_tokens": 4096, **fields})
     hint = slow_machine_hint(cfg, reachable)
     if advice is None:
         assert hint is None

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from aiayn.cli.main import main
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.io import load_model
-from aiayn.training.config import load_recipe
+from aiayn.training.recipe import load_recipe
 from aiayn.training.trainer import Trainer
 
 WORDS = [

@@ -8,8 +8,8 @@ import pytest
 
 from aiayn.cli.main import main
 from aiayn.data import load_translation_tokenizers
-from aiayn.training.config import load_recipe
 from aiayn.training.distributed import DistInfo
+from aiayn.training.recipe import load_recipe
 from aiayn.training.tasks.translation import TranslationTask
 from tests.training.conftest import tiny_args
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.models.ensemble import Ensemble
-from aiayn.training.config import load_recipe
+from aiayn.training.recipe import load_recipe
 from tests.training.conftest import tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from aiayn.models import LanguageModel
 from aiayn.models.config import LMConfig
 from aiayn.models.io import load_model
 from aiayn.training import task as task_module
-from aiayn.training.config import load_recipe
+from aiayn.training.recipe import load_recipe
 from aiayn.training.task import Task, get_task, register_task, task_names
 from aiayn.training.trainer import Trainer
 

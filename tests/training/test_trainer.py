@@ -14,8 +14,8 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.models.io import load_model
-from aiayn.training import trainer
-from aiayn.training.config import load_recipe
+from aiayn.training import precision, trainer
+from aiayn.training.recipe import load_recipe
 from aiayn.training.trainer import Trainer, TrainingDiverged
 from tests.training.conftest import tiny_args
 
@@ -70,7 +70,7 @@ def test_precision_auto_trains_in_bf16_only_where_bf16_products_are_faster(
     corpus, tmp_path, capsys, monkeypatch, speedup, chosen
 ):
     measured = []
-    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a: measured.append(a) or speedup)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda *a: measured.append(a) or speedup)
     used = []
     real_autocast = trainer.autocast
     monkeypatch.setattr(trainer, "autocast", lambda d, p: used.append(p) or real_autocast(d, p))
@@ -89,7 +89,7 @@ def test_bf16_speedup_times_a_float32_and_a_bfloat16_product_of_the_given_size(m
         return linear(x, w)
 
     monkeypatch.setattr(torch.nn.functional, "linear", recorded)
-    assert trainer.bf16_speedup(torch.device("cpu"), 64, 16, 32) > 0
+    assert precision.bf16_speedup(torch.device("cpu"), 64, 16, 32) > 0
     assert calls == [(torch.float32, 64, 16, 32)] * 6 + [(torch.bfloat16, 64, 16, 32)] * 6
 
 

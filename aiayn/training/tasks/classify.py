@@ -12,8 +12,9 @@ Validation reports accuracy and macro-F1; accuracy picks the best checkpoint.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,21 +30,33 @@ from aiayn.interop.model_dir import check_kind
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
 from aiayn.models.io import load_model, resolve_model_dir
+from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, register_task
-from aiayn.training.tasks.encoder import EncoderTask
-
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
+from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
 
 # [model] fields a fine-tuning run may set on top of a pre-trained encoder: they shape no tensor
 # that is loaded (the head is new), or only regularise
 HEAD_FIELDS = {"pooling", "pooler", "dropout", "attn_dropout", "ff_dropout"}
 
 
+@dataclass
+class ClassifyOptions(EncoderOptions):
+    label_column: str = ""  # "" = the column called "label"
+    init_from: str = ""  # a pre-trained encoder (run or model directory) to start from
+    class_weights: str = "none"  # "none" or "balanced" (n / (k · count) per class)
+
+    def validate(self, cfg: TrainConfig) -> None:
+        if self.class_weights not in ("none", "balanced"):
+            fail(self, "class_weights", "is not one of ('none', 'balanced')")
+        super().validate(cfg)
+
+
 @register_task("classify")
 class ClassifyTask(EncoderTask):
     """Labelled texts -> ``ClassifyBatch`` (ids, labels) -> encoder-only model + classifier."""
+
+    options = ClassifyOptions
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
@@ -53,7 +66,8 @@ class ClassifyTask(EncoderTask):
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
-        columns = (cfg.text_column, cfg.label_column)
+        o = self.opts = cfg.options
+        columns = (o.text_column, o.label_column)
         if cfg.valid_dataset:  # a file is used whole, a folder gives its train / valid table
             self.train = load_examples(cfg.dataset, split_for(cfg.dataset, "train"), *columns)
             valid = load_examples(cfg.valid_dataset, split_for(cfg.valid_dataset, "valid"), *columns)
@@ -62,7 +76,7 @@ class ClassifyTask(EncoderTask):
             valid = load_examples(cfg.dataset, "valid", *columns)
         self.labels = LabelMap.from_corpus(self.train)
         self.train_y, self.valid_y = self.labels.ids(self.train), self.labels.ids(valid)
-        self.pretrained = self._pretrained_dir() if cfg.init_from else None
+        self.pretrained = self._pretrained_dir() if o.init_from else None
         if self.pretrained is not None:
             self.tok = main_first(dist, self._copy_tokenizer)
         else:
@@ -71,16 +85,16 @@ class ClassifyTask(EncoderTask):
         self.sampler = self._sampler(self.train_x, seed=cfg.seed)
         counts = np.bincount(self.train_y, minlength=len(self.labels))
         self.class_weight = None
-        if cfg.class_weights == "balanced":
+        if o.class_weights == "balanced":
             self.class_weight = torch.tensor(len(self.train_y) / (len(counts) * counts), dtype=torch.float32)
 
     # -- the pre-trained encoder -------------------------------------------------------------------
     def _pretrained_dir(self) -> Path:
-        directory = resolve_model_dir(self.cfg.init_from)
+        directory = resolve_model_dir(self.opts.init_from)
         try:
             check_kind(directory, ("encoder",))
         except ModelDirError as e:
-            raise ModelDirError(f"init_from={self.cfg.init_from!r}: {e}") from None
+            raise ModelDirError(f"init_from={self.opts.init_from!r}: {e}") from None
         return directory
 
     def _copy_tokenizer(self):
@@ -99,7 +113,7 @@ class ClassifyTask(EncoderTask):
             if key not in HEAD_FIELDS and base.get(key) != value:
                 raise ConfigError(
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
-                    f"(init_from={self.cfg.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
+                    f"(init_from={self.opts.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
                 )
         model = EncoderModel(EncoderConfig.from_dict({**base, **self.cfg.model, "n_classes": n}))
         state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("classifier.")}
@@ -107,7 +121,7 @@ class ClassifyTask(EncoderTask):
         new = [k for k in missing if not k.startswith("classifier.")]
         if new or unexpected:
             raise ModelDirError(
-                f"init_from={self.cfg.init_from!r}: the pre-trained weights do not fit (missing {new[:3]}, "
+                f"init_from={self.opts.init_from!r}: the pre-trained weights do not fit (missing {new[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
         return model
@@ -146,4 +160,4 @@ class ClassifyTask(EncoderTask):
 
     def model_meta(self) -> dict[str, Any]:
         return {**super().model_meta(), "objective": "classify", "labels": self.labels.labels,
-                "text_column": self.cfg.text_column, "label_column": self.cfg.label_column}  # fmt: skip
+                "text_column": self.opts.text_column, "label_column": self.opts.label_column}  # fmt: skip

@@ -9,8 +9,9 @@ one special per side, so it is given ``length + 1``), resumable and sharded like
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,17 +19,21 @@ from aiayn.data import SentencePieceTokenizer, TokenBatchSampler, Tokenizer, loa
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import ConfigError
 from aiayn.models.config import EncoderConfig
+from aiayn.training.config import TaskOptions, TrainConfig
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, Task
 
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
+
+@dataclass
+class EncoderOptions(TaskOptions):
+    text_column: str = ""  # tables (TSV/CSV/JSONL): the text's column name or 0-based number
 
 
 class EncoderTask(Task):
     """Base of the encoder-only tasks; subclasses read their data and define the objective."""
 
     model_config = EncoderConfig
+    options = EncoderOptions
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:

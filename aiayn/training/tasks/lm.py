@@ -7,8 +7,8 @@ saved into the run directory, as for translation.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import nn
@@ -28,11 +28,24 @@ from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import DataError
 from aiayn.models import LanguageModel
 from aiayn.models.config import LMConfig
+from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
+
+@dataclass
+class LMOptions(TaskOptions):
+    batch_size: int = 12  # windows per batch
+    block_size: int = 64  # context length
+    eval_iters: int = 0  # validation batches per evaluation; 0 = the whole split
+
+    def validate(self, cfg: TrainConfig) -> None:
+        super().validate(cfg)
+        for name in ("batch_size", "block_size"):
+            if getattr(self, name) < 1:
+                fail(self, name, "must be ≥ 1")
+        if self.eval_iters < 0:
+            fail(self, "eval_iters", "must be ≥ 0")
 
 
 @register_task("lm")
@@ -40,9 +53,11 @@ class LMTask(Task):
     """Text -> ``LMBatch`` (ids, targets) -> decoder-only language model."""
 
     model_config = LMConfig
+    options = LMOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
+        o = self.opts = cfg.options
         if cfg.valid_dataset:
             train, valid = load_text(cfg.dataset, "all"), load_text(cfg.valid_dataset, "all")
         else:
@@ -67,28 +82,28 @@ class LMTask(Task):
             ("validation", self.valid, cfg.valid_dataset or cfg.dataset),
         )
         for split, tokens, source in splits:
-            if len(tokens) <= cfg.block_size:
+            if len(tokens) <= o.block_size:
                 raise DataError(
                     f"the {split} text of {source} has {len(tokens)} tokens, "
-                    f"not more than block_size={cfg.block_size}; give more text or a smaller block_size"
+                    f"not more than block_size={o.block_size}; give more text or a smaller block_size"
                 )
-        self.sampler = WindowSampler(len(self.train), cfg.block_size, cfg.batch_size, seed=cfg.seed,
+        self.sampler = WindowSampler(len(self.train), o.block_size, o.batch_size, seed=cfg.seed,
                                      rank=dist.rank, world_size=dist.world_size)  # fmt: skip
 
     def build_model(self) -> LanguageModel:
-        fields = {"max_len": max(self.cfg.block_size, 1024), **self.cfg.model}
+        fields = {"max_len": max(self.opts.block_size, 1024), **self.cfg.model}
         return LanguageModel(LMConfig.from_dict({**fields, "vocab_size": self.tok.vocab_size, **SPECIAL_IDS}))
 
     def train_batches(self) -> Iterator[LMBatch]:
         for starts in self.sampler:
-            yield lm_batch(self.train, starts, self.cfg.block_size)
+            yield lm_batch(self.train, starts, self.opts.block_size)
 
     def valid_batches(self) -> Iterator[LMBatch]:
-        cfg = self.cfg
-        for i, starts in enumerate(sequential_windows(len(self.valid), cfg.block_size, cfg.batch_size)):
-            if cfg.eval_iters and i >= cfg.eval_iters:
+        o = self.opts
+        for i, starts in enumerate(sequential_windows(len(self.valid), o.block_size, o.batch_size)):
+            if o.eval_iters and i >= o.eval_iters:
                 return
-            yield lm_batch(self.valid, starts, cfg.block_size)
+            yield lm_batch(self.valid, starts, o.block_size)
 
     def loss(self, model: nn.Module, batch: LMBatch, smoothing: float):
         return model(batch.ids, targets=batch.targets, label_smoothing=smoothing)

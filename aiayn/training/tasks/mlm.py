@@ -12,8 +12,9 @@ the best checkpoint.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,17 +26,38 @@ from aiayn.data.masking import Masking, mask_tokens
 from aiayn.data.sentences import load_sentences, split_for
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
+from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo
 from aiayn.training.task import register_task
-from aiayn.training.tasks.encoder import EncoderTask
+from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
 
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
+
+@dataclass
+class MLMOptions(EncoderOptions):
+    extra_text: list[str] = field(default_factory=list)  # more training text (names or files)
+    mask_prob: float = 0.15  # tokens chosen for prediction (BERT)
+    mask_token_prob: float = 0.8  # a chosen token becomes <mask> ...
+    random_token_prob: float = 0.1  # ... or a random token (else it stays)
+    whole_word_mask: bool = False  # choose whole words rather than pieces
+
+    def validate(self, cfg: TrainConfig) -> None:
+        super().validate(cfg)
+        for name in ("mask_token_prob", "random_token_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                fail(self, name, "must be in [0, 1]")
+        if not 0 < self.mask_prob <= 1:
+            fail(self, "mask_prob", "must be in (0, 1]: the share of tokens the model predicts (BERT: 0.15)")
+        if self.mask_token_prob + self.random_token_prob > 1:
+            fail(self, "random_token_prob", f"+ mask_token_prob={self.mask_token_prob} is more than 1")
+        if not all(isinstance(x, str) and x for x in self.extra_text):
+            fail(self, "extra_text", "must be a list of dataset names or file paths")
 
 
 @register_task("mlm")
 class MLMTask(EncoderTask):
     """Sentences -> ``MaskedBatch`` (ids, targets) -> encoder-only model, loss at masked positions."""
+
+    options = MLMOptions
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
@@ -45,19 +67,20 @@ class MLMTask(EncoderTask):
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
-        self.masking = Masking(cfg.mask_prob, cfg.mask_token_prob, cfg.random_token_prob, cfg.whole_word_mask)
+        o = cfg.options
+        self.masking = Masking(o.mask_prob, o.mask_token_prob, o.random_token_prob, o.whole_word_mask)
         separate = bool(cfg.valid_dataset)  # else validation is the dataset's own split (or last tenth)
         train_split = split_for(cfg.dataset, "train") if separate else "train"
-        train, source = load_sentences(cfg.dataset, train_split, cfg.text_column)
-        for extra in cfg.extra_text:  # more training text: a file whole, a name or folder its train split
-            more, name = load_sentences(extra, split_for(extra, "train"), cfg.text_column)
+        train, source = load_sentences(cfg.dataset, train_split, o.text_column)
+        for extra in o.extra_text:  # more training text: a file whole, a name or folder its train split
+            more, name = load_sentences(extra, split_for(extra, "train"), o.text_column)
             train, source = train + more, f"{source} and {name}"
         valid_source = cfg.valid_dataset or cfg.dataset
         valid_split = split_for(valid_source, "valid") if separate else "valid"
-        valid, _ = load_sentences(valid_source, valid_split, cfg.text_column)
+        valid, _ = load_sentences(valid_source, valid_split, o.text_column)
         self.tok = self._tokenizer(train, source)
         self.train, self.valid = self._encode(train), self._encode(valid)
-        self.word_starts = torch.tensor(self.tok.word_starts()) if cfg.whole_word_mask else None
+        self.word_starts = torch.tensor(self.tok.word_starts()) if o.whole_word_mask else None
         self.sampler = self._sampler(self.train, seed=cfg.seed)
 
     def build_model(self) -> EncoderModel:

@@ -14,8 +14,9 @@ the largest matrix product of a step.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,16 +38,77 @@ from aiayn.data import (
 from aiayn.data.subword import Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import ConfigError
-from aiayn.models import Transformer
+from aiayn.models import Transformer, build_transformer
 from aiayn.models.config import TransformerConfig
+from aiayn.training import criteria
+from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 
-if TYPE_CHECKING:
-    from aiayn.training.config import TrainConfig
-
 SUBWORD_DIR = "subword"  # subword_dropout: the run's saved training-set samples
-R2L_MARGIN = 10  # r2l_memory_from="greedy": the training-time translation's tokens beyond the source length
+
+
+@dataclass
+class TranslationOptions(TaskOptions):
+    src_lang: str = "de"  # file suffixes / Multi30k languages
+    tgt_lang: str = "en"
+    joint_vocab: bool = True  # one vocabulary for both sides (needed for shared embeddings)
+    # a vocabulary that lowercases all text, so the model reads and writes lowercased text (as the
+    # Multi30k literature trains on its lowercased files); False = the text as written (the paper)
+    lowercase: bool = False
+    # the ids the output layer scores: "all" (the paper) or "target", the pieces that occur on the target
+    # side of the training data (of a joint vocabulary, the other language's pieces go)
+    output_vocab: str = "all"
+    # tokenizer="bpe": BPE-dropout probability (Provilkov et al. 2020): the training pairs are
+    # re-segmented at random every epoch; 0 = off (the paper)
+    subword_dropout: float = 0.0
+    subword_dropout_sides: str = "both"  # the sides subword_dropout samples ("source", "target")
+    # R-Drop's α (Liang et al. 2021): each batch runs twice through different dropout masks and the loss
+    # adds α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)); two passes per update; 0 = off (the paper; Liang et al.
+    # use 5 on IWSLT)
+    r_drop: float = 0.0
+    reverse_target: bool = False  # learn the target right to left (for translate --rerank-with)
+    r2l_weight: float = 1.0  # model.bidirectional: λ of L = L_l2r + λ·L_r2l
+    r2l_detach: bool = False  # model.bidirectional: no gradient from L_l2r into the r2l decoder
+    # model.bidirectional: the r2l states the l2r decoder reads in training: "greedy" (the r2l decoder's
+    # own greedy translation, as decoding gives it) or "reference" (teacher-forced on the reversed
+    # reference: the l2r decoder can then copy the answer it will not have at decoding time)
+    r2l_memory_from: str = "greedy"
+    eval_bleu: bool = True  # greedy BLEU on the validation set at each evaluation
+    eval_max_sentences: int = 0  # BLEU on the first N validation sentences; 0 = all
+
+    ABOUT: ClassVar[dict[str, str]] = {
+        "lowercase": "is for a translation model's subword vocabulary",
+        "output_vocab": "picks a translation model's output ids",
+        "subword_dropout": "re-segments translation pairs",
+        "r_drop": "is R-Drop for translation models",
+    }
+
+    def validate(self, cfg: TrainConfig) -> None:
+        for name, choices in (("r2l_memory_from", ("reference", "greedy")),
+                              ("subword_dropout_sides", ("both", "source", "target")),
+                              ("output_vocab", ("all", "target"))):  # fmt: skip
+            if getattr(self, name) not in choices:
+                fail(self, name, f"is not one of {choices}")
+        super().validate(cfg)
+        if self.eval_max_sentences < 0:
+            fail(self, "eval_max_sentences", "must be ≥ 0")
+        for name in ("r2l_weight", "r_drop"):
+            if getattr(self, name) < 0:
+                fail(self, name, "must be ≥ 0 (0 = off)")
+        if not 0 <= self.subword_dropout < 1:
+            fail(self, "subword_dropout", "must be in [0, 1)")
+        if self.subword_dropout and cfg.tokenizer != "bpe":
+            fail(self, "subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {cfg.tokenizer!r}")
+        if self.subword_dropout_sides != "both" and not self.subword_dropout:
+            fail(
+                self,
+                "subword_dropout_sides",
+                "does nothing while subword_dropout=0: give subword_dropout > 0",
+            )
+        if self.lowercase and cfg.tokenizer == "char":
+            fail(self, "lowercase", f"is for a translation model's subword vocabulary; tokenizer="
+                 f"{cfg.tokenizer!r} does not take it (set false)")  # fmt: skip
 
 
 def target_pieces(corpora) -> torch.Tensor:
@@ -62,25 +124,28 @@ class TranslationTask(Task):
     """Parallel corpus -> ``TranslationBatch`` (src, tgt_in, tgt_out) -> encoder–decoder."""
 
     model_config = TransformerConfig
+    options = TranslationOptions
+    token_batches = True
 
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
-        if cfg.src_lang == cfg.tgt_lang:
+        o = cfg.options
+        if o.src_lang == o.tgt_lang:
             raise ConfigError(
-                f"tgt_lang={cfg.tgt_lang!r} equals src_lang: a translation task needs two languages"
+                f"tgt_lang={o.tgt_lang!r} equals src_lang: a translation task needs two languages"
             )
         if cfg.tokenizer == "char":
             raise ConfigError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
-        if cfg.model.get("bidirectional") and cfg.r2l_detach and cfg.r2l_weight == 0:
+        if cfg.model.get("bidirectional") and o.r2l_detach and o.r2l_weight == 0:
             raise ConfigError("r2l_weight=0 with r2l_detach=true leaves the right-to-left decoder untrained; "
                               "give r2l_weight > 0 or r2l_detach=false")  # fmt: skip
         if "output_pieces" in cfg.model:
             raise ConfigError("model.output_pieces is set from the training data: remove it from [model] and "
                               "give output_vocab='target' instead")  # fmt: skip
-        if cfg.r_drop and cfg.model.get("bidirectional"):
+        if o.r_drop and cfg.model.get("bidirectional"):
             raise ConfigError("r_drop > 0 with model.bidirectional=true: R-Drop is not implemented for the "
                               "right-to-left decoder; set r_drop=0 or bidirectional=false")  # fmt: skip
-        if cfg.reverse_target and cfg.model.get("bidirectional"):
+        if o.reverse_target and cfg.model.get("bidirectional"):
             raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
                               "already has its right-to-left decoder; choose one")  # fmt: skip
         super().check_config(cfg)
@@ -91,13 +156,14 @@ class TranslationTask(Task):
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
-        train = load_parallel(cfg.dataset, "train", cfg.src_lang, cfg.tgt_lang)
-        valid = load_parallel(cfg.valid_dataset or cfg.dataset, "valid", cfg.src_lang, cfg.tgt_lang)
+        o = self.opts = cfg.options
+        train = load_parallel(cfg.dataset, "train", o.src_lang, o.tgt_lang)
+        valid = load_parallel(cfg.valid_dataset or cfg.dataset, "valid", o.src_lang, o.tgt_lang)
         tok_dir = run_dir / TOKENIZER_DIR
 
         def tokenizers():  # trained once (rank 0), then read back by every rank
             if not (tok_dir / "tgt").is_dir():
-                options = dict(joint=cfg.joint_vocab, model_type=cfg.tokenizer, lowercase=cfg.lowercase)
+                options = dict(joint=o.joint_vocab, model_type=cfg.tokenizer, lowercase=o.lowercase)
                 src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, **options)
                 save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
             return load_translation_tokenizers(tok_dir)
@@ -108,14 +174,14 @@ class TranslationTask(Task):
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
         corpora = [self.train]
-        if cfg.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
-            pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, cfg.subword_dropout,
+        if o.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
+            pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, o.subword_dropout,
                                 CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
-                                cfg.subword_dropout_sides)  # fmt: skip
+                                o.subword_dropout_sides)  # fmt: skip
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
-        self.target_pieces = target_pieces(corpora) if cfg.output_vocab == "target" else None
+        self.target_pieces = target_pieces(corpora) if o.output_vocab == "target" else None
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
@@ -130,7 +196,7 @@ class TranslationTask(Task):
         fields.update(src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size)
         if self.target_pieces is not None:
             fields["output_pieces"] = len(self.target_pieces)
-        model = Transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
+        model = build_transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
         if self.target_pieces is not None:
             model.head.set_pieces(self.target_pieces)
         return model
@@ -141,7 +207,7 @@ class TranslationTask(Task):
 
     def _collate(self, pairs) -> TranslationBatch:
         batch = collate_translation(pairs)
-        if self.cfg.reverse_target:  # a right-to-left model: bos + reversed target -> reversed target + eos
+        if self.opts.reverse_target:  # a right-to-left model: bos + reversed target -> reversed target + eos
             return TranslationBatch(batch.src, *reverse_targets(batch.tgt_out))
         return batch
 
@@ -162,51 +228,23 @@ class TranslationTask(Task):
         for idx in sampler.batches(0):
             yield self._collate([self.valid[i] for i in idx])
 
-    def loss(self, model: nn.Module, batch: TranslationBatch, smoothing: float):
-        """Label-smoothed loss at the real target positions (``Transformer.forward(targets=…)``),
-        with R-Drop's consistency term in training when ``r_drop`` > 0; a bidirectional model adds
-        r2l_weight · the right-to-left decoder's loss on the reversed target, whose NLL is logged as
-        ``r2l_nll``."""
-        if not self.bidirectional:  # R-Drop in training only: in evaluation both passes would be equal
-            return model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing,
-                         r_drop=self.cfg.r_drop if model.training else 0.0)  # fmt: skip
-        r2l_in, r2l_out = reverse_targets(batch.tgt_out)
-        loss, nll, n, r2l_nll, r2l_n = model(
-            batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=smoothing, r2l_tgt=r2l_in,
-            r2l_targets=r2l_out, r2l_weight=self.cfg.r2l_weight, detach_r2l=self.cfg.r2l_detach,
-            r2l_memory_tgt=self._r2l_memory_input(model, batch.src),
-        )  # fmt: skip
+    def loss(self, model: Transformer, batch: TranslationBatch, smoothing: float) -> criteria.LossSums:
+        """The label-smoothed loss (``aiayn.training.criteria``), with R-Drop's consistency term in
+        training when ``r_drop`` > 0 (in evaluation both passes would be equal); a bidirectional model
+        adds r2l_weight · the right-to-left decoder's loss on the reversed target, whose NLL is logged
+        as ``r2l_nll``."""
+        o = self.opts
+        if not self.bidirectional:
+            if o.r_drop and model.training:
+                return criteria.r_drop_loss(model, batch, smoothing, o.r_drop)
+            return criteria.label_smoothed_loss(model, batch, smoothing)
+        memory_tgt = criteria.greedy_memory_input(model, batch.src) if o.r2l_memory_from == "greedy" else None
+        total, r2l = criteria.bidirectional_loss(model, batch, smoothing, o.r2l_weight, memory_tgt,
+                                                 o.r2l_detach)  # fmt: skip
         sums = self._r2l["train" if model.training else "valid"]
-        sums[0] += float(r2l_nll.detach())
-        sums[1] += int(r2l_n)
-        return loss, nll, n
-
-    def _r2l_memory_input(self, model: nn.Module, src: torch.Tensor) -> torch.Tensor | None:
-        """With ``r2l_memory_from="greedy"``: ``[bos] +`` the right-to-left decoder's greedy
-        translation of ``src`` (no dropout, no gradient, at most source length + R2L_MARGIN tokens,
-        and no more than learned positions allow), the sequence whose states the left-to-right
-        decoder then reads, as at decoding time (exactly so for decoding with ``r2l_beam=1``; a wider
-        backward beam reads a better translation than training did); ``None`` (the reference)
-        otherwise."""
-        if self.cfg.r2l_memory_from != "greedy":
-            return None
-        from aiayn.decoding.bidirectional import r2l_translation
-        from aiayn.decoding.greedy import GREEDY
-
-        raw = getattr(model, "module", model)  # inside DistributedDataParallel
-        raw = getattr(raw, "_orig_mod", raw)  # inside torch.compile
-        was_training = raw.training
-        raw.eval()
-        try:
-            with torch.no_grad():
-                src_mask = raw.src_mask(src)
-                limit = (src != SPECIAL_IDS["pad_id"]).sum(1) + R2L_MARGIN  # (B,)
-                if raw.config.positional == "learned":  # decoder positions: bos + output − 1
-                    limit = limit.clamp(max=raw.config.max_len)
-                _, r2l_in = r2l_translation(raw, src, raw.encode(src, src_mask), src_mask, GREEDY, limit)
-        finally:
-            raw.train(was_training)
-        return r2l_in
+        sums[0] += float(r2l.nll.detach())
+        sums[1] += int(r2l.n)
+        return total
 
     def pop_metrics(self, split: str) -> dict[str, float]:
         if not self.bidirectional:
@@ -220,15 +258,15 @@ class TranslationTask(Task):
 
     def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Greedy translations of the validation sources, scored with sacreBLEU."""
-        if not self.cfg.eval_bleu:
+        if not self.opts.eval_bleu:
             return {}
         import sacrebleu
 
         from aiayn.decoding.options import SearchConfig
         from aiayn.decoding.translator import Translator
 
-        n = self.cfg.eval_max_sentences or len(self.valid)
-        translator = Translator(model, self.src_tok, self.tgt_tok, reverse=self.cfg.reverse_target)
+        n = self.opts.eval_max_sentences or len(self.valid)
+        translator = Translator(model, self.src_tok, self.tgt_tok, reverse=self.opts.reverse_target)
         sources = [self.valid[i][0].tolist() for i in range(n)]
         hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
         texts = [translator.detokenize(h[0]) if h else "" for h in hyps]
@@ -238,8 +276,8 @@ class TranslationTask(Task):
         return metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
 
     def model_meta(self) -> dict[str, Any]:
-        meta = {**super().model_meta(), "src_lang": self.cfg.src_lang, "tgt_lang": self.cfg.tgt_lang}
-        return {**meta, "reverse_target": True} if self.cfg.reverse_target else meta
+        meta = {**super().model_meta(), "src_lang": self.opts.src_lang, "tgt_lang": self.opts.tgt_lang}
+        return {**meta, "reverse_target": True} if self.opts.reverse_target else meta
 
     def save_tokenizers(self, directory: Path) -> None:
         save_translation_tokenizers(directory, self.src_tok, self.tgt_tok)

@@ -12,8 +12,8 @@ Export writes the directory that ``MarianMTModel.from_pretrained`` reads. Models
 interleaved sinusoid layout are exported exactly by permuting the d_model axis (see
 ``halves_permutation``); what Marian cannot express (pre-norm, learned positions, a right-to-left
 memory, d_k ≠ d_model/h, LayerNorm ε ≠ 1e-5) is refused with the reason; an output layer that scores
-only some ids (``output_pieces``) becomes −∞ in ``final_logits_bias`` at the others. Tokenizers are
-separate (``tokenizers.py``).
+only some ids (``output_pieces``) becomes −∞ in ``final_logits_bias`` at the others. The
+tokenizer is beside this module (``tokenizer.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ one (``name_map``), except that HF's separate query, key and value projections a
   dropped, as ``BertForMaskedLM.from_pretrained`` drops them. A classifier's vocabulary head is
   tied to the embeddings (the checkpoint has none; it is never used).
 
-BERT's tokenizer is WordPiece (``vocab.txt``, ``aiayn.interop.tokenizers.WordPieceTokenizer``):
+BERT's tokenizer is WordPiece (``vocab.txt``, ``aiayn.interop.bert.tokenizer.WordPieceTokenizer``):
 [CLS], [SEP], [PAD] and [UNK] become the model's bos, eos, pad and unk ids, and aiayn's batching
 writes each text as [CLS] … [SEP], as BERT does. ``aiayn export`` copies aiayn's own tokenizer
 beside an exported model instead (a sentencepiece vocabulary has no ``vocab.txt`` form), and
@@ -42,7 +42,7 @@ from aiayn import textfiles
 from aiayn.data.tokenizer import KINDS, META_FILE, Tokenizer, load_tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
-from aiayn.interop.tokenizers import load_bert_tokenizer
+from aiayn.interop.bert.tokenizer import load_bert_tokenizer
 from aiayn.models.config import EncoderConfig
 from aiayn.models.encoder import EncoderModel
 

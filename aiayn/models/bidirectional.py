@@ -1,0 +1,130 @@
+"""Asynchronous bidirectional decoding (Zhang et al. 2018, "Asynchronous Bidirectional Decoding for
+Neural Machine Translation"): the encoder–decoder with a second, right-to-left decoder.
+
+The right-to-left decoder reads ``[bos] + reversed target`` over the same encoder memory; every layer
+of the left-to-right decoder has the fourth sublayer of the first tutorial's decoder layer, attending
+to the right-to-left decoder's final states (the "right-to-left memory") under their padding mask.
+Both decoders share the target embedding and the output projection. Which sequence the memory is made
+from (the reversed reference, the right-to-left decoder's own translation) is the caller's choice:
+training and decoding each pass theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from aiayn.masks import padding_mask
+from aiayn.models.config import TransformerConfig
+from aiayn.models.transformer import Transformer
+from aiayn.modules.kv_cache import DecoderCache
+from aiayn.modules.layers import DecoderContext
+
+
+class BidirectionalOutput(NamedTuple):
+    """The two decoders' outputs (states or logits) for one batch.
+
+    Shape:
+        l2r: (B, T, ·) for ``tgt``; r2l: (B, T', ·) for ``r2l_tgt``
+    """
+
+    l2r: Tensor
+    r2l: Tensor
+
+
+class BidirectionalTransformer(Transformer):
+    """``Transformer`` + a right-to-left decoder whose states are the left-to-right decoder's second
+    memory.
+
+    Shape:
+        src: (B, S), tgt: (B, T) (bos + target), r2l_tgt: (B, T') (bos + reversed target)
+        returns: ``BidirectionalOutput`` of logits (B, T, V) and (B, T', V)
+    """
+
+    def __init__(self, config: TransformerConfig):
+        if not config.bidirectional:
+            raise ValueError("a BidirectionalTransformer needs TransformerConfig(bidirectional=True)")
+        super().__init__(config)
+
+    def decode_r2l(
+        self,
+        tgt: Tensor,
+        context: DecoderContext,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, list[dict]]:
+        """The right-to-left decoder's states for ``tgt`` = ``[bos] + reversed target`` (as ``decode``;
+        it reads ``context.memory`` only).
+
+        Shape: tgt (B, T'), context.memory (B, S, d_model) -> (B, T', d_model)
+        """
+        return self._decode(self.r2l_decoder, tgt, context, None, cache, need_weights)
+
+    def r2l_mask(self, r2l_tgt: Tensor) -> Tensor:
+        """(B, 1, 1, T'): the right-to-left decoder's states that are not padding."""
+        return padding_mask(r2l_tgt, self.config.pad_id)
+
+    def with_r2l_memory(self, context: DecoderContext, r2l_tgt: Tensor, states: Tensor | None = None):
+        """``context`` with the right-to-left memory of ``r2l_tgt``: its teacher-forced states (or the
+        given ``states`` of it) under its padding mask."""
+        states = self.decode_r2l(r2l_tgt, context) if states is None else states  # (B, T', d_model)
+        return dataclasses.replace(context, r2l_memory=states, r2l_mask=self.r2l_mask(r2l_tgt))
+
+    def hidden(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        r2l_tgt: Tensor,
+        memory_tgt: Tensor | None = None,
+        detach_memory: bool = False,
+    ) -> BidirectionalOutput:
+        """Both decoders' final states. The left-to-right decoder reads the states of ``memory_tgt``
+        (bos + another reversed sequence, e.g. the right-to-left decoder's own translation, as in
+        decoding) or, without it, those of ``r2l_tgt`` (teacher-forced on the reference: Zhang et al.);
+        ``detach_memory`` lets no gradient of the left-to-right decoder flow back through them.
+
+        Shape: src (B, S), tgt (B, T), r2l_tgt (B, T') -> (B, T, d_model), (B, T', d_model)
+        """
+        context = self.context(src)
+        r2l_states = self.decode_r2l(r2l_tgt, context)  # (B, T', d_model)
+        if memory_tgt is None:
+            memory, memory_tgt = r2l_states, r2l_tgt
+        else:
+            with torch.no_grad() if detach_memory else contextlib.nullcontext():
+                memory = self.decode_r2l(memory_tgt, context)  # (B, T'', d_model)
+        memory = memory.detach() if detach_memory else memory
+        l2r = self.decode(tgt, self.with_r2l_memory(context, memory_tgt, memory))  # (B, T, d_model)
+        return BidirectionalOutput(l2r, r2l_states)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor, memory_tgt: Tensor | None = None
+    ) -> BidirectionalOutput:
+        """Both decoders' logits (``hidden``, then the shared output projection)."""
+        l2r, r2l = self.hidden(src, tgt, r2l_tgt, memory_tgt)
+        return BidirectionalOutput(self.head(l2r), self.head(r2l))
+
+    def attention_weights(self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor) -> dict[str, list[Tensor]]:
+        """``Transformer.attention_weights`` plus the right-to-left decoder's ``"r2l_self"`` and
+        ``"r2l_cross"`` and the left-to-right decoder's ``"cross_r2l"``, with ``r2l_tgt`` as memory."""
+        src_mask = self.src_mask(src)
+        memory, enc_w = self.encoder(self.src_embed(src), src_mask, need_weights=True)
+        context = DecoderContext(memory, src_mask)
+        states, r2l_w = self.decode_r2l(r2l_tgt, context, need_weights=True)
+        out = {
+            "encoder": enc_w,
+            "r2l_self": [w["self"] for w in r2l_w],
+            "r2l_cross": [w["cross"] for w in r2l_w],
+        }
+        return {**out, **self._decoder_weights(tgt, self.with_r2l_memory(context, r2l_tgt, states))}
+
+
+def build_transformer(config: TransformerConfig | None = None) -> Transformer:
+    """The encoder–decoder ``config`` describes: a ``BidirectionalTransformer`` when
+    ``config.bidirectional``, else a ``Transformer``."""
+    if config is not None and config.bidirectional:
+        return BidirectionalTransformer(config)
+    return Transformer(config)

@@ -1,0 +1,123 @@
+"""The checks every route with a body shares, as FastAPI dependencies, in the order they run.
+
+``read_body`` reads the raw stream up to ``max_body_bytes`` and no further (413 past it) and parses
+it as JSON or, as LibreTranslate also accepts, form-encoded; ``require_api_key`` checks the key (403)
+in the body or the ``X-API-Key`` header; ``parse(Model)`` validates the parsed body with a schema
+(400, "Invalid request: …"). A route does not declare its body model as a parameter, since FastAPI
+would then read the whole body itself before any dependency runs; ``schemas.request_body`` documents
+it instead. FastAPI runs each dependency once per request, so the body is read once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qs
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+
+from aiayn.serve.server import HTTPError, Server, invalid
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def get_server(request: Request) -> Server:
+    return request.app.state.server
+
+
+ServerDep = Annotated[Server, Depends(get_server)]
+
+
+async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
+    """The JSON or form-encoded body as a dict, read up to ``max_body_bytes``."""
+    limit = server.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"the body is over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid(f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/x-www-form-urlencoded" or (not kind and "=" in text and not text.startswith("{")):
+        form = parse_qs(text, keep_blank_values=True)
+        return {k: v if k == "q" and len(v) > 1 else v[-1] for k, v in form.items()}
+    if kind not in ("application/json", ""):
+        raise HTTPError(415, f"content type {kind!r} is not JSON or form-encoded")
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise invalid(f"malformed JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise invalid("the body must be a JSON object")
+    return data
+
+
+BodyDep = Annotated[dict[str, Any], Depends(read_body)]
+
+
+async def require_api_key(request: Request, data: BodyDep, server: ServerDep) -> None:
+    """With ``--api-keys``, the body's ``api_key`` or the ``X-API-Key`` header must be one of them."""
+    keys = server.settings.api_keys
+    given = data.get("api_key") or request.headers.get("x-api-key")
+    if keys and (not isinstance(given, str) or given not in keys):
+        raise HTTPError(403, "Invalid API key")
+
+
+def parse(model: type[M]) -> Callable[..., Awaitable[M]]:
+    """A dependency giving the body validated as ``model``, once the key is checked."""
+
+    async def dependency(data: BodyDep, _: Annotated[None, Depends(require_api_key)]) -> M:
+        try:
+            return model.model_validate(data)
+        except ValidationError as e:
+            raise invalid(problem(model, e)) from None
+
+    return dependency
+
+
+PROBLEMS = {
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+}
+
+
+def problem(model: type[BaseModel], error: ValidationError) -> str:
+    """The first problem of a body, in one line that names the field and the value, in the words
+    ``SearchConfig`` uses for the same mistakes."""
+    e = error.errors()[0]
+    field, kind = str(e["loc"][0]) if e["loc"] else "body", e["type"]
+    if kind in ("missing", "string_too_short"):  # an empty target is a missing one
+        return f"missing {field} parameter"
+    given = f"{field}={_shown(e['input'])}"
+    if kind == "literal_error":
+        return f"{given} is not {e['ctx']['expected']}"
+    if kind in ("greater_than_equal", "less_than_equal"):  # the ranges are of integers (top_k)
+        meta = model.model_fields[field].metadata
+        lo = next((m.ge for m in meta if hasattr(m, "ge")), "")
+        hi = next((m.le for m in meta if hasattr(m, "le")), "")
+        return f"{field} must be an integer in {lo}..{hi}"
+    if kind in PROBLEMS:
+        return f"{given} {PROBLEMS[kind]}"
+    return e["msg"]  # our own errors (``schemas.Texts``) read as a sentence already
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,88 @@
+"""The kinds of job the batcher runs, each a small frozen dataclass naming its model and options.
+
+A job kind is also the batcher's key: jobs of equal kinds (same class, same model, same options) are
+decoded together in one call of ``run(service, payloads)``, which returns one result per payload. A
+new kind of work is one more class here and the route that submits it; the worker side
+(``Server._run``) does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from aiayn.decoding.options import SearchConfig
+from aiayn.serve.services import EncoderService, LMService, TranslationService
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """Work for the model named ``model``; subclasses add the options its jobs share."""
+
+    model: str
+    alone: ClassVar[bool] = False  # True: each job runs in a batch of its own
+
+    def run(self, service: Any, payloads: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def output_tokens(self, results: list[Any]) -> int:
+        """Tokens produced by a batch, for the throughput metrics (0 where not counted)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class Translation(JobKind):
+    """Each payload is one request's texts; each result, that request's list of translations."""
+
+    config: SearchConfig
+    attention: bool  # add each text's attention weights (for the page)
+
+    def run(self, service: TranslationService, payloads: list[list[str]]) -> list[list[dict]]:
+        return service.run(self.config, payloads, self.attention)
+
+    def output_tokens(self, results: list[list[dict]]) -> int:
+        best = (x["hypotheses"][:1] for r in results for x in r)
+        return sum(len(h["tokens"]) for hyps in best for h in hyps)
+
+
+@dataclass(frozen=True)
+class Classification(JobKind):
+    """Each payload is one request's texts; each result, the ``top_k`` labels of each text."""
+
+    top_k: int
+
+    def run(self, service: EncoderService, payloads: list[list[str]]) -> list[list[list[dict]]]:
+        return service.classify(payloads, self.top_k)
+
+
+@dataclass(frozen=True)
+class MaskFilling(JobKind):
+    """Each payload is one text with ``<mask>``s; each result, the ``top_k`` pieces at each mask."""
+
+    top_k: int
+
+    def run(self, service: EncoderService, payloads: list[str]) -> list[list[list[dict]]]:
+        return [service.fill(query, self.top_k) for query in payloads]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What one generation request asks for; ``emit`` receives each piece of text as it is made
+    and returns False when the client has gone (sampling then stops)."""
+
+    text: str
+    max_new_tokens: int
+    config: SearchConfig
+    emit: Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Generation(JobKind):
+    """One prompt continued by a language model. It streams to one client, so it runs alone."""
+
+    alone: ClassVar[bool] = True
+
+    def run(self, service: LMService, payloads: list[Prompt]) -> list[str]:
+        (prompt,) = payloads
+        return [service.stream(prompt.text, prompt.max_new_tokens, prompt.config, prompt.emit)]

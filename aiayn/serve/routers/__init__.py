@@ -1,0 +1,2 @@
+"""The routes, one router per API: ``libretranslate`` (``/translate``, ``/languages``), ``v1`` (the
+native API), ``operations`` (``/health``, ``/metrics``) and ``page`` (``/`` and its static files)."""

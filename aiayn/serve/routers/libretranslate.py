@@ -1,0 +1,77 @@
+"""LibreTranslate's API: existing LibreTranslate clients work unchanged.
+
+``/translate`` decodes with beam 4 (or ``alternatives + 1``) and answers with LibreTranslate's field
+names; ``/languages`` lists each loaded source language with the targets it translates into.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from aiayn.serve.dependencies import ServerDep, parse
+from aiayn.serve.jobs import Translation
+from aiayn.serve.schemas import (
+    ERRORS,
+    DetectedLanguage,
+    Language,
+    TranslateRequest,
+    TranslateResponse,
+    request_body,
+)
+from aiayn.serve.server import HTTPError, Server, invalid
+from aiayn.serve.services import TranslationService, language_name
+
+router = APIRouter(tags=["LibreTranslate"])
+
+
+@router.get("/languages", response_model=list[Language])
+async def languages(server: ServerDep) -> list[Language]:
+    """Each source language with the targets it translates into."""
+    targets: dict[str, list[str]] = {}
+    for s in server.services.values():
+        if isinstance(s, TranslationService):
+            targets.setdefault(s.source, []).append(s.target)
+    return [
+        Language(code=c, name=language_name(c), targets=sorted(set(t))) for c, t in sorted(targets.items())
+    ]
+
+
+@router.post(
+    "/translate",
+    response_model=TranslateResponse,
+    response_model_exclude_none=True,
+    responses=ERRORS,
+    openapi_extra=request_body(TranslateRequest, form=True),
+)
+async def translate(
+    request: Request, body: Annotated[TranslateRequest, Depends(parse(TranslateRequest))], server: ServerDep
+) -> TranslateResponse:
+    """Translate ``q`` (a string or a list) from ``source`` (or ``auto``) into ``target``, with up to
+    ``alternatives`` other translations of each text; JSON or form-encoded."""
+    many, texts = isinstance(body.q, list), server.texts(body.q)
+    service = _by_languages(server, body.source, body.target)
+    if not 0 <= body.alternatives < server.settings.max_beam:
+        raise invalid(f"alternatives must be in 0..{server.settings.max_beam - 1}")
+    n = body.alternatives + 1
+    config = server.search_config(beam=max(4, n), nbest=n)
+    results = await server.submit(Translation(service.name, config, False), texts, len(texts), request)
+    best = [r["translation"] for r in results]
+    others = [[h["text"] for h in r["hypotheses"][1:]] for r in results]
+    detected = DetectedLanguage(confidence=100.0, language=service.source)
+    return TranslateResponse(
+        translatedText=best if many else best[0],
+        alternatives=(others if many else others[0]) if body.alternatives else None,
+        detectedLanguage=([detected] * len(results) if many else detected) if body.source == "auto" else None,
+    )
+
+
+def _by_languages(server: Server, source: str, target: str) -> TranslationService:
+    """The first translation model into ``target`` (from ``source`` unless it is ``auto``)."""
+    models = [s for s in server.services.values() if isinstance(s, TranslationService) and s.target == target]
+    if source != "auto":
+        models = [s for s in models if s.source == source]
+    if not models:
+        raise HTTPError(400, f"{source} → {target} is not available: see /languages")
+    return models[0]

@@ -1,0 +1,157 @@
+"""The native API under ``/v1``: every decoding option, language models, encoders.
+
+``/v1/translate`` takes every option of ``aiayn translate`` and can add the attention weights the
+page draws; ``/v1/generate`` continues a prompt, whole or as server-sent events; ``/v1/classify``
+labels texts and ``/v1/fill-mask`` fills ``<mask>``s with an encoder. ``model`` names the model and
+may be left out when one model of the route's kind is loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from aiayn.decoding.options import SearchConfig
+from aiayn.serve.dependencies import ServerDep, parse
+from aiayn.serve.jobs import Classification, Generation, MaskFilling, Prompt, Translation
+from aiayn.serve.schemas import (
+    ERRORS,
+    ClassifyRequest,
+    ClassifyResponse,
+    FillMaskRequest,
+    FillMaskResponse,
+    GenerateRequest,
+    GenerateResponse,
+    NativeTranslateRequest,
+    NativeTranslateResponse,
+    request_body,
+)
+from aiayn.serve.server import HTTPError, Server, invalid
+from aiayn.serve.services import EncoderService, LMService, TranslationService
+
+router = APIRouter(prefix="/v1", tags=["native"], responses=ERRORS)
+
+EVENTS = 'with stream: true, events data: {"text": …}, then data: {"done": true, "text": …}'
+STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": EVENTS}}
+
+
+@router.post(
+    "/translate",
+    response_model=NativeTranslateResponse,
+    response_model_exclude_none=True,
+    openapi_extra=request_body(NativeTranslateRequest),
+)
+async def translate(
+    request: Request,
+    body: Annotated[NativeTranslateRequest, Depends(parse(NativeTranslateRequest))],
+    server: ServerDep,
+) -> NativeTranslateResponse:
+    """Translate with every decoding option of ``aiayn translate``; ``attention: true`` adds every
+    layer's and head's weights."""
+    texts = server.texts(body.q)
+    service = server.pick(body.model, TranslationService)
+    job = Translation(service.name, server.search_config(body.given()), body.attention)
+    results = await server.submit(job, texts, len(texts), request)
+    return NativeTranslateResponse(
+        model=service.name, source=service.source, target=service.target, results=results
+    )
+
+
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses=STREAM,
+    openapi_extra=request_body(GenerateRequest),
+)
+async def generate(
+    request: Request, body: Annotated[GenerateRequest, Depends(parse(GenerateRequest))], server: ServerDep
+) -> GenerateResponse | StreamingResponse:
+    """Continue ``prompt`` with a language model; ``stream: true`` sends each piece of text as a
+    server-sent event (``data: {"text": …}``), then ``data: {"done": true, "text": …}``."""
+    service = server.pick(body.model, LMService)
+    limits = server.settings
+    if len(body.prompt) > limits.char_limit:
+        raise invalid(f"prompt exceeds character limit ({limits.char_limit})")
+    if not 1 <= body.max_new_tokens <= limits.max_new_tokens:
+        raise invalid(f"max_new_tokens must be in 1..{limits.max_new_tokens}")
+    config = server.search_config(body.given(), beam=1, sample=not body.greedy)
+    if not body.stream:
+        prompt = Prompt(body.prompt, body.max_new_tokens, config, lambda _: True)
+        text = await server.submit(Generation(service.name), prompt, 1, request)
+        return GenerateResponse(model=service.name, prompt=body.prompt, text=text)
+    return StreamingResponse(_stream(server, service.name, body, config), media_type="text/event-stream")
+
+
+async def _stream(
+    server: Server, model: str, body: GenerateRequest, config: SearchConfig
+) -> AsyncIterator[str]:
+    """Server-sent events: each piece as the worker thread makes it, then the whole text (or the
+    error). Leaving the loop (the client went away, or the end) tells the worker to stop."""
+    events: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    alive = True
+
+    def emit(piece: str) -> bool:
+        loop.call_soon_threadsafe(events.put_nowait, {"text": piece})
+        return alive
+
+    prompt = Prompt(body.prompt, body.max_new_tokens, config, emit)
+    job = asyncio.ensure_future(server.submit(Generation(model), prompt, 1))
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield _event(getter.result())
+                continue
+            getter.cancel()
+            while not events.empty():
+                yield _event(events.get_nowait())
+            try:
+                yield _event({"done": True, "text": job.result()})
+            except HTTPError as e:
+                yield _event({"error": e.message})
+            return
+    finally:
+        alive = False  # the client left, or the stream ended: stop sampling
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    openapi_extra=request_body(ClassifyRequest),
+)
+async def classify(
+    request: Request, body: Annotated[ClassifyRequest, Depends(parse(ClassifyRequest))], server: ServerDep
+) -> ClassifyResponse:
+    """Label ``q`` (a string or a list) with a classifier; ``top_k`` labels each."""
+    many, texts = isinstance(body.q, list), server.texts(body.q)
+    service = server.pick(body.model, EncoderService)
+    results = await server.submit(Classification(service.name, body.top_k), texts, len(texts), request)
+    return ClassifyResponse(model=service.name, results=results if many else results[0])
+
+
+@router.post(
+    "/fill-mask",
+    response_model=FillMaskResponse,
+    openapi_extra=request_body(FillMaskRequest),
+)
+async def fill_mask(
+    request: Request, body: Annotated[FillMaskRequest, Depends(parse(FillMaskRequest))], server: ServerDep
+) -> FillMaskResponse:
+    """The ``top_k`` pieces at each ``<mask>`` of ``q``."""
+    texts = server.texts(body.q)
+    if len(texts) != 1:
+        raise invalid("fill-mask takes one q")
+    service = server.pick(body.model, EncoderService)
+    masks = await server.submit(MaskFilling(service.name, body.top_k), texts[0], 1, request)
+    return FillMaskResponse(model=service.name, masks=masks)

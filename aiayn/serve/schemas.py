@@ -1,0 +1,236 @@
+"""The bodies the routes read and the answers they give, as Pydantic models (``/docs`` shows them).
+
+Request models are strict (an integer field refuses ``3.0`` and ``"3"``, a boolean field refuses
+``"false"``, which would otherwise read as true), except ``alternatives``, which LibreTranslate's
+form-encoded bodies send as text. Unknown fields are ignored (clients send LibreTranslate fields this
+server does not use). The decoding options are only type-checked here: their ranges and agreements
+are ``SearchConfig``'s, so that the CLI and the server refuse the same things. Answer models leave
+out the fields a route did not fill (the routes set ``response_model_exclude_none``). The class
+docstrings and field descriptions are what ``/docs`` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from aiayn.decoding.mbr import UTILITIES
+from aiayn.decoding.options import SearchConfig
+
+
+def _texts(value: Any) -> Any:
+    if isinstance(value, list):
+        if not all(isinstance(t, str) for t in value):
+            raise PydanticCustomError("texts", "each q must be a string")
+    elif not isinstance(value, str):
+        raise PydanticCustomError("texts", "q must be a string")
+    return value
+
+
+Texts = Annotated[
+    str | list[str],
+    BeforeValidator(_texts),
+    Field(description="a text, or a list of texts (the answer then has a list in the same order)"),
+]
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="what went wrong, in one line")
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Invalid request: a field, a limit, or a model or language pair that is not loaded"),
+    403: _error("A missing or wrong API key (with --api-keys)"),
+    413: _error("The body is over --max-body-bytes"),
+    415: _error("The body is neither JSON nor form-encoded"),
+    429: _error("The queue is full: retry after the Retry-After header's seconds"),
+    503: _error("The request waited past --timeout"),
+    500: _error("The server failed on this request"),
+}
+
+
+def request_body(model: type[BaseModel], *, form: bool = False) -> dict[str, Any]:
+    """``openapi_extra`` documenting ``model`` as a route's body. A dependency reads the body (so that
+    it can stop at the size limit), and FastAPI documents only the bodies it reads itself."""
+    schema = model.model_json_schema()
+    kinds = ["application/json"] + (["application/x-www-form-urlencoded"] if form else [])
+    return {"requestBody": {"required": True, "content": {k: {"schema": schema} for k in kinds}}}
+
+
+class Body(BaseModel):
+    """What every body may carry."""
+
+    model_config = ConfigDict(strict=True)
+    api_key: str | None = Field(None, description="one of the server's --api-keys (or the X-API-Key header)")
+
+
+# -- LibreTranslate ---------------------------------------------------------------------------------
+class TranslateRequest(Body):
+    """LibreTranslate's /translate body, JSON or form-encoded (where q given twice is a list)."""
+
+    q: Texts
+    source: str = Field("auto", description="the source language's code, or auto")
+    target: str = Field(min_length=1, description="the target language's code (see /languages)")
+    format: Literal["text", "html"] = Field("text", description="accepted for LibreTranslate's clients")
+    alternatives: int = Field(
+        0, strict=False, description="other translations per text, 0 to the server's --max-beam − 1"
+    )
+
+
+class DetectedLanguage(BaseModel):
+    confidence: float = Field(description="always 100: the model's source language")
+    language: str = Field(description="the source language's code")
+
+
+class TranslateResponse(BaseModel):
+    translatedText: str | list[str] = Field(description="per text when q is a list")  # LibreTranslate's names
+    alternatives: list[str] | list[list[str]] | None = Field(None, description="with alternatives > 0")
+    detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = Field(
+        None, description="with source auto"
+    )
+
+
+class Language(BaseModel):
+    code: str = Field(description="a source language's code")
+    name: str = Field(description="its English name")
+    targets: list[str] = Field(description="the codes it translates into")
+
+
+# -- the native API ----------------------------------------------------------------------------------
+class SearchOptions(Body):
+    """Every decoding option of aiayn translate, with its defaults."""
+
+    beam: int = Field(SearchConfig.beam, description="beam size, up to the server's --max-beam; 1 = greedy")
+    nbest: int = Field(SearchConfig.nbest, description="hypotheses returned per text (≤ beam), or samples")
+    lenpen: float = Field(SearchConfig.lenpen, description="α of the length penalty; 0 = log-probability")
+    max_len: int | None = Field(None, description="output tokens at most (default: input length + 50)")
+    min_len: int = Field(SearchConfig.min_len, description="no end of sentence before this many tokens")
+    sample: bool = Field(SearchConfig.sample, description="sample instead of searching")
+    temperature: float = Field(SearchConfig.temperature, description="sampling: divide log-probs by T")
+    top_k: int | None = Field(None, description="sampling: keep the k most probable tokens")
+    top_p: float | None = Field(None, description="sampling: keep the smallest set with probability ≥ p")
+    seed: int | None = Field(None, description="sampling: the random generator's seed")
+    r2l_beam: int | None = Field(None, description="a bidirectional model's right-to-left beam (or beam)")
+    mbr: str | None = Field(
+        None, description=f"order the beam by minimum Bayes risk: {' or '.join(UTILITIES)}"
+    )
+
+    def given(self) -> dict[str, Any]:
+        """The decoding options the body set (the route's own defaults stand for the others)."""
+        return self.model_dump(include=set(SearchOptions.model_fields) - {"api_key"}, exclude_unset=True)
+
+
+class NativeTranslateRequest(SearchOptions):
+    """The texts, the model, and every decoding option of aiayn translate."""
+
+    q: Texts
+    model: str | None = Field(None, description="a translation model's name (optional when one is loaded)")
+    attention: bool = Field(False, description="add every layer's and head's attention weights")
+
+
+class Hypothesis(BaseModel):
+    text: str = Field(description="the detokenized output")
+    score: float = Field(description="log-probability, length-penalised")
+    tokens: list[int] = Field(description="the output's token ids")
+
+
+class Attention(BaseModel):
+    """The best hypothesis' attention weights, [layer][head][query][key]; empty for an ensemble."""
+
+    model_config = ConfigDict(extra="allow")
+    src_tokens: list[str] | None = Field(None, description="the source's pieces, end of sentence included")
+    tgt_tokens: list[str] | None = Field(None, description="the decoder's input: <s> and the output")
+    encoder: list[list[list[list[float]]]] | None = Field(None, description="encoder self-attention")
+    decoder_self: list[list[list[list[float]]]] | None = Field(None, description="decoder self-attention")
+    cross: list[list[list[list[float]]]] | None = Field(None, description="decoder-encoder attention")
+
+
+class TranslationResult(BaseModel):
+    translation: str = Field(description="the best hypothesis' text")
+    hypotheses: list[Hypothesis] = Field(description="nbest hypotheses, best first")
+    attention: Attention | None = Field(None, description="with attention: true")
+
+
+class NativeTranslateResponse(BaseModel):
+    model: str = Field(description="the model's name")
+    source: str = Field(description="its source language")
+    target: str = Field(description="its target language")
+    results: list[TranslationResult] = Field(description="one per text")
+
+
+class GenerateRequest(SearchOptions):
+    """A prompt for a language model, and how to sample its continuation."""
+
+    prompt: str = Field("\n", description="the text to continue, up to the server's --char-limit")
+    max_new_tokens: int = Field(100, description="tokens to add, 1 to the server's --max-new-tokens")
+    greedy: bool = Field(False, description="take the most probable token instead of sampling")
+    stream: bool = Field(False, description="send server-sent events, one per piece of text")
+    model: str | None = Field(None, description="a language model's name (optional when one is loaded)")
+    beam: int = Field(1, description="1: one token at a time")
+    sample: bool = Field(True, description="false (or greedy: true) takes the most probable token")
+
+
+class GenerateResponse(BaseModel):
+    model: str = Field(description="the model's name")
+    prompt: str = Field(description="the prompt, as given")
+    text: str = Field(description="what the model added to the prompt")
+
+
+class ClassifyRequest(Body):
+    """Texts to label with an encoder's classification head."""
+
+    q: Texts
+    model: str | None = Field(None, description="an encoder's name (optional when one is loaded)")
+    top_k: int = Field(1, ge=1, le=100, description="labels per text, most probable first")
+
+
+class Label(BaseModel):
+    label: str = Field(description="a class name")
+    probability: float
+
+
+class ClassifyResponse(BaseModel):
+    model: str = Field(description="the model's name")
+    results: list[Label] | list[list[Label]] = Field(description="per text when q is a list")
+
+
+class FillMaskRequest(Body):
+    """One text whose <mask> pieces an encoder fills."""
+
+    q: Texts = Field(description="one text with one or more <mask>")
+    model: str | None = Field(None, description="an encoder's name (optional when one is loaded)")
+    top_k: int = Field(5, ge=1, le=100, description="pieces per <mask>, most probable first")
+
+
+class Filler(BaseModel):
+    token: str = Field(description="a piece for the mask")
+    probability: float
+    sequence: str = Field(description="the text with this piece at the mask")
+
+
+class FillMaskResponse(BaseModel):
+    model: str = Field(description="the model's name")
+    masks: list[list[Filler]] = Field(description="per <mask>, in order")
+
+
+# -- operations ------------------------------------------------------------------------------------
+class ModelInfo(BaseModel):
+    name: str = Field(description="what a request's model field names")
+    kind: str = Field(description="translation, lm or encoder")
+    source: str | None = Field(None, description="a translation model's source language")
+    target: str | None = Field(None, description="a translation model's target language")
+    classify: bool | None = Field(None, description="an encoder: has a classification head")
+    fill_mask: bool | None = Field(None, description="an encoder: has a <mask> piece")
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok")
+    version: str = Field(description="aiayn's version")
+    queue: int = Field(description="requests waiting for the model")
+    models: list[ModelInfo]

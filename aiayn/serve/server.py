@@ -1,0 +1,150 @@
+"""What the routes share: the loaded models, the batcher that runs them, the settings and the metrics.
+
+One ``Server`` lives on ``app.state.server`` (``dependencies.get_server`` hands it to a route). It
+turns the batcher's outcomes into the HTTP errors LibreTranslate answers (429 with ``Retry-After``
+for a full queue, 503 past the timeout, 400 for a request the model refuses) and applies the
+limits that depend on the settings (texts per request, characters per text, beam size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from fastapi import Request
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from aiayn.decoding.options import SearchConfig
+from aiayn.errors import AiaynError
+from aiayn.serve.batcher import Batcher, QueueFull
+from aiayn.serve.jobs import JobKind
+from aiayn.serve.settings import Settings
+
+
+class HTTPError(Exception):
+    """An answer ``{"error": message}`` with this status (the app's exception handler sends it)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def invalid(problem: str) -> HTTPError:
+    """LibreTranslate's answer to a bad request: 400, "Invalid request: …"."""
+    return HTTPError(400, f"Invalid request: {problem}")
+
+
+class Metrics:
+    """Prometheus metrics of one app (its own registry, so that several apps can live in a process)."""
+
+    def __init__(self, depth):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "aiayn_requests", "Requests by route and status", ["route", "status"], registry=r
+        )
+        seconds = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+        self.latency = Histogram(
+            "aiayn_request_seconds", "Request latency", ["route"], registry=r, buckets=seconds
+        )
+        self.batch = Histogram("aiayn_batch_texts", "Texts decoded together per batch", registry=r,
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
+        self.tokens = Counter("aiayn_output_tokens", "Output tokens produced", registry=r)
+        self.tokens_per_s = Gauge(
+            "aiayn_tokens_per_second", "Output tokens per second, last batch", registry=r
+        )
+        Gauge("aiayn_queue_depth", "Requests waiting for the model", registry=r).set_function(depth)
+
+
+class Server:
+    """The models (by name), the batcher and the settings behind the routes."""
+
+    def __init__(self, services: list, settings: Settings):
+        if not services:
+            raise AiaynError("give at least one --model")
+        self.services, self.settings = {s.name: s for s in services}, settings
+        self.metrics = Metrics(lambda: self.batcher.depth())
+        self.batcher = Batcher(self._run, settings.queue_size, settings.batch_window_ms / 1000,
+                               settings.max_batch_texts, self._on_batch, settings.workers)  # fmt: skip
+        self._batch = threading.local()  # each worker's last batch: output tokens, for the metrics
+
+    # -- the worker side -------------------------------------------------------------------------
+    def _run(self, kind: JobKind, payloads: list[Any]) -> list[Any]:
+        results = kind.run(self.services[kind.model], payloads)
+        self._batch.tokens = kind.output_tokens(results)
+        return results
+
+    def _on_batch(self, jobs: int, texts: int, seconds: float) -> None:
+        self.metrics.batch.observe(texts)
+        tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
+        if tokens:
+            self.metrics.tokens.inc(tokens)
+            self.metrics.tokens_per_s.set(tokens / max(seconds, 1e-9))
+            self._batch.tokens = 0
+
+    # -- the event loop side -----------------------------------------------------------------------
+    async def submit(self, kind: JobKind, payload: Any, size: int, request: Request | None = None) -> Any:
+        """The job's result; 429 when the queue is full, 503 past the timeout, a freed slot when the
+        client disconnects first."""
+        task = asyncio.ensure_future(self.batcher.submit(kind, payload, size, alone=kind.alone))
+        watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+        try:
+            waiting = {task} | ({watch} if watch else set())
+            done, _ = await asyncio.wait(
+                waiting, timeout=self.settings.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if task not in done:
+            task.cancel()  # the batcher skips a cancelled job that has not run
+            if watch is not None and watch in done:
+                raise HTTPError(499, "client closed the request")
+            raise HTTPError(503, f"the request waited more than {self.settings.timeout_s:g} s; retry later")
+        try:
+            return task.result()
+        except QueueFull:
+            raise HTTPError(429, "Slowdown: too many requests are waiting; retry shortly",
+                            {"Retry-After": "1"}) from None  # fmt: skip
+        except AiaynError as e:
+            raise HTTPError(400, str(e)) from None
+
+    # -- limits and choices that depend on the settings ------------------------------------------------
+    def texts(self, q: str | list[str]) -> list[str]:
+        """``q`` as a list of texts: at most ``batch_limit`` of at most ``char_limit`` characters."""
+        texts, s = q if isinstance(q, list) else [q], self.settings
+        if len(texts) > s.batch_limit:
+            raise invalid(f"request ({len(texts)}) exceeds text limit ({s.batch_limit})")
+        for t in texts:
+            if len(t) > s.char_limit:
+                raise invalid(f"request ({len(t)}) exceeds character limit ({s.char_limit})")
+        return texts
+
+    def pick(self, name: str | None, cls: type) -> Any:
+        """The service called ``name``, or the only one of its kind when ``name`` is None."""
+        of_kind = [s for s in self.services.values() if isinstance(s, cls)]
+        if name is not None:
+            service = self.services.get(name)
+            if service is None or not isinstance(service, cls):
+                names = ", ".join(s.name for s in of_kind) or "none"
+                raise invalid(f"no {cls.kind} model named {name!r} (loaded: {names})")
+            return service
+        if len(of_kind) != 1:
+            names = ", ".join(s.name for s in of_kind) or "none is loaded"
+            raise invalid(f"name the {cls.kind} model with 'model' ({names})")
+        return of_kind[0]
+
+    def search_config(self, given: dict[str, Any] | None = None, **defaults: Any) -> SearchConfig:
+        """The decoding options a request ``given`` over the route's ``defaults``, within ``max_beam``."""
+        try:
+            config = SearchConfig(**{**defaults, **(given or {})})
+        except (AiaynError, TypeError) as e:
+            raise invalid(str(e)) from None
+        if config.beam > self.settings.max_beam or (config.r2l_beam or 0) > self.settings.max_beam:
+            raise invalid(f"beam {config.beam} is over this server's limit of {self.settings.max_beam}")
+        return config
+
+
+async def _disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.05)

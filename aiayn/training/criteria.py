@@ -1,0 +1,113 @@
+"""The translation objectives, as fairseq keeps its criterions apart from its models.
+
+Each function takes a model (the bare model: the loop wraps the task's objective, never the model
+itself, so any method of the model may be called here), a ``TranslationBatch`` and ε_ls, and returns
+``LossSums``: the summed training loss, the summed NLL and the number of real targets, with the
+output projection and the softmax computed at real target positions only and no smoothing mass on
+padding (``OutputProjection.loss``, the fused projection + loss). The loop divides by the number of
+targets of the whole update.
+
+- ``label_smoothed_loss``: the paper's (§5.4);
+- ``r_drop_loss``: R-Drop (Liang et al. 2021): the batch runs twice, through two dropout masks, and
+  the loss adds α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)) (``OutputProjection.r_drop_loss``);
+- ``bidirectional_loss``: L_l2r + λ · L_r2l of a ``BidirectionalTransformer`` (Zhang et al. 2018);
+  ``greedy_memory_input`` gives the sequence whose states the left-to-right decoder reads when it
+  should read the right-to-left decoder's own translation, as decoding does.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from aiayn.data.batching import TranslationBatch, reverse_targets
+from aiayn.decoding.bidirectional import r2l_translation
+from aiayn.decoding.greedy import GREEDY
+from aiayn.models import BidirectionalTransformer, Transformer
+from aiayn.modules.embedding import OutputProjection
+
+R2L_MARGIN = 10  # greedy_memory_input: the translation's tokens beyond the source length
+
+
+class LossSums(NamedTuple):
+    """Sums over the real targets of a batch (the loop normalises by the update's target count)."""
+
+    loss: Tensor  # the training loss (label-smoothed, plus any extra term)
+    nll: Tensor  # the negative log-likelihood, for perplexity
+    n: Tensor  # the number of real targets
+
+
+def smoothed_sums(
+    head: OutputProjection, h: Tensor, targets: Tensor, epsilon: float, pad_id: int
+) -> LossSums:
+    """The label-smoothed loss of ``head(h)`` at the positions whose target is not ``pad_id``.
+
+    Shape: h (B, T, d_model), targets (B, T) -> three scalars
+    """
+    real = targets != pad_id  # (B, T)
+    return LossSums(*head.loss(h[real], targets[real], epsilon, smoothing_exclude=pad_id))
+
+
+def label_smoothed_loss(model: Transformer, batch: TranslationBatch, epsilon: float) -> LossSums:
+    """The paper's loss: label-smoothed cross-entropy of the teacher-forced decoder."""
+    h = model.hidden(batch.src, batch.tgt_in)  # (B, T, d_model)
+    return smoothed_sums(model.head, h, batch.tgt_out, epsilon, model.config.pad_id)
+
+
+def r_drop_loss(model: Transformer, batch: TranslationBatch, epsilon: float, alpha: float) -> LossSums:
+    """R-Drop's loss: the batch twice (one (2B, ·) pass, so two dropout masks), the two passes'
+    label-smoothed losses plus α times their symmetric KL; the loss and NLL are per pass, as without
+    it. In evaluation (no dropout) both passes are equal: use ``label_smoothed_loss`` there."""
+    src, tgt_in, tgt_out = (t.repeat(2, 1) for t in batch)  # (2B, ·): the first pass's rows first
+    h = model.hidden(src, tgt_in)  # (2B, T, d_model)
+    pad = model.config.pad_id
+    real = tgt_out != pad
+    h_a, h_b = h[real].chunk(2)  # (N, d_model) each
+    return LossSums(*model.head.r_drop_loss(h_a, h_b, tgt_out[real][: len(h_a)], epsilon, alpha,
+                                            smoothing_exclude=pad))  # fmt: skip
+
+
+def bidirectional_loss(
+    model: BidirectionalTransformer,
+    batch: TranslationBatch,
+    epsilon: float,
+    r2l_weight: float = 1.0,
+    memory_tgt: Tensor | None = None,
+    detach_memory: bool = False,
+) -> tuple[LossSums, LossSums]:
+    """L = L_l2r + r2l_weight · L_r2l, and the right-to-left decoder's own sums (for its NLL).
+
+    The right-to-left decoder is teacher-forced on ``[bos] + reversed target`` and learns
+    ``reversed target + [eos]`` (``reverse_targets``); the left-to-right decoder reads the states of
+    ``memory_tgt`` (``BidirectionalTransformer.hidden``), or of the reversed reference without it.
+    """
+    r2l_in, r2l_out = reverse_targets(batch.tgt_out)  # (B, T) each
+    out = model.hidden(batch.src, batch.tgt_in, r2l_in, memory_tgt, detach_memory)
+    pad = model.config.pad_id
+    l2r = smoothed_sums(model.head, out.l2r, batch.tgt_out, epsilon, pad)
+    r2l = smoothed_sums(model.head, out.r2l, r2l_out, epsilon, pad)
+    return LossSums(l2r.loss + r2l_weight * r2l.loss, l2r.nll, l2r.n), r2l
+
+
+@torch.compiler.disable  # a search loop: never traced, whatever wraps the objective
+def greedy_memory_input(model: BidirectionalTransformer, src: Tensor) -> Tensor:
+    """``[bos] +`` the right-to-left decoder's greedy translation of ``src`` (no dropout, no gradient,
+    at most source length + R2L_MARGIN tokens, and no more than learned positions allow): the sequence
+    whose states the left-to-right decoder reads at decoding time (exactly so for decoding with
+    ``r2l_beam=1``; a wider backward beam reads a better translation than training did).
+
+    Shape: src (B, S) -> (B, 1 + longest translation)
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            limit = (src != model.config.pad_id).sum(1) + R2L_MARGIN  # (B,)
+            if model.config.positional == "learned":  # decoder positions: bos + output − 1
+                limit = limit.clamp(max=model.config.max_len)
+            _, r2l_in = r2l_translation(model, src, model.context(src), GREEDY, limit)
+    finally:
+        model.train(was_training)
+    return r2l_in

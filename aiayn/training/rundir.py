@@ -1,0 +1,111 @@
+"""A run directory (``out_dir``): whose it is, whether it may be resumed, and its metrics log.
+
+A run writes ``train_config.json`` (its ``TrainConfig`` and a ``run_id``), ``metrics.jsonl`` (one
+JSON record per log line), its tokenizers and its checkpoints (``aiayn.training.checkpoint``).
+Nothing here trains; it decides what may be written where, so that a run never writes into a
+directory that is not its own and a resumed run computes what the first one would have.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+from aiayn.atomic import remove_temporaries, write_json, write_text
+from aiayn.errors import ConfigError, ModelDirError, OutputError
+from aiayn.textfiles import read_json
+from aiayn.training import checkpoint as ckpt
+from aiayn.training.config import TrainConfig, default_dict, to_dict
+from aiayn.training.task import TOKENIZER_DIR
+
+TRAIN_CONFIG = "train_config.json"
+METRICS = "metrics.jsonl"
+# fields that may change when a run is resumed: they do not change what is computed
+# (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
+# hold, so a run started before the field existed resumes under a recipe that sets it)
+RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
+                     "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
+                     "compile", "out_dir", "short_budget"}  # fmt: skip
+# what a run that never reached a checkpoint leaves; removed when it is started again
+RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``)."""
+    return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix="resume cannot go on")
+
+
+def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
+    """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
+    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes."""
+    now, default = to_dict(cfg), default_dict(cfg)  # a field added since the run: its default
+    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != now[k])
+    if changed:
+        k = changed[0]
+        raise ConfigError(
+            f"cannot resume {run_dir}: {k} was {saved.get(k, default[k])!r}, now {now[k]!r} "
+            f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
+            f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
+        )
+
+
+def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, list[Path], bool]:
+    """What ``out_dir`` holds and what to do with it: ``(run_id, checkpoints newest first, restart)``.
+
+    A run with checkpoints continues only with ``--resume`` and compatible settings; a run that
+    stopped before its first checkpoint is started again (``restart``: its files are ours to
+    replace); anything else that is not empty is not ours, and is never written into.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputError(f"out_dir={cfg.out_dir!r} is a file; choose a directory for the run")
+    checkpoints = [p for _, p in reversed(ckpt.step_dirs(run_dir))]
+    saved_models = any(run_dir.glob("step-*")) or (run_dir / "best").is_symlink()
+    if saved_models and not resume:
+        raise OutputError(f"{run_dir} already holds a run: pass --resume, or choose another out_dir")
+    if checkpoints:
+        saved = read_run_config(run_dir)
+        check_resume_compatible(saved, cfg, run_dir)
+        return str(saved.get("run_id") or uuid.uuid4().hex), checkpoints, False  # a run from before ids: new
+    if saved_models:
+        raise OutputError(f"{run_dir} holds models but no trainer state to resume; choose another out_dir")
+    if (run_dir / TRAIN_CONFIG).is_file():
+        return uuid.uuid4().hex, [], True
+    if resume:
+        raise ModelDirError(f"cannot resume: {run_dir / TRAIN_CONFIG} is missing ({run_dir} holds no run)")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
+    return uuid.uuid4().hex, [], False
+
+
+def prepare_run_dir(run_dir: Path, cfg: TrainConfig, run_id: str, restart: bool) -> None:
+    """Rank 0's writes before training (after ``plan_run_dir``): a restarted run's files removed,
+    the directory made, stray temporaries of a killed checkpoint write removed, the config written."""
+    if restart:
+        print(f"aiayn train: {run_dir} has no checkpoint: starting it again", file=sys.stderr)
+        for name in RUN_FILES:
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(run_dir)
+    write_json(run_dir / TRAIN_CONFIG, {**to_dict(cfg), "run_id": run_id})
+
+
+def _record(line: str) -> dict | None:
+    """A metrics line as a dict, or None for a torn or foreign one (a run killed mid-write)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop the metrics lines logged after update ``step`` (a resumed run redoes them), and torn ones."""
+    path = run_dir / METRICS
+    if path.exists():
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        kept = [ln for ln in lines if (r := _record(ln)) is not None and r.get("step", 0) <= step]
+        write_text(path, "".join(ln + "\n" for ln in kept))
