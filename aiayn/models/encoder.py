@@ -12,7 +12,6 @@ With the BERT fields of ``EncoderConfig`` on, the model is BERT's layer for laye
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.masks import padding_mask
@@ -87,32 +86,12 @@ class EncoderModel(nn.Module):
         """What the vocabulary projection reads: the states, through BERT's transform if any."""
         return h if self.transform is None else self.transform(h)
 
-    def forward(
-        self,
-        ids: Tensor,
-        targets: Tensor | None = None,
-        labels: Tensor | None = None,
-        label_smoothing: float = 0.0,
-        class_weight: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-        """Per-token logits (B, T, V); or, for training, (summed loss, summed NLL, count):
+    def forward(self, ids: Tensor) -> Tensor:
+        """Per-token logits (the losses are the training tasks': ``aiayn.training.criteria``).
 
-        - ``targets`` (B, T): masked-LM targets, ``pad_id`` where nothing is predicted; only the
-          chosen positions go through the (fused) vocabulary projection and loss;
-        - ``labels`` (B,): classification, cross-entropy of ``classify(ids)`` (``class_weight``
-          (n_classes,) weighs the loss, not the NLL).
+        Shape: ids (B, T) -> (B, T, vocab_size)
         """
-        if labels is not None:
-            logits = self.classify(ids)  # (B, n_classes)
-            loss = F.cross_entropy(logits.float(), labels, class_weight, reduction="sum",
-                                   label_smoothing=label_smoothing)  # fmt: skip
-            nll = F.cross_entropy(logits.float().detach(), labels, reduction="sum")
-            return loss, nll, labels.new_tensor(labels.numel())
-        h = self.encode(ids)[0]  # (B, T, d_model)
-        if targets is None:
-            return self.head(self.token_states(h))
-        chosen = targets != self.config.pad_id  # (B, T)
-        return self.head.loss(self.token_states(h[chosen]), targets[chosen], label_smoothing)
+        return self.head(self.token_states(self.encode(ids)[0]))
 
     def pool(self, ids: Tensor, states: Tensor) -> Tensor:
         """Shape: ids (B, T), states (B, T, d_model) -> (B, d_model)."""

@@ -45,22 +45,13 @@ class LanguageModel(nn.Module):
             mask = causal_mask(ids.size(1), start + ids.size(1), ids.device)
         return self.layers(self.embed(ids, start), mask, need_weights, cache)
 
-    def forward(
-        self,
-        ids: Tensor,
-        mask: Tensor | None = None,
-        cache: DecoderCache | None = None,
-        targets: Tensor | None = None,
-        label_smoothing: float = 0.0,
-    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    def forward(self, ids: Tensor, mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
         """Logits; ``mask`` defaults to the look-ahead mask; with a cache, only new positions are
-        given. With ``targets`` (B, T) — the next token at every position — it returns the summed
-        label-smoothed loss, summed NLL and the number of targets instead (``OutputProjection.loss``,
-        the smoothing mass spread over the whole vocabulary)."""
-        h = self.hidden(ids, mask, cache)[0]  # (B, T, d_model)
-        if targets is None:
-            return self.head(h)
-        return self.head.loss(h.flatten(0, 1), targets.flatten(), label_smoothing)
+        given. The loss is the training task's (``aiayn.training.criteria.next_token_loss``).
+
+        Shape: ids (B, T) -> (B, T, vocab_size)
+        """
+        return self.head(self.hidden(ids, mask, cache)[0])
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers.layers))

@@ -157,7 +157,8 @@ def shared_fields() -> dict[str, Any]:
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config as a recipe reads it: the shared fields and the task's options, flat."""
     fields = dataclasses.asdict(cfg)
-    return {**fields, **fields.pop("options")}
+    options = fields.pop("options")
+    return {**fields, **options}
 
 
 def default_dict(cfg: TrainConfig) -> dict[str, Any]:

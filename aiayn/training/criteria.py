@@ -1,11 +1,12 @@
-"""The translation objectives, as fairseq keeps its criterions apart from its models.
+"""The training objectives, kept apart from the models as fairseq keeps its criterions.
 
 Each function takes a model (the bare model: the loop wraps the task's objective, never the model
-itself, so any method of the model may be called here), a ``TranslationBatch`` and ε_ls, and returns
-``LossSums``: the summed training loss, the summed NLL and the number of real targets, with the
-output projection and the softmax computed at real target positions only and no smoothing mass on
-padding (``OutputProjection.loss``, the fused projection + loss). The loop divides by the number of
-targets of the whole update.
+itself, so any method of the model may be called here), a batch and ε_ls, and returns ``LossSums``:
+the summed training loss, the summed NLL and the number of targets, with the output projection and
+the softmax computed at the scored positions only (``OutputProjection.loss``, the fused projection
++ loss). The loop divides by the number of targets of the whole update.
+
+Translation (no smoothing mass on padding):
 
 - ``label_smoothed_loss``: the paper's (§5.4);
 - ``r_drop_loss``: R-Drop (Liang et al. 2021): the batch runs twice, through two dropout masks, and
@@ -13,6 +14,9 @@ targets of the whole update.
 - ``bidirectional_loss``: L_l2r + λ · L_r2l of a ``BidirectionalTransformer`` (Zhang et al. 2018);
   ``greedy_memory_input`` gives the sequence whose states the left-to-right decoder reads when it
   should read the right-to-left decoder's own translation, as decoding does.
+
+The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
+at the chosen positions only), ``classification_loss`` (the pooled classifier, class-weighted).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.data.batching import TranslationBatch, reverse_targets
+from aiayn.data.batching import ClassifyBatch, LMBatch, MaskedBatch, TranslationBatch, reverse_targets
 from aiayn.decoding.bidirectional import r2l_translation
 from aiayn.decoding.greedy import GREEDY
-from aiayn.models import BidirectionalTransformer, Transformer
+from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, Transformer
 from aiayn.modules.embedding import OutputProjection
 
 R2L_MARGIN = 10  # greedy_memory_input: the translation's tokens beyond the source length
@@ -111,3 +116,29 @@ def greedy_memory_input(model: BidirectionalTransformer, src: Tensor) -> Tensor:
     finally:
         model.train(was_training)
     return r2l_in
+
+
+def next_token_loss(model: LanguageModel, batch: LMBatch, epsilon: float) -> LossSums:
+    """A language model's label-smoothed loss at every position (the smoothing mass spread over the
+    whole vocabulary). Shape: ids, targets (B, T) -> three scalars"""
+    h = model.hidden(batch.ids)[0]  # (B, T, d_model)
+    return LossSums(*model.head.loss(h.flatten(0, 1), batch.targets.flatten(), epsilon))
+
+
+def masked_lm_loss(model: EncoderModel, batch: MaskedBatch, epsilon: float) -> LossSums:
+    """BERT's loss: only the chosen positions (``targets`` not ``pad_id``) go through the vocabulary
+    projection (after BERT's transform, if the model has one). Shape: ids, targets (B, T) -> three scalars"""
+    h = model.encode(batch.ids)[0]  # (B, T, d_model)
+    chosen = batch.targets != model.config.pad_id  # (B, T)
+    return LossSums(*model.head.loss(model.token_states(h[chosen]), batch.targets[chosen], epsilon))
+
+
+def classification_loss(
+    model: EncoderModel, batch: ClassifyBatch, epsilon: float, class_weight: Tensor | None = None
+) -> LossSums:
+    """Cross-entropy of the pooled classifier's logits; ``class_weight`` (n_classes,) weighs the
+    loss, not the NLL. Shape: ids (B, T), labels (B,) -> three scalars"""
+    logits = model.classify(batch.ids).float()  # (B, n_classes)
+    loss = F.cross_entropy(logits, batch.labels, class_weight, reduction="sum", label_smoothing=epsilon)
+    nll = F.cross_entropy(logits.detach(), batch.labels, reduction="sum")
+    return LossSums(loss, nll, batch.labels.new_tensor(batch.labels.numel()))

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import EncoderConfig, EncoderModel
+from aiayn.data.batching import ClassifyBatch, MaskedBatch
+from aiayn.training.criteria import classification_loss, masked_lm_loss
 from tests.helpers import assert_close
 
 SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
@@ -33,7 +35,7 @@ def test_mlm_loss_is_cross_entropy_at_chosen_positions_only(kw):
     targets = torch.zeros_like(ids)
     targets[0, 2], targets[0, 5], targets[1, 3] = 7, 9, 11
     with torch.no_grad():
-        loss, nll, n = m(ids, targets=targets, label_smoothing=0.1)
+        loss, nll, n = masked_lm_loss(m, MaskedBatch(ids, targets), 0.1)
         logits = m(ids)  # (B, T, V)
     chosen = targets != 0
     ref = F.cross_entropy(logits[chosen], targets[chosen], reduction="sum", label_smoothing=0.1)
@@ -45,7 +47,7 @@ def test_mlm_loss_is_cross_entropy_at_chosen_positions_only(kw):
     # changes the input, not which positions are scored
     other = targets.clone()
     other[2, 1] = 0
-    assert torch.equal(m(ids, targets=other)[2], n)
+    assert torch.equal(masked_lm_loss(m, MaskedBatch(ids, other), 0.0).n, n)
 
 
 def test_mlm_gradient_reaches_only_through_chosen_positions():
@@ -54,7 +56,7 @@ def test_mlm_gradient_reaches_only_through_chosen_positions():
     ids = padded_batch()
     targets = torch.zeros_like(ids)
     targets[0, 2] = 7
-    m(ids, targets=targets)[0].backward()
+    masked_lm_loss(m, MaskedBatch(ids, targets), 0.0).loss.backward()
     rows = m.head.proj.weight.grad.abs().sum(1)  # tied: also the embedding's gradient
     assert rows[7] > 0
 
@@ -66,7 +68,7 @@ def test_classification_loss_and_weights(pooling):
     weight = torch.tensor([0.5, 1.0, 2.0])
     with torch.no_grad():
         logits = m.classify(ids)
-        loss, nll, n = m(ids, labels=labels, label_smoothing=0.1, class_weight=weight)
+        loss, nll, n = classification_loss(m, ClassifyBatch(ids, labels), 0.1, weight)
     ref = F.cross_entropy(logits, labels, weight, reduction="sum", label_smoothing=0.1)
     assert_close("EncoderModel classify loss", loss, ref, atol=1e-5)
     assert_close(

@@ -10,6 +10,7 @@ from aiayn.models import LanguageModel
 from aiayn.models.config import LMConfig
 from aiayn.models.io import load_model
 from aiayn.training import task as task_module
+from aiayn.training.criteria import next_token_loss
 from aiayn.training.recipe import load_recipe
 from aiayn.training.task import Task, get_task, register_task, task_names
 from aiayn.training.trainer import Trainer
@@ -56,7 +57,7 @@ class CountingTask(Task):
         yield self._batch(-1)
 
     def loss(self, model, batch, smoothing):
-        return model(batch.ids, targets=batch.targets, label_smoothing=smoothing)
+        return next_token_loss(model, batch, smoothing)
 
     def n_targets(self, batch):
         return batch.targets.numel()

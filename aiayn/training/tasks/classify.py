@@ -30,6 +30,7 @@ from aiayn.interop.model_dir import check_kind
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
 from aiayn.models.io import load_model, resolve_model_dir
+from aiayn.training import criteria
 from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, register_task
@@ -141,7 +142,7 @@ class ClassifyTask(EncoderTask):
 
     def loss(self, model: nn.Module, batch: ClassifyBatch, smoothing: float):
         weight = None if self.class_weight is None else self.class_weight.to(batch.ids.device)
-        return model(batch.ids, labels=batch.labels, label_smoothing=smoothing, class_weight=weight)
+        return criteria.classification_loss(model, batch, smoothing, weight)
 
     def n_targets(self, batch: ClassifyBatch) -> int:
         return batch.labels.numel()

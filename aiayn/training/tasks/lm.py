@@ -28,6 +28,7 @@ from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import DataError
 from aiayn.models import LanguageModel
 from aiayn.models.config import LMConfig
+from aiayn.training import criteria
 from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
@@ -106,7 +107,7 @@ class LMTask(Task):
             yield lm_batch(self.valid, starts, o.block_size)
 
     def loss(self, model: nn.Module, batch: LMBatch, smoothing: float):
-        return model(batch.ids, targets=batch.targets, label_smoothing=smoothing)
+        return criteria.next_token_loss(model, batch, smoothing)
 
     def n_targets(self, batch: LMBatch) -> int:
         return batch.targets.numel()

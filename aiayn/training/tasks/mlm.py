@@ -26,6 +26,7 @@ from aiayn.data.masking import Masking, mask_tokens
 from aiayn.data.sentences import load_sentences, split_for
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
+from aiayn.training import criteria
 from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo
 from aiayn.training.task import register_task
@@ -105,7 +106,7 @@ class MLMTask(EncoderTask):
             yield self._batch([self.valid[i] for i in idx], np.random.default_rng([0, k]))
 
     def loss(self, model: nn.Module, batch: MaskedBatch, smoothing: float):
-        return model(batch.ids, targets=batch.targets, label_smoothing=smoothing)
+        return criteria.masked_lm_loss(model, batch, smoothing)
 
     def n_targets(self, batch: MaskedBatch) -> int:
         return int((batch.targets != PAD_ID).sum())

@@ -1,0 +1,59 @@
+"""Recipes after the split of the fields: the shared ones in ``TrainConfig``, each task's own in its
+``TaskOptions``; recipes stay flat, and a run's ``train_config.json`` from before the split resumes."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.errors import ConfigError
+from aiayn.training.config import TrainConfig, to_dict
+from aiayn.training.recipe import config_from_dict, load_recipe
+from aiayn.training.rundir import check_resume_compatible
+from aiayn.training.tasks.lm import LMOptions
+from aiayn.training.tasks.translation import TranslationOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = Path(__file__).with_name("data") / "train_config_before_task_options.json"  # 64 fields, flat
+RECIPE = ROOT / "recipes" / "multi30k-de-en.toml"
+OVERRIDES = ["r_drop=5.0", "out_dir=runs/old"]  # what that run was started with
+
+
+def test_a_train_config_from_before_the_split_reads_and_resumes(tmp_path):
+    saved = json.loads(BEFORE.read_text(encoding="utf-8"))
+    assert {"mask_prob", "block_size", "class_weights"} <= saved.keys()  # other tasks' fields, at defaults
+    check_resume_compatible(saved, load_recipe(RECIPE, OVERRIDES), tmp_path)
+    again = config_from_dict({k: v for k, v in saved.items() if k != "run_id"})
+    assert isinstance(again.options, TranslationOptions) and again.options.r_drop == 5.0
+    with pytest.raises(ConfigError, match=r"cannot resume .*: r_drop was 5.0, now 1.0 \(1 incompatible"):
+        check_resume_compatible(saved, load_recipe(RECIPE, ["r_drop=1.0", "out_dir=runs/old"]), tmp_path)
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_recipe_round_trips_through_its_flat_form(recipe):
+    cfg = load_recipe(recipe)
+    assert config_from_dict(to_dict(cfg)) == cfg
+    shared = {f.name for f in dataclasses.fields(TrainConfig)} - {"options"}
+    own = {f.name for f in dataclasses.fields(cfg.options)}
+    assert not shared & own and set(to_dict(cfg)) == shared | own
+
+
+def test_each_task_owns_its_fields():
+    lm = load_recipe(None, ["task=lm", "tokenizer=char", "block_size=32", "eval_bleu=false"])
+    assert isinstance(lm.options, LMOptions) and lm.options.block_size == 32
+    assert not hasattr(lm, "r_drop") and not hasattr(lm.options, "eval_bleu")  # dropped: translation's
+    with pytest.raises(ConfigError, match="block_size=0 must be ≥ 1"):
+        load_recipe(None, ["task=lm", "tokenizer=char", "block_size=0"])
+    with pytest.raises(ConfigError, match=r"override 'block_sise=3': unknown key 'block_sise'"):
+        load_recipe(None, ["task=lm", "tokenizer=char", "block_sise=3"])
+    with pytest.raises(ConfigError, match="r_drop=1 is R-Drop for translation models; task='mlm' does not"):
+        load_recipe(None, ["task=mlm", "r_drop=1"])
+
+
+def test_a_task_needs_its_own_options():
+    from aiayn.training.distributed import DistInfo
+    from aiayn.training.tasks.translation import TranslationTask
+
+    with pytest.raises(ConfigError, match="needs its options .*aiayn.training.recipe"):
+        TranslationTask(TrainConfig(), Path("unused"), DistInfo())
