@@ -1,30 +1,146 @@
 """Atomic writes: a file or directory appears complete under its name, or not at all.
 
 Every file the package writes goes through here. The content is written under a temporary name in
-the same folder (``.tmp-NAME-PID``) and renamed into place with ``os.replace``, which is atomic on
-POSIX and Windows, so a crash, a full disk or a Ctrl-C never leaves half a file behind, and the
-previous version stays intact until the new one is complete. ``check_output`` is the one rule for
-what a command may write over: never its own inputs, a model or run only when told to (``--force``),
-never a directory that is not ours.
+the same folder (``.tmp-NAME-PID-RANDOM``, NAME cut short so that any legal name fits) and renamed
+into place, so a crash, a full disk, a Ctrl-C or a SIGKILL never leaves half a file behind, and
+the previous version stays intact until the new one is complete. A directory is swapped in with
+one ``renameat2(RENAME_EXCHANGE)`` where Linux has it, else in two renames recorded in a journal
+that the next writer in that folder replays (``recover``); temporaries whose process is dead are
+removed then too. ``check_output`` is the one rule for what a command may write over: never its
+own inputs nor anything inside an input directory, a model or run only when told to (``--force``),
+never a directory that is not ours, and never anything but a regular file: a FIFO, a terminal or
+``/dev/null`` is written into directly (``output_target``), never renamed over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import json
 import os
+import re
+import secrets
 import shutil
+import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from safetensors import SafetensorError
 
 from aiayn.errors import OutputError
 
 TMP_PREFIX = ".tmp-"
+JOURNAL = ".replace"  # suffix of the file that records a two-step directory replace in progress
+_OLD = ".old"  # suffix of the old directory during a two-step replace
+_TMP_NAME = re.compile(r"^\.tmp-.*-(\d+)-[0-9a-f]{8}(\.replace|\.old)?$")
 
 
 def temporary_name(path: Path) -> Path:
-    """A private name beside ``path`` (same folder, so the final rename stays on one file system)."""
-    return path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+    """A private name beside ``path`` (same folder, so the final rename stays on one file system),
+    short enough for any legal name, with this process's PID so a later start can tell if it died."""
+    return path.with_name(f"{TMP_PREFIX}{path.name[:64]}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's, and alive
+        return True
+    return True
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def recover(folder: str | os.PathLike) -> None:
+    """Finish what writers killed in ``folder`` left: a two-step replace interrupted between its
+    renames is completed (its journal is written only once the new directory is whole), then every
+    temporary of a dead process goes. Those of live processes are theirs and stay."""
+    folder = Path(folder)
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    stale = [p for p in entries if (m := _TMP_NAME.match(p.name)) and not _alive(int(m.group(1)))]
+    for journal in (p for p in stale if p.name.endswith(JOURNAL)):
+        try:
+            plan = json.loads(journal.read_text(encoding="utf-8"))
+            target, new = folder / plan["target"], folder / plan["new"]
+        except (OSError, ValueError, KeyError, TypeError):  # torn before the first rename: nothing moved
+            continue
+        if not os.path.lexists(target) and new.is_dir():
+            os.rename(new, target)
+    for p in sorted(stale, key=lambda p: p.name.endswith(JOURNAL)):  # journals last
+        _remove(p)
+
+
+def remove_temporaries(folder: str | os.PathLike) -> None:
+    """Delete what interrupted atomic writes left in ``folder`` (``recover``), and temporaries
+    named as older versions named them."""
+    recover(folder)
+    for p in Path(folder).glob(TMP_PREFIX + "*"):
+        if not _TMP_NAME.match(p.name):
+            _remove(p)
+
+
+class WriteError(OutputError):
+    """An output could not be written (a full disk); ``reason`` is the writer's own message."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot write {path}: {reason}; nothing was written there")
+        self.reason = reason
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A writer's failure as one error naming ``path`` (the outermost output, where writes nest);
+    a full disk reaches safetensors as its own exception type."""
+    try:
+        yield
+    except WriteError as e:
+        raise WriteError(path, e.reason) from None
+    except SafetensorError as e:
+        raise WriteError(path, str(e)) from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise WriteError(path, e.strerror or str(e)) from None
+        raise
+
+
+def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Where an output named ``path`` is written, and whether it is streamed into directly.
+
+    A regular file (or a new name) is replaced atomically at the file a symbolic link points to, so
+    the link stays; a FIFO, a character device (a terminal, ``/dev/null``) or a file reached through
+    ``/proc`` or ``/dev`` (``/dev/stdout``) is written into directly and never renamed over; a link
+    to a directory (a run's ``best``) or to nothing is itself replaced; anything else is refused."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path, False
+    real = os.path.realpath(path)
+    if stat.S_ISREG(mode) and os.path.isfile(real) and not real.startswith(("/proc/", "/dev/")):
+        return Path(real), False
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISREG(mode):  # a device, or an open file
+        return path, True
+    if stat.S_ISDIR(mode) and path.is_symlink():
+        return path, False
+    kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    raise OutputError(f"{path} is {kind}; give a file name")
 
 
 @contextlib.contextmanager
@@ -32,14 +148,31 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s content to; rename it into place on success.
 
     For writers that take a file name (``safetensors.save_file``, sentencepiece)."""
-    path = Path(path)
-    tmp = temporary_name(path)
+    target, stream = output_target(path)
+    if stream:
+        with _writing(target):
+            yield target
+        return
+    tmp = temporary_name(target)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with _writing(target):
+            yield tmp
+            os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def open_output(path: str | os.PathLike | None) -> Iterator[BinaryIO]:
+    """A binary stream to write an output to piece by piece: stdout for ``None`` or ``-``, else
+    ``path`` as ``atomic_path`` writes it (whole once the block ends without an error)."""
+    if path is None or str(path) == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -58,41 +191,71 @@ def write_json(path: str | os.PathLike, data: object) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+@functools.cache
+def _renameat2() -> Callable | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a libc without it (glibc < 2.28, musl < 1.2.4)
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where
+    the system or the file system cannot."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_dir(new: Path, path: Path) -> None:
+    """Put the complete directory ``new`` at ``path``, whole: at every instant ``path`` is the old
+    directory or the new one. Without ``exchange``, two renames with a journal that ``recover``
+    replays if this process dies between them."""
+    if not path.is_dir() or path.is_symlink():
+        os.replace(new, path)
+    elif exchange(new, path):  # ``new`` now holds the old directory
+        shutil.rmtree(new, ignore_errors=True)
+    else:
+        journal, old = new.with_name(new.name + JOURNAL), new.with_name(new.name + _OLD)
+        journal.write_text(json.dumps({"target": path.name, "new": new.name}), encoding="utf-8")
+        os.rename(path, old)
+        os.rename(new, path)
+        shutil.rmtree(old, ignore_errors=True)
+        journal.unlink()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
-    """Yield an empty temporary directory; on success it replaces ``path`` (an existing directory
-    there is removed only after the new one is complete). On failure nothing changes.
+    """Yield an empty temporary directory; on success it replaces ``path`` (``replace_dir``). On
+    failure nothing changes. What killed writers left in the folder is cleaned first (``recover``).
 
     ``keep(path)``, asked once the new directory is complete, may keep what is there instead: a
     content-addressed cache entry that another process published meanwhile is as good as ours,
     and replacing it would pull it from under that process."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    recover(path.parent)
     tmp = temporary_name(path)
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        yield tmp
-        if keep is not None and keep(path):
-            return
-        if path.is_dir() and not path.is_symlink():
-            old = path.with_name(f"{TMP_PREFIX}old-{path.name}-{os.getpid()}")
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with _writing(path):
+            yield tmp
+            if keep is not None and keep(path):
+                return
+            replace_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def remove_temporaries(folder: str | os.PathLike) -> None:
-    """Delete what an interrupted atomic write left in ``folder``."""
-    for p in Path(folder).glob(TMP_PREFIX + "*"):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
 
 
 # -- what a command may write over ---------------------------------------------------------------
@@ -135,28 +298,38 @@ def check_output(
 ) -> Path:
     """The one rule for every output a command writes; raises ``OutputError`` naming ``option``.
 
-    - Never an input of the same command (paths resolved, symlinks followed), a file inside an
-      input directory that exists already, nor a directory that contains an input.
-    - A file output needs an existing folder and must not be a directory.
+    ``inputs`` are all the paths the command reads (model directories, input files, references).
+    - Never an input (paths resolved, symlinks followed), nor anything already inside an input
+      directory, nor (for a directory output) a directory that contains an input.
+    - A file output needs an existing folder and is a regular file or a new name; a FIFO or a
+      character device is streamed into (``output_target``); ``-`` is stdout.
     - A directory output (replaced as a whole by ``atomic_dir``) may be missing or empty; one that
       holds a model or a run is replaced only with ``force``; anything else is not ours, and is
       never written into.
     Returns the path as given.
     """
     given = Path(path)
+    if not directory and str(path) == "-":
+        return given
     out = given.resolve()
     for item in inputs:
         if item is None:
             continue
         src = Path(item).resolve()
-        clash = out == src or (src.is_dir() and _within(out, src) and out.exists())
-        if clash or (directory and _within(src, out)):
+        inside = _within(out, src) and (out == src or os.path.lexists(out))
+        if inside or (directory and _within(src, out)):
             raise OutputError(
                 f"{option} {given} would overwrite {item}, an input of this command; choose another {option}"
             )
     if not directory:
         if out.is_dir():
             raise OutputError(f"{option} {given} is a directory; give a file name")
+        if given.is_symlink() and not given.exists():
+            raise OutputError(f"{option} {given} is a symbolic link to nothing; give a file name")
+        try:
+            output_target(given)
+        except OutputError as e:
+            raise OutputError(f"{option} {e}") from None
         if not out.parent.is_dir():
             raise OutputError(f"{option} {given}: folder {given.parent} does not exist; create it first")
         return given
@@ -164,6 +337,7 @@ def check_output(
         raise OutputError(f"{option} {given} is a symbolic link; give the directory it points to")
     if out.exists() and not out.is_dir():
         raise OutputError(f"{option} {given} is a file; give a directory")
+    recover(out.parent)
     if out.is_dir() and any(out.iterdir()):
         if not holds_model(out):
             raise OutputError(

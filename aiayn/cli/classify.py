@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from aiayn.atomic import open_output
 from aiayn.cli.decode_options import (
     add_io_arguments,
     add_model_argument,
     check_outputs,
     formatter,
     quantized,
-    read_input,
-    write_output,
+    read_chunks,
 )
 from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS, TextClassifier
 
@@ -44,13 +44,16 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_outputs(args, "--output", inputs=(args.input,))
+    check_outputs(args, "--output")
     classifier = quantized(args, TextClassifier.from_dir(args.model, args.device))
-    results = classifier.predict(read_input(args), args.top_k, args.max_tokens)
-    if args.json:
-        out = [json.dumps({"labels": [y for y, _ in r], "probabilities": [round(p, 6) for _, p in r]},
-                          ensure_ascii=False) for r in results]  # fmt: skip
-    else:
-        out = ["\t".join(f"{y}\t{p:.4f}" for y, p in r) for r in results]
-    write_output(args, "".join(line + "\n" for line in out))
+    with open_output(args.output) as out:  # a file appears whole once every chunk is written
+        for _, lines in read_chunks(args):
+            results = classifier.predict(lines, args.top_k, args.max_tokens)
+            if args.json:
+                rows = [json.dumps({"labels": [y for y, _ in r],
+                                    "probabilities": [round(q, 6) for _, q in r]},
+                        ensure_ascii=False) for r in results]  # fmt: skip
+            else:
+                rows = ["\t".join(f"{y}\t{p:.4f}" for y, p in r) for r in results]
+            out.write("".join(row + "\n" for row in rows).encode("utf-8"))
     return 0

@@ -2,18 +2,24 @@
 
 ``add_search_arguments(parser)`` adds them; ``search_config(args)`` turns them into a checked
 ``SearchConfig``. ``warn`` prints a one-line warning on stderr; ``check_outputs`` applies the
-output-safety rule (``aiayn.atomic.check_output``) to a decoding command's output files.
+output-safety rule (``aiayn.atomic.check_output``) to a decoding command's output files, against
+every path it reads (``command_inputs``); ``read_chunks`` streams its input, a chunk of lines at a
+time, so no input is held whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import itertools
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from aiayn.atomic import check_output, write_text
+from aiayn.atomic import check_output
 from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
@@ -56,38 +62,64 @@ def quantized(args: argparse.Namespace, runner: T) -> T:
 
 def add_io_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """``--input FILE`` (default stdin) and ``--output FILE`` (default stdout), one line per text."""
-    p.add_argument("--input", metavar="FILE", help="read texts from FILE, one per line (default: stdin)")
-    p.add_argument("--output", metavar="FILE", help=f"write {what} to FILE (default: stdout)")
+    p.add_argument("--input", metavar="FILE", help="read texts from FILE, one per line (default or -: stdin)")
+    p.add_argument("--output", metavar="FILE", help=f"write {what} to FILE (default or -: stdout)")
 
 
-def read_lines(stream: BinaryIO, name: str) -> list[str]:
-    """The lines of a UTF-8 byte stream, split on "\\n" only (a "\\r" before it is dropped)."""
-    lines = []
-    for i, raw in enumerate(stream.read().split(b"\n"), start=1):
+MAX_LINE_BYTES = 1 << 24  # an input line longer than this (16 MiB) is an error, not read into memory
+CHUNK_LINES = 10_000  # lines decoded at a time: memory stays flat whatever the input size
+
+
+def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, one at a time, split on "\\n" only (a "\\r" before it is
+    dropped); a line over ``MAX_LINE_BYTES`` is a ``DataError`` naming it."""
+    for i in itertools.count(1):
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise DataError(
+                f"{name}: line {i} is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES); is it a text "
+                "file, one text per line?"
+            )
         try:
-            lines.append(raw.removesuffix(b"\r").decode("utf-8"))
+            yield raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
         except UnicodeDecodeError as e:
             raise DataError(f"{name}: line {i} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if lines and lines[-1] == "":  # the newline that ends the last line starts no new line
-        lines.pop()
-    return lines
 
 
-def read_input(args: argparse.Namespace) -> list[str]:
-    """The lines of ``--input``, or of stdin."""
-    if args.input:
-        with open(args.input, "rb") as f:
-            return read_lines(f, args.input)
-    return read_lines(sys.stdin.buffer, "<stdin>")
+def read_chunks(args: argparse.Namespace) -> Iterator[tuple[int, list[str]]]:
+    """``(index of the first line, up to CHUNK_LINES lines)`` of ``--input`` (or stdin, also for ``-``)."""
+    with contextlib.ExitStack() as stack:
+        if args.input and args.input != "-":
+            stream, name = stack.enter_context(open(args.input, "rb")), args.input
+        else:
+            stream, name = sys.stdin.buffer, "<stdin>"
+        lines = read_lines(stream, name)
+        start = 0
+        while chunk := list(itertools.islice(lines, CHUNK_LINES)):
+            yield start, chunk
+            start += len(chunk)
 
 
-def write_output(args: argparse.Namespace, text: str) -> None:
-    """``text`` to ``--output`` (atomically), or to stdout."""
-    if args.output:
-        write_text(args.output, text)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+def command_inputs(args: argparse.Namespace, *more: str | os.PathLike | None) -> tuple[Path, ...]:
+    """Every path a command reads, in one place: its model directories (as given and as resolved,
+    a run's checkpoint), input files and references, and ``more`` (files a dataset name stood for).
+    No output may overwrite one, nor a file already inside one (``check_output``)."""
+    paths: list[Path] = []
+    for option in INPUT_OPTIONS:
+        value = getattr(args, option, None)
+        for item in value if isinstance(value, list) else [value]:
+            if item is None or str(item) == "-":
+                continue
+            paths.append(Path(item))
+            if option in MODEL_OPTIONS and Path(item).is_dir():
+                paths.append(resolve_model_dir(item))
+    return (*paths, *(Path(m) for m in more if m is not None))
+
+
+INPUT_OPTIONS = ("model", "ensemble_with", "rerank_with", "input", "src", "ref", "data")
+MODEL_OPTIONS = ("model", "ensemble_with", "rerank_with")
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,15 +159,15 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 
 
 def check_outputs(args: argparse.Namespace, *options: str, inputs: tuple = ()) -> None:
-    """Before any work: no output option may overwrite an input (the model's own files included)
-    or another output of the same command."""
-    model = resolve_model_dir(args.model) if Path(args.model).is_dir() else None
+    """Before any work: no output option may overwrite an input (``command_inputs``: every model
+    directory and file the command reads, and ``inputs``) or another output of the same command."""
+    everything = command_inputs(args, *inputs)
     seen: dict[Path, str] = {}
     for option in options:
         path = getattr(args, option.lstrip("-").replace("-", "_"))
-        if path is None:
+        if path is None or path == "-":
             continue
-        check_output(path, (*inputs, model), option=option)
+        check_output(path, everything, option=option)
         if (same := seen.get(Path(path).resolve())) is not None:
             raise OutputError(f"{option} and {same} name the same file ({path}); give each its own")
         seen[Path(path).resolve()] = option

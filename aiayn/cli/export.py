@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from aiayn.atomic import atomic_dir, check_output
-from aiayn.cli.decode_options import warn
+from aiayn.cli.decode_options import command_inputs, warn
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop import export_hf, from_pretrained
@@ -15,7 +15,6 @@ from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
 from aiayn.interop.marian import save_marian_tokenizer
 from aiayn.interop.model_dir import load_encoder_dir, load_translation_dir, model_meta
-from aiayn.models.io import resolve_model_dir
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory
@@ -49,9 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = check_output(
-        args.out, (resolve_model_dir(args.model),), directory=True, force=args.force, option="OUT"
-    )
+    out = check_output(args.out, command_inputs(args), directory=True, force=args.force, option="OUT")
     if args.to == "ctranslate2":
         model, src_tok, tgt_tok = load_translation_dir(args.model)
         check_exportable(model, src_tok, tgt_tok)  # before any work

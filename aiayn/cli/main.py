@@ -3,8 +3,9 @@
 Anything the user got wrong (a bad option, missing or corrupt data, an unusable model directory, an
 output that would destroy something, a device that is not there) is raised as an ``AiaynError``
 (``aiayn.errors``) and reported as one line on stderr with exit status 1, as is an ``OSError`` (a
-file that cannot be read or written); ``AIAYN_DEBUG=1`` shows the traceback instead. Any other
-exception is a bug and keeps its traceback.
+file that cannot be read or written), and so is a command-line argument that is not UTF-8 (before
+parsing: a text or a name the commands could not encode); ``AIAYN_DEBUG=1`` shows the traceback
+instead. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for i, arg in enumerate(argv, start=1):  # bytes that are not UTF-8 arrive as lone surrogates
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            print(f"aiayn: error: argument {i} ({raw!r}) is not valid UTF-8; pass text and paths as UTF-8",
+                  file=sys.stderr)  # fmt: skip
+            return 1
     args = build_parser().parse_args(argv)
     try:
         if isinstance(getattr(args, "device", None), str):

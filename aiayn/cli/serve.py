@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import logging
 import os
+import socket
 from pathlib import Path
 
 from aiayn.cli.decode_options import add_quantize_argument, formatter
@@ -30,7 +32,7 @@ says otherwise.
 
 
 def add_parser(sub) -> None:
-    from aiayn.serve.settings import Settings
+    from aiayn.serve.settings import Settings, flag
 
     d = Settings()
     p = sub.add_parser("serve", help="serve models over HTTP (API + web page)", description=DESCRIPTION,
@@ -53,8 +55,7 @@ def add_parser(sub) -> None:
         if f.name == "api_keys":
             continue
         kind = float if isinstance(getattr(d, f.name), float) else int
-        flag = "--timeout" if f.name == "timeout_s" else f"--{f.name.replace('_', '-')}"
-        limits.add_argument(flag, dest=f.name, type=kind, default=getattr(d, f.name),
+        limits.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind, default=getattr(d, f.name),
                             help=f"default: {getattr(d, f.name)}")  # fmt: skip
     p.set_defaults(run=run)
 
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from aiayn.serve.app import create_app
+        from aiayn.serve.connections import ConnectionGuard
     except ImportError as e:
         raise ConfigError(
             f"aiayn serve needs the serve extra ({e.name} is missing): pip install 'aiayn[serve]'"
@@ -98,10 +100,61 @@ def run(args: argparse.Namespace) -> int:
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
     settings = Settings(**fields, api_keys=keys)
     models = parse_models(args.model)
+    backlog = min(ACCEPT_BURST, settings.max_connections)
+    reserve_descriptors(settings.max_connections + 2 * backlog)
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
+    sock = guard.listener(bind(args.host, args.port))  # before the models load and "on http://…" prints
     services = [load_service(name, dirs, args.device, args.quantize) for name, dirs in models]
     app = create_app(services, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        http=guard.protocol,
+        timeout_keep_alive=settings.keep_alive_s,
+        backlog=backlog,
+        h11_max_incomplete_event_size=H11_MAX_HEADERS,
+    )
     print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",
           flush=True)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+H11_MAX_HEADERS = 16 * 1024  # bytes of a request line and headers at most (h11's own default, stated)
+# connections waiting to be accepted, which is also how many asyncio accepts in one turn of its loop:
+# the connections closed to make room for them close at the end of that turn
+ACCEPT_BURST = 128
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (uvicorn listens on it), or one line saying why not."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart at once
+        sock.bind((host, port))
+    except OSError as e:
+        hint = (
+            "; another server is using it: stop it, or give another --port"
+            if e.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    return sock
+
+
+def reserve_descriptors(connections: int) -> None:
+    """Raise the process's soft limit of open files to hold ``connections`` sockets and the files
+    a server keeps open; ``ConfigError`` when the hard limit does not allow it."""
+    try:
+        import resource
+    except ImportError:  # not on this platform: the operating system's limit applies
+        return
+    need = connections + 128  # the models' files, the listening socket, the interpreter's own
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise ConfigError(f"--max-connections {connections} needs {need} open files; this process may "
+                              f"open {hard} (ulimit -n): give a smaller --max-connections")  # fmt: skip
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

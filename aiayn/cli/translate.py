@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from aiayn.atomic import open_output
 from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_io_arguments,
@@ -13,14 +14,13 @@ from aiayn.cli.decode_options import (
     check_outputs,
     formatter,
     quantized,
-    read_input,
+    read_chunks,
     search_config,
     warn,
-    write_output,
 )
 from aiayn.decoding.rerank import check_rerankable, rerank
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DataError
 
 EXAMPLES = """examples:
   echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
@@ -65,14 +65,15 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def format_output(nbest: list[list], translator: Translator, n: int) -> str:
-    """One line per input, or with ``n > 1`` Moses n-best lines ``i ||| text ||| score``."""
+def format_output(nbest: list[list], translator: Translator, n: int, start: int = 0) -> str:
+    """One line per input, or with ``n > 1`` Moses n-best lines ``i ||| text ||| score`` (``i``
+    counted from ``start``)."""
     if n == 1:
         lines = [translator.detokenize(h[0]) if h else "" for h in nbest]
     else:
         lines = [
             f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}" if h else f"{i} |||  ||| 0"
-            for i, hyps in enumerate(nbest)
+            for i, hyps in enumerate(nbest, start)
             for h in (hyps or [None])
         ]
     return "".join(line + "\n" for line in lines)
@@ -80,13 +81,7 @@ def format_output(nbest: list[list], translator: Translator, n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = search_config(args)
-    check_outputs(args, "--output", inputs=(args.input,))
-    translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
-    translator = quantized(args, translator)
-    lines = read_input(args)
-    sources, cut = translator.encode(lines, strict=args.strict)
-    for i in cut:
-        warn(f"line {i + 1} is over {translator.max_src_len} source tokens; truncated (see --max-src-len)")
+    check_outputs(args, "--output")
     if args.rerank_with:
         if config.mbr:
             raise ConfigError("--rerank-with and --mbr both choose among a beam's n-best: give one of them")
@@ -94,11 +89,32 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)"
             )
+    translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
+    translator = quantized(args, translator)
+    scorer = None
+    if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
-        nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
-        results = [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
-    else:
-        results = translator.search(sources, config, args.max_tokens)
-    write_output(args, format_output(results, translator, config.nbest))
+    with open_output(args.output) as out:  # a file appears whole once every chunk is written
+        for start, lines in read_chunks(args):
+            out.write(format_output(translate(args, config, translator, scorer, start, lines),
+                                    translator, config.nbest, start).encode("utf-8"))  # fmt: skip
     return 0
+
+
+def translate(args, config, translator: Translator, scorer: Translator | None, start: int, lines: list[str]):
+    """The hypotheses of one chunk of input lines, the first of which is line ``start + 1``."""
+    sources, cut = translator.encode(lines)
+    for i in cut:
+        if args.strict:
+            n = len(translator.src_tokenizer.encode_batch([lines[i]])[0]) + 1
+            raise DataError(
+                f"{args.input or '<stdin>'}: line {start + i + 1} has {n} source tokens, over the maximum "
+                f"of {translator.max_src_len} (max_src_len); shorten it, or allow truncation"
+            )
+        limit = translator.max_src_len
+        warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")
+    if scorer is None:
+        return translator.search(sources, config, args.max_tokens)
+    nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
+    return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]

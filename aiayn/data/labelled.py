@@ -10,7 +10,8 @@ CSV with the usual double quotes.
 Labels are strings whatever their form in the file (``1``, ``"pos"``, ``true``); ``LabelMap``
 orders them (numerically when all are integers) and maps them to class ids, and is saved with the
 model. Every problem (a row with missing or extra fields, an empty label or text, a missing key,
-one class only) is a ``DataError`` naming the file, the line and the field.
+one class only, a label holding a tab or a line break) is a ``DataError`` naming the file, the line
+and the field.
 """
 
 from __future__ import annotations
@@ -190,6 +191,16 @@ def load_labelled(
     return LabelledCorpus(path, texts, labels, lines)
 
 
+def check_label(label: str, where: str) -> None:
+    """A label must print as one field of one line (``aiayn classify`` writes one line per input,
+    fields split by tabs): a tab or a line break in it is a ``DataError`` naming ``where``."""
+    if "\t" in label or label.splitlines() != [label]:
+        raise DataError(
+            f"{where}: the label {label!r} holds a tab or a line break, which would break aiayn classify's "
+            "one line per input; rename it in the data"
+        )
+
+
 class LabelMap:
     """Label strings <-> class ids 0..n-1, in a fixed order saved with the model (``labels.json``)."""
 
@@ -203,6 +214,8 @@ class LabelMap:
     def from_corpus(cls, corpus: LabelledCorpus) -> LabelMap:
         """The labels of a training file, integers in numeric order and the rest alphabetically;
         a ``DataError`` if it has fewer than two."""
+        for label, line in zip(corpus.labels, corpus.lines, strict=True):
+            check_label(label, f"{corpus.path}:{line}")
         seen = set(corpus.labels)
         if len(seen) < 2:
             raise DataError(

@@ -12,7 +12,8 @@ score s ≤ 0 can only lose log-probability (every term is ≤ 0), and it will f
 between t + 2 and the maximum length L_max, so its final score is at most
 s / max(lp(t + 2), lp(L_max)) — dividing a non-positive number by the largest lp the remaining
 lengths allow (lp is monotone in L: increasing for α > 0, decreasing for α < 0). Finished
-sentences leave the batch (``decoder.select``), the rest go on.
+sentences leave the batch (``decoder.select``), the rest go on. A caller may stop the search between
+two steps (``cancel.stop_when``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
+from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty, to_hypotheses
 from aiayn.decoding.steps import max_lengths, restrict
@@ -94,6 +96,7 @@ def beam_search(
     slots = torch.arange(k, device=device)
     lp_max = length_penalty(limit, lenpen, lenpen_kind)  # (B,)
     for t in range(longest):
+        check_stop()  # a caller that gave up stops the search here (cancel.py)
         n_active = active.numel()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A·K, V)
         if k > lp.size(-1):

@@ -114,7 +114,14 @@ class MaskFiller:
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> MaskFiller:
-        model, tok, _ = load_encoder_dir(directory, device)
+        model, tok, meta = load_encoder_dir(directory, device)
+        objective = meta.get("objective", "mlm")  # recorded by aiayn train; an imported BERT has none
+        if objective != "mlm":
+            raise ModelDirError(
+                f"{directory} was trained for objective {objective!r} (its config.json), not as a masked LM: "
+                "its predictions at <mask> mean nothing; fill-mask needs a model trained with task=mlm"
+                + (" (classify texts with aiayn classify)" if objective == "classify" else "")
+            )
         return cls(model, tok)
 
     @torch.no_grad()

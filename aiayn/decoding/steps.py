@@ -2,7 +2,8 @@
 
 ``max_lengths`` turns the length limit into one number per input; ``restrict`` forbids padding and
 an early eos; ``decode_rows`` runs one token per row until each row ends, the loop that greedy
-search and sampling share (they differ only in how a token is picked).
+search and sampling share (they differ only in how a token is picked). Every step first calls
+``cancel.check_stop()``, so that a caller can stop a search between steps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
+from aiayn.decoding.cancel import check_stop
 
 Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
 
@@ -53,6 +55,7 @@ def decode_rows(
     rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
     limit = limit.to(prefix.device)
     for t in range(longest):
+        check_stop()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
         choice = pick(lp)  # (A,)
         tokens[rows, t] = choice

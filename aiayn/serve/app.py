@@ -4,9 +4,12 @@ FastAPI's "bigger applications" layout: ``create_app`` puts a ``Server`` (``serv
 the batcher, the settings) on ``app.state`` and includes one router per API (``routers/``); the
 checks the routes share are dependencies (``dependencies.py``), the bodies and answers Pydantic
 models (``schemas.py``). Every error is JSON ``{"error": "..."}`` with LibreTranslate's statuses
-(400 a bad request, 403 a missing or wrong API key, 413 a body over the limit, 429 a full queue,
+(400 a bad request, 403 a missing or wrong API key, 404 an unknown path, 405 a method a path does not
+take, 408 a body that arrived too slowly, 413 a body or an answer over the limit, 429 a full queue,
 with ``Retry-After``, 503 a request that waited past the timeout, 500 a failure of the model) and
-the server keeps serving. One log line per request (method, path, status, milliseconds; never the body).
+the server keeps serving: the handlers below turn every kind of error FastAPI, Starlette and the
+library raise into that shape, once. ``HEAD`` is answered for every ``GET`` route (``HeadAsGet``).
+One log line per request (method, path, status, milliseconds; never the body).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import logging
 import time
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.errors import AiaynError
 from aiayn.serve.routers import libretranslate, operations, page, v1
 from aiayn.serve.server import HTTPError, Server
 from aiayn.serve.settings import Settings
@@ -52,6 +58,20 @@ def create_app(services: list, settings: Settings | None = None) -> FastAPI:
     async def _error(request: Request, e: HTTPError) -> JSONResponse:
         return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
+    @app.exception_handler(StarletteHTTPException)  # routing's 404 and 405, in the same shape
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)  # a path or query parameter of the wrong type
+    async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid"}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": f"Invalid request: {where}: {first.get('msg')}"}, status_code=400)
+
+    @app.exception_handler(AiaynError)  # the library refused the request's input
+    async def _refused(request: Request, e: AiaynError) -> JSONResponse:
+        return JSONResponse({"error": f"Invalid request: {e}"}, status_code=getattr(e, "status", 400))
+
     @app.middleware("http")
     async def _observe(request: Request, call_next):
         t0 = time.perf_counter()
@@ -67,4 +87,24 @@ def create_app(services: list, settings: Settings | None = None) -> FastAPI:
         log.info("%s %s %d %.1f ms", request.method, request.url.path, response.status_code, 1000 * seconds)
         return response
 
+    app.add_middleware(HeadAsGet)
     return app
+
+
+class HeadAsGet:
+    """``HEAD`` on any path is its ``GET`` without the body (HTTP's rule, which FastAPI's routes do
+    not apply themselves): the status and headers a ``GET`` would have."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def send_head(message):
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, send_head)

@@ -2,20 +2,24 @@
 
 The event loop never runs a model. ``Batcher.submit`` puts a job on a bounded queue and awaits its
 future; a full queue raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
-memory never grows with the number of waiting clients. A worker thread takes the oldest job,
-waits up to ``window`` seconds for more jobs of an equal *kind* (same model, same decoding
-options: they can share one search; ``jobs.py`` names the server's kinds), stops at ``max_items``
-texts, and runs them as one call of ``run(kind, payloads)``; each job's result (or exception) goes
-back to its own future. A job submitted ``alone`` (a streamed generation) is never batched with
-another. A job whose caller gave up (a timeout, a client that disconnected) is cancelled and
-skipped if it has not run. Jobs of other kinds wait, in order, for the next rounds. With
-``workers`` > 1, as many batches run at once (each on its own thread; give torch one thread per
-worker), so that a request arriving while a batch runs need not wait for it to end.
+memory never grows with the number of waiting clients. A worker thread takes the oldest job, waits
+up to ``window`` seconds for more jobs of an equal *kind* (same model, same decoding options: they
+can share one search; ``jobs.py`` names the server's kinds), stops at ``max_items`` texts, and runs
+them as one call of ``run(kind, payloads)``; each job's result (or exception) goes back to its own
+future. A batch that raises is run again one job at a time, so that an error belongs to the job that
+caused it and the others still get their results. A job submitted ``alone`` (a streamed generation)
+is never batched with another. A job whose caller gave up (a timeout, a client that disconnected) is
+cancelled and skipped if it has not run; a batch whose callers have all given up stops at its next
+decoding step (``aiayn.decoding.cancel``). ``busy()`` says how long each worker has been on its
+batch. Jobs of other kinds wait, in order, for the next rounds. With ``workers`` > 1, as many
+batches run at once (each on its own thread; give torch one thread per worker), so that a request
+arriving while a batch runs need not wait for it to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -23,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiayn.decoding.cancel import SearchStopped, stop_when
 
 
 class QueueFull(Exception):
@@ -64,6 +70,7 @@ class Batcher:
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
         self.held_lock = threading.Lock()
+        self.started: dict[str, float] = {}  # worker thread name -> when its current batch started
         self.threads = [threading.Thread(target=self._work, name=f"aiayn-model-{i}", daemon=True)
                         for i in range(workers)]  # fmt: skip
         for thread in self.threads:
@@ -71,6 +78,11 @@ class Batcher:
 
     def depth(self) -> int:
         return self.queue.qsize() + len(self.held)
+
+    def busy(self) -> list[float]:
+        """Seconds each busy worker has spent on its current batch (idle workers are not listed)."""
+        now = time.perf_counter()
+        return [now - t for t in list(self.started.values())]
 
     async def submit(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> Any:
         """``run(kind, [payload, …])``'s result for this payload; ``size`` is its number of texts."""
@@ -134,14 +146,33 @@ class Batcher:
 
     def _run(self, batch: list[Job], items: int) -> None:
         t0 = time.perf_counter()
+        self.started[threading.current_thread().name] = t0
         try:
-            results = self.run(batch[0].kind, [job.payload for job in batch])
-            outcomes = [(job, result, None) for job, result in zip(batch, results, strict=True)]
-        except Exception as e:  # noqa: BLE001 -- every caller of the batch gets the error
-            outcomes = [(job, None, e) for job in batch]
+            outcomes = self._outcomes(batch)
+            if len(batch) > 1 and any(error is not None and not isinstance(error, SearchStopped)
+                                      for _, _, error in outcomes):  # fmt: skip
+                outcomes = [o for job in batch for o in self._outcomes([job])]  # each job on its own
+        finally:
+            del self.started[threading.current_thread().name]
         self.on_batch(len(batch), items, time.perf_counter() - t0)
         for job, result, error in outcomes:
-            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+            if job.future.cancelled():
+                continue  # its caller is gone (and its event loop may be closed)
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: the worker goes on
+                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+    def _outcomes(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """``(job, result, error)`` of running ``jobs`` as one batch; the search stops between two
+        steps once every caller has given up."""
+        jobs = [job for job in jobs if not job.future.cancelled()]
+        if not jobs:
+            return []
+        try:
+            with stop_when(lambda: all(job.future.cancelled() for job in jobs)):
+                results = self.run(jobs[0].kind, [job.payload for job in jobs])
+            return [(job, result, None) for job, result in zip(jobs, results, strict=True)]
+        except Exception as e:  # noqa: BLE001 -- the batch's callers get the error
+            return [(job, None, e) for job in jobs]
 
 
 def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:

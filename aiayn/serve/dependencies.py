@@ -1,15 +1,18 @@
 """The checks every route with a body shares, as FastAPI dependencies, in the order they run.
 
-``read_body`` reads the raw stream up to ``max_body_bytes`` and no further (413 past it) and parses
-it as JSON or, as LibreTranslate also accepts, form-encoded; ``require_api_key`` checks the key (403)
-in the body or the ``X-API-Key`` header; ``parse(Model)`` validates the parsed body with a schema
-(400, "Invalid request: …"). A route does not declare its body model as a parameter, since FastAPI
-would then read the whole body itself before any dependency runs; ``schemas.request_body`` documents
-it instead. FastAPI runs each dependency once per request, so the body is read once.
+``read_body`` reads the raw stream up to ``max_body_bytes`` and no further (413 past it), within
+``body_timeout_s`` (408 past it), and parses it as JSON or, as LibreTranslate also accepts,
+form-encoded (any failure of the parser, a nesting too deep or a number too long included, is 400);
+``require_api_key`` checks the key (403) in the body or the ``X-API-Key`` header; ``parse(Model)``
+validates the parsed body with a schema (400, "Invalid request: …"). A route does not declare its
+body model as a parameter, since FastAPI would then read the whole body itself before any dependency
+runs; ``schemas.request_body`` documents it instead. FastAPI runs each dependency once per request,
+so the body is read once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
@@ -36,12 +39,17 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, f"the body is over {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"the body is over {limit} bytes")
-        chunks.append(chunk)
+    chunks, size, seconds = [], 0, server.settings.body_timeout_s
+    try:
+        async with asyncio.timeout(seconds):  # a client that sends slowly holds a connection no longer
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, f"the body is over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HTTPError(408, f"the body did not arrive within {seconds:g} s (--body-timeout)",
+                        {"Connection": "close"}) from None  # fmt: skip
     try:
         text = b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as e:
@@ -58,6 +66,8 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise invalid(f"malformed JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # a number of over 4300 digits, a nesting too deep
+        raise invalid(f"JSON this server does not read ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
     return data

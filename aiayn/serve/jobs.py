@@ -33,13 +33,15 @@ class JobKind:
 
 @dataclass(frozen=True)
 class Translation(JobKind):
-    """Each payload is one request's texts; each result, that request's list of translations."""
+    """Each payload is one request's texts, encoded (``TranslationService.encode``); each result,
+    that request's list of translations."""
 
     config: SearchConfig
     attention: bool  # add each text's attention weights (for the page)
+    max_attention_values: int = 0  # with attention: the most weights one answer may carry
 
-    def run(self, service: TranslationService, payloads: list[list[str]]) -> list[list[dict]]:
-        return service.run(self.config, payloads, self.attention)
+    def run(self, service: TranslationService, payloads: list[list[list[int]]]) -> list[list[dict]]:
+        return service.run(self.config, payloads, self.attention, self.max_attention_values)
 
     def output_tokens(self, results: list[list[dict]]) -> int:
         best = (x["hypotheses"][:1] for r in results for x in r)

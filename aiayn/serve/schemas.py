@@ -47,7 +47,8 @@ def _error(description: str) -> dict[str, Any]:
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("Invalid request: a field, a limit, or a model or language pair that is not loaded"),
     403: _error("A missing or wrong API key (with --api-keys)"),
-    413: _error("The body is over --max-body-bytes"),
+    408: _error("The body did not arrive within --body-timeout"),
+    413: _error("The body is over --max-body-bytes, or the answer over --max-attention-values"),
     415: _error("The body is neither JSON nor form-encoded"),
     429: _error("The queue is full: retry after the Retry-After header's seconds"),
     503: _error("The request waited past --timeout"),
@@ -107,10 +108,16 @@ class SearchOptions(Body):
     """Every decoding option of aiayn translate, with its defaults."""
 
     beam: int = Field(SearchConfig.beam, description="beam size, up to the server's --max-beam; 1 = greedy")
-    nbest: int = Field(SearchConfig.nbest, description="hypotheses returned per text (≤ beam), or samples")
+    nbest: int = Field(
+        SearchConfig.nbest, description="hypotheses returned per text (≤ beam), or samples (≤ --max-beam)"
+    )
     lenpen: float = Field(SearchConfig.lenpen, description="α of the length penalty; 0 = log-probability")
-    max_len: int | None = Field(None, description="output tokens at most (default: input length + 50)")
-    min_len: int = Field(SearchConfig.min_len, description="no end of sentence before this many tokens")
+    max_len: int | None = Field(
+        None, description="output tokens at most, up to the server's --max-len (default: input length + 50)"
+    )
+    min_len: int = Field(
+        SearchConfig.min_len, description="no end of sentence before this many tokens (≤ --max-len)"
+    )
     sample: bool = Field(SearchConfig.sample, description="sample instead of searching")
     temperature: float = Field(SearchConfig.temperature, description="sampling: divide log-probs by T")
     top_k: int | None = Field(None, description="sampling: keep the k most probable tokens")
@@ -131,7 +138,9 @@ class NativeTranslateRequest(SearchOptions):
 
     q: Texts
     model: str | None = Field(None, description="a translation model's name (optional when one is loaded)")
-    attention: bool = Field(False, description="add every layer's and head's attention weights")
+    attention: bool = Field(
+        False, description="add every layer's and head's attention weights, up to --max-attention-values"
+    )
 
 
 class Hypothesis(BaseModel):
@@ -230,7 +239,8 @@ class ModelInfo(BaseModel):
 
 
 class Health(BaseModel):
-    status: str = Field(description="ok")
+    status: str = Field(description="ok, or stuck (503): every worker has been on one batch past --timeout")
     version: str = Field(description="aiayn's version")
     queue: int = Field(description="requests waiting for the model")
+    busy_s: list[float] = Field(description="seconds each busy worker has spent on its current batch")
     models: list[ModelInfo]

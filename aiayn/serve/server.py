@@ -2,8 +2,10 @@
 
 One ``Server`` lives on ``app.state.server`` (``dependencies.get_server`` hands it to a route). It
 turns the batcher's outcomes into the HTTP errors LibreTranslate answers (429 with ``Retry-After``
-for a full queue, 503 past the timeout, 400 for a request the model refuses) and applies the
-limits that depend on the settings (texts per request, characters per text, beam size).
+for a full queue, 503 past the timeout, 400 for a request the model refuses, or the status an
+``AiaynError`` carries) and applies the limits that depend on the settings: every item of a request
+is checked before it joins a batch (``texts``), every decoding option that sets how much work a
+search does has a bound (``BOUNDS``), and ``stuck`` says when no worker can take new work.
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ class HTTPError(Exception):
 def invalid(problem: str) -> HTTPError:
     """LibreTranslate's answer to a bad request: 400, "Invalid request: …"."""
     return HTTPError(400, f"Invalid request: {problem}")
+
+
+# each decoding option that sets how much work one search does, and the setting that bounds it
+BOUNDS = {"beam": "max_beam", "r2l_beam": "max_beam", "nbest": "max_beam", "max_len": "max_len",
+          "min_len": "max_len"}  # fmt: skip
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be decoded (None if it can): every text a model reads is UTF-8, which a
+    lone surrogate (JSON's ``"\\ud800"``) is not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid Unicode ({e.reason} at character {e.start})"
+    return None
 
 
 class Metrics:
@@ -106,8 +123,8 @@ class Server:
         except QueueFull:
             raise HTTPError(429, "Slowdown: too many requests are waiting; retry shortly",
                             {"Retry-After": "1"}) from None  # fmt: skip
-        except AiaynError as e:
-            raise HTTPError(400, str(e)) from None
+        except AiaynError as e:  # the request's fault: 400, or the status the error names
+            raise HTTPError(getattr(e, "status", 400), str(e)) from None
 
     # -- limits and choices that depend on the settings ------------------------------------------------
     def texts(self, q: str | list[str]) -> list[str]:
@@ -115,10 +132,18 @@ class Server:
         texts, s = q if isinstance(q, list) else [q], self.settings
         if len(texts) > s.batch_limit:
             raise invalid(f"request ({len(texts)}) exceeds text limit ({s.batch_limit})")
-        for t in texts:
+        for i, t in enumerate(texts):
             if len(t) > s.char_limit:
                 raise invalid(f"request ({len(t)}) exceeds character limit ({s.char_limit})")
+            if (problem := text_problem(t)) is not None:
+                raise invalid(f"q[{i}] {problem}" if isinstance(q, list) else f"q {problem}")
         return texts
+
+    def stuck(self) -> bool:
+        """Whether every worker has been on one batch for longer than ``timeout_s`` (a request
+        submitted now would wait past its timeout)."""
+        busy = self.batcher.busy()
+        return len(busy) == self.settings.workers and min(busy) > self.settings.timeout_s
 
     def pick(self, name: str | None, cls: type) -> Any:
         """The service called ``name``, or the only one of its kind when ``name`` is None."""
@@ -135,13 +160,18 @@ class Server:
         return of_kind[0]
 
     def search_config(self, given: dict[str, Any] | None = None, **defaults: Any) -> SearchConfig:
-        """The decoding options a request ``given`` over the route's ``defaults``, within ``max_beam``."""
+        """The decoding options a request ``given`` over the route's ``defaults``, each within its
+        bound (``BOUNDS``)."""
         try:
             config = SearchConfig(**{**defaults, **(given or {})})
         except (AiaynError, TypeError) as e:
             raise invalid(str(e)) from None
-        if config.beam > self.settings.max_beam or (config.r2l_beam or 0) > self.settings.max_beam:
-            raise invalid(f"beam {config.beam} is over this server's limit of {self.settings.max_beam}")
+        for option, setting in BOUNDS.items():
+            value, limit = getattr(config, option), getattr(self.settings, setting)
+            if value is not None and value > limit:
+                raise invalid(
+                    f"{option}={value} is over this server's limit of {limit} (--{setting.replace('_', '-')})"
+                )
         return config
 
 

@@ -1,12 +1,14 @@
 """The models a server holds, each wrapped with what it can do for a batch of requests.
 
-A service runs on the batcher's worker thread only. ``TranslationService.run`` translates the texts
-of several requests in one search (they share decoding options: the batcher groups by them) and
-splits the results back; with ``attention`` it adds each sentence's attention weights (encoder
-self, decoder self, cross: per layer and head) for the page — for a single model; an ensemble (several
-directories served as one) translates without them. ``LMService.stream`` samples one token
-at a time and hands each to a callback (server-sent events). ``EncoderService`` classifies texts
-and fills masks.
+A service runs on the batcher's worker thread only, except ``TranslationService.encode``, which a
+route calls when the request arrives, so that a text the tokenizer refuses fails its own request
+before it joins a batch. ``TranslationService.run`` translates the encoded texts of several requests
+in one search (they share decoding options: the batcher groups by them) and splits the results back;
+with ``attention`` it adds each sentence's attention weights (encoder self, decoder self, cross: per
+layer and head) for the page, up to a number of weights per answer (``OverLimit``, 413, past it) —
+for a single model; an ensemble (several directories served as one) translates without them.
+``LMService.stream`` samples one token at a time and hands each to a callback (server-sent events).
+``EncoderService`` classifies texts and fills masks.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 import torch
 
 from aiayn.decoding.adapters import LMAdapter
+from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.classifier import MaskFiller, TextClassifier
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import filter_logits
 from aiayn.decoding.translator import Translator
-from aiayn.errors import ConfigError
+from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.quantize import quantize
@@ -35,6 +38,12 @@ LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English"
 
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
+
+
+class OverLimit(AiaynError):
+    """An answer would be larger than the server allows (413)."""
+
+    status = 413
 
 
 def per_request(flat: list, requests: Sequence[Sequence[str]]) -> list[list]:
@@ -67,25 +76,60 @@ class TranslationService:
         meta = model_meta(self.directories[0])
         self.source, self.target = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
 
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's source ids (too long: truncated, as the CLI does); ``AiaynError`` naming the
+        text the tokenizer refuses."""
+        try:
+            return self.translator.encode(texts)[0]
+        except (UnicodeError, RuntimeError, TypeError, ValueError) as e:  # what tokenizers raise
+            raise ConfigError(f"a text cannot be tokenized: {e}") from None
+
     def run(
-        self, config: SearchConfig, requests: Sequence[Sequence[str]], attention: bool
+        self,
+        config: SearchConfig,
+        requests: Sequence[Sequence[list[int]]],
+        attention: bool,
+        max_attention_values: int = 0,
     ) -> list[list[dict]]:
-        """One result list per request, one dict per text: translation, alternatives, scores, tokens."""
-        texts = [t for r in requests for t in r]
+        """One result list per request (its ``encode``d texts), one dict per text: translation,
+        alternatives, scores, tokens; with ``attention``, up to ``max_attention_values`` weights per
+        request (``OverLimit`` past it: the batcher then runs each request on its own)."""
+        sources = [src for r in requests for src in r]
         t = self.translator
-        sources, _ = t.encode(texts)  # too long: truncated, as the CLI does
         nbest = t.search(sources, config)
         results = []
-        for src, hyps in zip(sources, nbest, strict=True):
+        for hyps in nbest:
             items = [
                 {"text": t.detokenize(h), "score": round(h.score, 4), "tokens": t.forward_order(h.tokens)}
                 for h in hyps
             ]
-            result = {"translation": items[0]["text"] if items else "", "hypotheses": items}
-            if attention and items:
-                result["attention"] = self._attention(src, items[0]["tokens"])
-            results.append(result)
-        return per_request(results, requests)
+            results.append({"translation": items[0]["text"] if items else "", "hypotheses": items})
+        grouped = per_request(results, requests)
+        if attention:
+            for request, answers in zip(requests, grouped):
+                self._check_attention_size(request, answers, max_attention_values)
+                for src, result in zip(request, answers):
+                    if result["hypotheses"]:
+                        result["attention"] = self._attention(src, result["hypotheses"][0]["tokens"])
+        return grouped
+
+    def _check_attention_size(self, sources: Sequence[list[int]], answers: list[dict], limit: int) -> None:
+        """``OverLimit`` if one request's attention weights would number more than ``limit``: per
+        text h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder positions."""
+        c = self.model.config
+        if isinstance(self.model, Ensemble) or c.bidirectional:
+            return  # no attention is returned
+        total = 0
+        for src, result in zip(sources, answers):
+            if result["hypotheses"]:
+                n_src, n_tgt = len(src) + 1, len(result["hypotheses"][0]["tokens"]) + 1
+                total += c.n_heads * (
+                    c.n_encoder_layers * n_src**2 + c.n_decoder_layers * (n_tgt**2 + n_tgt * n_src)
+                )
+        if total > limit:
+            raise OverLimit(f"the attention weights of this request would be {total:,} numbers, over this "
+                            f"server's limit of {limit:,} (--max-attention-values); send fewer or shorter "
+                            "texts, a smaller max_len, or leave attention out")  # fmt: skip
 
     def _attention(self, src: list[int], out: list[int]) -> dict:
         t = self.translator
@@ -134,6 +178,7 @@ class LMService:
         generator.manual_seed(config.seed if config.seed is not None else torch.seed())
         out: list[int] = []
         for _ in range(max_new_tokens):
+            check_stop()  # the caller gave up (a timeout): stop between two tokens
             logp = adapter.step(prefix)[0]  # (V,)
             if config.sample:
                 logits = filter_logits(logp / config.temperature, config.top_k, config.top_p)

@@ -1,4 +1,6 @@
-"""Every limit of the server in one validated dataclass (``aiayn serve --help`` lists them)."""
+"""Every limit of the server in one validated dataclass (``aiayn serve --help`` lists them, and
+docs/serve.md's "Limits"): what one request may ask for, how much the server holds at once, how long
+it waits for a client. The flag of a field is its name with dashes, without a trailing ``_s``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,13 @@ class Settings:
     workers: int = 1  # batches decoded at once, each on its own thread (with 2+, give --threads 1)
     timeout_s: float = 60.0  # a request waiting longer is answered 503 and its slot freed
     max_new_tokens: int = 256  # /v1/generate: tokens per request at most
-    max_beam: int = 16  # beam size at most
+    max_beam: int = 16  # beam size, right-to-left beam and nbest (hypotheses or samples) at most
+    max_len: int = 1024  # a request's max_len and min_len (output tokens per text) at most
+    max_attention_values: int = 2_000_000  # attention weights one answer may carry (layers·heads·tokens²)
+    max_connections: int = 512  # open connections; past it the oldest idle one is closed for the new one
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this (else the connection closes)
+    body_timeout_s: float = 30.0  # a request's body must arrive within this (else 408)
+    keep_alive_s: float = 5.0  # an idle connection is closed after this
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no key needed
 
     def __post_init__(self) -> None:
@@ -31,17 +39,27 @@ class Settings:
             "queue_size",
             "max_new_tokens",
             "max_beam",
+            "max_len",
+            "max_attention_values",
+            "max_connections",
             "workers",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')}={value!r} must be a positive integer")
+                raise ConfigError(f"--{flag(name)}={value!r} must be a positive integer")
         if not isinstance(self.max_batch_texts, int) or self.max_batch_texts < 0:
             raise ConfigError(f"--max-batch-texts={self.max_batch_texts!r} must be ≥ 0 (0 = no batching)")
         if not 0 <= self.batch_window_ms <= 1000:
             raise ConfigError(f"--batch-window-ms={self.batch_window_ms} must be in [0, 1000]")
-        if not 0 < self.timeout_s <= 3600:
-            raise ConfigError(f"--timeout={self.timeout_s} must be in (0, 3600] seconds")
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            value = getattr(self, name)
+            if not 0 < value <= 3600:
+                raise ConfigError(f"--{flag(name)}={value} must be in (0, 3600] seconds")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a ``Settings`` field, without the dashes: ``timeout_s`` -> ``timeout``."""
+    return name.removesuffix("_s").replace("_", "-")
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:

@@ -20,6 +20,8 @@ from aiayn.errors import ConfigError
 TOKENIZERS = ("bpe", "unigram", "char")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 INT_LIMIT = 2**63  # an id, a count or a seed past int64 breaks torch and numpy
+# sentencepiece's and the embedding's sizes: far above any real vocabulary, far below what breaks them
+MAX_VOCAB = 2**20
 
 
 def check_numbers(obj: Any) -> None:
@@ -124,6 +126,8 @@ class TrainConfig:
                      "log_every", "keep_last"):  # fmt: skip
             if getattr(self, name) < 1:
                 fail(self, name, "must be ≥ 1")
+        if self.vocab_size > MAX_VOCAB:
+            fail(self, "vocab_size", f"is too large (at most {MAX_VOCAB}); real vocabularies hold thousands")
         for name in ("max_epochs", "patience", "warmup", "threads", "decay_steps", "seed"):
             if getattr(self, name) < 0:
                 fail(self, name, "must be ≥ 0")

@@ -4,21 +4,29 @@ A run writes ``train_config.json`` (its ``TrainConfig`` and a ``run_id``), ``met
 JSON record per log line), its tokenizers and its checkpoints (``aiayn.training.checkpoint``).
 Nothing here trains; it decides what may be written where, so that a run never writes into a
 directory that is not its own and a resumed run computes what the first one would have.
+While a run trains, rank 0 holds ``RunLock`` on its directory, so a second run on the same
+``out_dir`` stops with the first one's PID instead of interleaving with it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 import sys
 import uuid
 from pathlib import Path
+
+import torch
 
 from aiayn.atomic import remove_temporaries, write_json, write_text
 from aiayn.errors import ConfigError, ModelDirError, OutputError
 from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, default_dict, to_dict
+from aiayn.training.distributed import DistInfo, all_reduce_max
 from aiayn.training.task import TOKENIZER_DIR
 
 TRAIN_CONFIG = "train_config.json"
@@ -31,6 +39,82 @@ RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval
                      "compile", "out_dir", "short_budget"}  # fmt: skip
 # what a run that never reached a checkpoint leaves; removed when it is started again
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
+LOCK = ".train.lock"  # held (flock) by the run training in the directory; holds that process's PID
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``run_dir/LOCK``, taken by rank 0 before it looks at the directory
+    and held until ``release``. The OS drops it when the holder dies (even by SIGKILL), so a lock
+    of a dead process is never in the way; the PID in the file is only for the message.
+    ``created``: the outermost folder this lock had to make (None if ``run_dir`` existed), which a
+    run that never starts removes again."""
+
+    def __init__(self, run_dir: Path, out_dir: str):
+        if run_dir.exists() and not run_dir.is_dir():
+            raise OutputError(f"out_dir={out_dir!r} is a file; choose a directory for the run")
+        self.path, self.fd, self.created = run_dir / LOCK, None, None
+        try:
+            for folder in reversed([run_dir, *run_dir.absolute().parents]):  # outermost first
+                if not folder.exists():
+                    with contextlib.suppress(FileExistsError):  # made by another process: not ours
+                        folder.mkdir()
+                        self.created = self.created or folder
+            self.fd = self._lock(run_dir)
+        except BaseException:
+            if self.created is not None:
+                shutil.rmtree(self.created, ignore_errors=True)
+            raise
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def _lock(self, run_dir: Path) -> int:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise OutputError(
+                    f"{run_dir} is in use by another training (PID {holder}, lock {self.path}); wait for "
+                    f"it to end or stop it (kill {holder}), or choose another out_dir"
+                ) from None
+            try:  # the file we locked may have been removed by its last holder: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (removing it while held is safe: a process that
+        locked the removed file sees that it is no longer ``LOCK`` and takes the new one)."""
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:  # a Trainer dropped without fit() (tests) frees its directory
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+
+
+def claim_run_dir(run_dir: Path, out_dir: str, dist: DistInfo, device: torch.device) -> RunLock | None:
+    """Rank 0's ``RunLock`` on ``run_dir`` (None on the other ranks); when rank 0 cannot take it,
+    every rank raises, so none waits for the others forever."""
+    lock, error = None, None
+    if dist.is_main:
+        try:
+            lock = RunLock(run_dir, out_dir)
+        except (OutputError, OSError) as e:
+            error = e
+    failed = all_reduce_max(torch.tensor([float(error is not None)], device=device), dist)
+    if error is not None:
+        raise error
+    if failed.item():
+        raise OutputError(f"{run_dir}: rank 0 could not lock the run directory (see its message)")
+    return lock
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -75,7 +159,7 @@ def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, li
         return uuid.uuid4().hex, [], True
     if resume:
         raise ModelDirError(f"cannot resume: {run_dir / TRAIN_CONFIG} is missing ({run_dir} holds no run)")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir()):
         raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
     return uuid.uuid4().hex, [], False
 

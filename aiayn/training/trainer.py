@@ -29,9 +29,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from aiayn.device import resolve_device
-from aiayn.errors import AiaynError, ModelDirError
+from aiayn.errors import AiaynError, ConfigError, ModelDirError
 from aiayn.models.common import count_parameters
+from aiayn.models.io import read_config
 from aiayn.training import checkpoint as ckpt
+from aiayn.training import rundir
 from aiayn.training.budget import BudgetWatch, ShortBudget, budget_used
 from aiayn.training.config import TrainConfig
 from aiayn.training.distributed import all_reduce_max, all_reduce_sum, barrier, init_distributed, shutdown
@@ -46,6 +48,17 @@ STOP_REASONS = ("", "max_epochs", "max_minutes", "patience", "SIGINT", "SIGTERM"
 
 class TrainingDiverged(AiaynError):
     """The loss became NaN or infinite; the message names the last good checkpoint."""
+
+
+def tensorboard_writer() -> type:
+    """``SummaryWriter``, looked up before the run writes anything (``tensorboard=true``)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError(
+            "tensorboard=true needs the tensorboard package: pip install tensorboard (or tensorboard=false)"
+        ) from None
+    return SummaryWriter
 
 
 class Trainer:
@@ -64,18 +77,25 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         if cfg.precision != "auto":
             autocast(self.device, cfg.precision)  # fail early on an impossible precision
-        self.run_id, checkpoints, restart = plan_run_dir(self.run_dir, cfg, resume)
-        fresh = not self.run_dir.exists()
-        barrier(self.dist)  # every rank looks before rank 0 writes
-        if self.dist.is_main:
-            prepare_run_dir(self.run_dir, cfg, self.run_id, restart)
-        barrier(self.dist)
+        self.tensorboard = tensorboard_writer() if cfg.tensorboard else None  # every rank: all fail alike
+        self.lock = rundir.claim_run_dir(self.run_dir, cfg.out_dir, self.dist, self.device)  # until fit ends
         try:
+            self.run_id, checkpoints, restart = plan_run_dir(self.run_dir, cfg, resume)
+            barrier(self.dist)  # every rank looks before rank 0 writes
+            if self.dist.is_main:
+                prepare_run_dir(self.run_dir, cfg, self.run_id, restart)
+            barrier(self.dist)
             self._setup(checkpoints)
         except BaseException:
-            if fresh and self.dist.is_main:  # a run that never started leaves nothing behind
-                shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.lock is not None and self.lock.created:  # a run that never started leaves nothing
+                shutil.rmtree(self.lock.created, ignore_errors=True)
+            self.release()
             raise
+
+    def release(self) -> None:
+        """Free ``out_dir`` for another run (at the end of ``fit``; the OS frees it if we die)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _setup(self, checkpoints: list[Path]) -> None:
         """The task, model, precision, optimiser and schedule; the newest loadable checkpoint's state."""
@@ -120,6 +140,7 @@ class Trainer:
         skipped = []
         for path in checkpoints:
             try:
+                self._check_meta(path)
                 state = ckpt.load_checkpoint(path, self.model, self.optimizer)  # restores rank 0's RNG
                 if state.get("run_id", self.run_id) != self.run_id:
                     raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")
@@ -141,6 +162,27 @@ class Trainer:
             torch.manual_seed(self.cfg.seed + 1000 * self.dist.rank + self.step)
         if self.dist.is_main:
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
+
+    def _check_meta(self, path: Path) -> None:
+        """What the checkpoint recorded of the data (``task.model_meta``: a classifier's labels) is
+        what the data gives now; a change (a label new in the training data) is named, not loaded."""
+        saved = read_config(path)
+        for key, now in self.task.model_meta().items():
+            was = saved.get(key, now)
+            if was == now:
+                continue
+            if isinstance(was, list) and isinstance(now, list):
+                change = [f"{x!r} is new" for x in now if x not in was] + [
+                    f"{x!r} is gone" for x in was if x not in now
+                ]
+                change_text = ", ".join(change) or "their order changed"
+                detail = f"{key}: {change_text} (the run was trained on {', '.join(map(repr, was))})"
+            else:
+                detail = f"{key} is {now!r}, the run's is {was!r}"
+            raise ConfigError(
+                f"cannot resume {self.run_dir}: in the training data now, {detail}; restore the data the "
+                "run was trained on, or train a new run in another out_dir"
+            )
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def log(self, record: dict) -> None:
@@ -272,10 +314,8 @@ class Trainer:
         """Train to ``max_steps`` or the first of ``STOP_REASONS``, evaluating and saving every
         ``eval_every`` updates and at the end; signals stop the run cleanly, with a checkpoint."""
         cfg = self.cfg
-        if cfg.tensorboard and self.dist.is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if self.tensorboard is not None and self.dist.is_main:
+            self.tb = self.tensorboard(str(self.run_dir / "tensorboard"))
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         if self.dist.is_main:
             n = count_parameters(self.model)
@@ -291,6 +331,7 @@ class Trainer:
                 signal.signal(s, handler)
             if self.tb is not None:
                 self.tb.close()
+            self.release()
         if self.dist.is_main:
             print(f"aiayn train: stopped at step {self.step} ({reason}); best checkpoint "
                   f"{(self.run_dir / 'best').resolve()}", file=sys.stderr)  # fmt: skip

@@ -331,19 +331,26 @@ CASES = [
 ]
 
 
+def refused(root: Path, capsys, setup: Callable | None, argv: list[str]) -> tuple[list[str], str, dict, dict]:
+    """Run ``argv`` in ``root`` after ``setup``; it must exit 1. Returns its stderr lines, its stdout and
+    the snapshots of ``root`` before and after, for the caller's checks."""
+    if setup is not None:
+        setup(root)
+    before = snapshot(root)
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 1, err
+    return err, captured.out, before, snapshot(root)
+
+
 @pytest.mark.parametrize(("setup", "argv", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_mistake_is_one_line_and_destroys_nothing(ws, capsys, setup, argv, fragment):
-    if setup is not None:
-        setup(ws)
-    before = snapshot(ws)
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1, err
+    err, _, before, after = refused(ws, capsys, setup, argv)
     last = err[-1] if err else ""
     assert last.startswith(f"aiayn {argv[0]}: error: "), err
     assert len([line for line in err if "error" in line]) == 1 and "Traceback" not in "\n".join(err), err
     assert fragment in last, last
-    after = snapshot(ws)
     changed = sorted(k for k in before if after.get(k) != before[k])
     assert not changed, f"files changed or removed: {changed}"
 

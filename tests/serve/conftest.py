@@ -63,18 +63,13 @@ def pair(tmp_path_factory) -> list[Path]:
     return dirs
 
 
-@pytest.fixture(scope="session")
-def server(served, pair, tmp_path_factory):
-    """``aiayn serve`` as its own process on a free port: (base URL, process, log file). It serves
-    de-en, lm, and the two ``pair`` models as one ensemble, "pair"."""
-    de_en_meta(served["de-en"])
+def start_serve(args: list[str], log: Path, preexec_fn=None) -> tuple[str, subprocess.Popen]:
+    """``aiayn serve *args`` as its own process on a free port, once its /health answers:
+    (base URL, process). Its output goes to ``log`` (a file, not a pipe: a full pipe would block it)."""
     port = free_port()
-    ensemble = f"pair={pair[0]}{os.pathsep}{pair[1]}"
-    models = ["--model", str(served["de-en"]), "--model", str(served["lm"]), "--model", ensemble]
-    argv = [sys.executable, "-m", "aiayn", "serve", *models, "--port", str(port), "--batch-window-ms", "20"]
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server
-        proc = subprocess.Popen([*argv, "--threads", "1"], stdout=out, stderr=subprocess.STDOUT,
+    argv = [sys.executable, "-m", "aiayn", "serve", *args, "--port", str(port), "--threads", "1"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 60
@@ -86,6 +81,22 @@ def server(served, pair, tmp_path_factory):
             if proc.poll() is not None:
                 pytest.fail(f"aiayn serve exited: {log.read_text()}")
             time.sleep(0.2)
-    yield url, proc, log
+    return url, proc
+
+
+def stop(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def server(served, pair, tmp_path_factory):
+    """``aiayn serve`` as its own process on a free port: (base URL, process, log file). It serves
+    de-en, lm, and the two ``pair`` models as one ensemble, "pair"."""
+    de_en_meta(served["de-en"])
+    ensemble = f"pair={pair[0]}{os.pathsep}{pair[1]}"
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"]), "--model", ensemble]
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    url, proc = start_serve([*models, "--batch-window-ms", "20"], log)
+    yield url, proc, log
+    stop(proc)

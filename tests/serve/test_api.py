@@ -3,6 +3,7 @@ errors, metrics. Every answer to a bad request is 4xx JSON and the next good req
 
 import json
 import os
+import time
 
 import pytest
 
@@ -283,3 +284,37 @@ def test_docs_describe_every_body_and_answer(client):
     assert {"beam", "mbr", "attention"} <= set(
         posts["/v1/translate"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
     )
+
+
+def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(served):
+    """Before, /health said "ok" while the only worker decoded one request for minutes."""
+    import asyncio
+    import threading
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from aiayn.serve.jobs import JobKind
+
+    @dataclass(frozen=True)
+    class Blocking(JobKind):
+        release: ClassVar[threading.Event] = threading.Event()
+
+        def run(self, service, payloads):
+            self.release.wait(10)
+            return payloads
+
+    de_en_meta(served["de-en"])
+    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.3))
+    with TestClient(app) as c:
+        assert c.get("/health").json()["status"] == "ok"
+        job = threading.Thread(
+            target=lambda: asyncio.run(app.state.server.batcher.submit(Blocking("de-en"), 1))
+        )
+        job.start()
+        time.sleep(0.6)
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "stuck" and r.json()["busy_s"][0] > 0.3
+        Blocking.release.set()
+        job.join(5)
+        r = c.get("/health")
+        assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["busy_s"] == []

@@ -1,5 +1,5 @@
 """The dynamic batcher: same-key jobs decoded together, a bounded queue, cancelled jobs skipped,
-a failure reaching every caller of its batch."""
+a failure reaching the callers of the job that caused it only, a search stopped when its callers give up."""
 
 import asyncio
 import threading
@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from aiayn.decoding.cancel import SearchStopped, check_stop
 from aiayn.serve.batcher import Batcher, QueueFull
 
 
@@ -79,6 +80,57 @@ def test_a_failure_reaches_every_caller_of_the_batch():
     out = asyncio.run(go())
     b.close()
     assert all(isinstance(e, RuntimeError) and "model failed" in str(e) for e in out)
+
+
+def test_a_bad_job_fails_alone_and_its_batch_mates_get_their_results():
+    calls = []
+
+    def run(key, payloads):
+        calls.append(list(payloads))
+        if "bad" in payloads:
+            raise ValueError("cannot decode 'bad'")
+        return [f"{key}:{p}" for p in payloads]
+
+    b = Batcher(run, max_queue=16, window=0.1, max_items=8)
+
+    async def go():
+        return await asyncio.gather(*(b.submit("k", p) for p in (1, "bad", 3)), return_exceptions=True)
+
+    out = asyncio.run(go())
+    b.close()
+    assert out[0] == "k:1" and out[2] == "k:3" and isinstance(out[1], ValueError)
+    assert calls[0] == [1, "bad", 3] and sorted(map(str, calls[1:])) == ["['bad']", "[1]", "[3]"]
+
+
+def test_a_batch_whose_callers_all_gave_up_stops_between_steps_and_busy_says_how_long():
+    steps, stopped = [], threading.Event()
+
+    def run(key, payloads):
+        try:
+            for _ in range(1000):  # a long search: 10 s unless stopped
+                check_stop()
+                steps.append(1)
+                time.sleep(0.01)
+        except SearchStopped:
+            stopped.set()
+            raise
+        return payloads
+
+    b = Batcher(run, max_queue=4, window=0.0, max_items=4)
+
+    async def go():
+        job = asyncio.ensure_future(b.submit("k", 1))
+        await asyncio.sleep(0.3)
+        busy = b.busy()
+        job.cancel()  # the caller gives up (a timeout, a client gone)
+        return busy
+
+    busy = asyncio.run(go())
+    assert stopped.wait(2.0) and len(steps) < 100
+    assert len(busy) == 1 and 0.2 < busy[0] < 2.0
+    time.sleep(0.05)
+    assert b.busy() == []
+    b.close()
 
 
 @pytest.mark.parametrize("workers", [1, 2])

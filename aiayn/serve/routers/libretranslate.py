@@ -56,7 +56,8 @@ async def translate(
         raise invalid(f"alternatives must be in 0..{server.settings.max_beam - 1}")
     n = body.alternatives + 1
     config = server.search_config(beam=max(4, n), nbest=n)
-    results = await server.submit(Translation(service.name, config, False), texts, len(texts), request)
+    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    results = await server.submit(Translation(service.name, config, False), sources, len(texts), request)
     best = [r["translation"] for r in results]
     others = [[h["text"] for h in r["hypotheses"][1:]] for r in results]
     detected = DetectedLanguage(confidence=100.0, language=service.source)

@@ -1,4 +1,5 @@
-"""What an operator watches: ``/health`` (the page also builds its controls from it) and ``/metrics``
+"""What an operator watches: ``/health`` (the page also builds its controls from it; 503 with status
+``stuck`` when every worker has been on one batch longer than ``--timeout``) and ``/metrics``
 (Prometheus text: requests by route and status, latency, texts per batch, queue depth, tokens/s)."""
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ from aiayn.version import __version__
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health", response_model=Health, response_model_exclude_none=True)
-async def health(server: ServerDep) -> Health:
-    """The server's version, its queue depth and the models it serves."""
+STUCK = {503: {"model": Health, "description": "stuck: no worker can take new work"}}
+
+
+@router.get("/health", response_model=Health, response_model_exclude_none=True, responses=STUCK)
+async def health(server: ServerDep, response: Response) -> Health:
+    """The server's version, its queue depth, how long its workers have been on their batches and
+    the models it serves; 503 (status ``stuck``) when every worker has been on one batch longer than
+    ``--timeout``, so that a request sent now would time out."""
     models = [describe(s) for s in server.services.values()]
-    return Health(status="ok", version=__version__, queue=server.batcher.depth(), models=models)
+    stuck = server.stuck()
+    if stuck:
+        response.status_code = 503
+    busy = [round(seconds, 3) for seconds in server.batcher.busy()]
+    return Health(status="stuck" if stuck else "ok", version=__version__, queue=server.batcher.depth(),
+                  busy_s=busy, models=models)  # fmt: skip
 
 
 @router.get("/metrics", response_class=Response)

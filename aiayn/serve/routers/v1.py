@@ -31,7 +31,7 @@ from aiayn.serve.schemas import (
     NativeTranslateResponse,
     request_body,
 )
-from aiayn.serve.server import HTTPError, Server, invalid
+from aiayn.serve.server import HTTPError, Server, invalid, text_problem
 from aiayn.serve.services import EncoderService, LMService, TranslationService
 
 router = APIRouter(prefix="/v1", tags=["native"], responses=ERRORS)
@@ -55,8 +55,10 @@ async def translate(
     layer's and head's weights."""
     texts = server.texts(body.q)
     service = server.pick(body.model, TranslationService)
-    job = Translation(service.name, server.search_config(body.given()), body.attention)
-    results = await server.submit(job, texts, len(texts), request)
+    config, limit = server.search_config(body.given()), server.settings.max_attention_values
+    job = Translation(service.name, config, body.attention, limit)
+    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    results = await server.submit(job, sources, len(texts), request)
     return NativeTranslateResponse(
         model=service.name, source=service.source, target=service.target, results=results
     )
@@ -77,6 +79,8 @@ async def generate(
     limits = server.settings
     if len(body.prompt) > limits.char_limit:
         raise invalid(f"prompt exceeds character limit ({limits.char_limit})")
+    if (problem := text_problem(body.prompt)) is not None:
+        raise invalid(f"prompt {problem}")
     if not 1 <= body.max_new_tokens <= limits.max_new_tokens:
         raise invalid(f"max_new_tokens must be in 1..{limits.max_new_tokens}")
     config = server.search_config(body.given(), beam=1, sample=not body.greedy)

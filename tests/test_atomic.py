@@ -1,0 +1,95 @@
+"""aiayn.atomic: short temporary names, directory replace that is whole at every instant, and the
+recovery of what a killed writer left (its PID is in the temporary's name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn import atomic
+from aiayn.errors import OutputError
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _dir(path: Path, content: str) -> Path:
+    path.mkdir()
+    (path / "f").write_text(content)
+    return path
+
+
+def test_temporary_names_fit_any_legal_name(tmp_path):
+    tmp = atomic.temporary_name(tmp_path / ("n" * 255))
+    assert len(tmp.name) <= 255 and f"-{os.getpid()}-" in tmp.name and tmp.parent == tmp_path
+    atomic.write_text(tmp_path / ("n" * 255), "ok")
+    assert (tmp_path / ("n" * 255)).read_text() == "ok"
+
+
+def test_recover_removes_the_temporaries_of_dead_writers_only(tmp_path, dead_pid):
+    dead = _dir(tmp_path / f".tmp-x-{dead_pid}-0123abcd", "dead")
+    mine = _dir(tmp_path / f".tmp-x-{os.getpid()}-0123abcd", "mine")
+    parent = _dir(tmp_path / f".tmp-x-{os.getppid()}-0123abcd", "alive")
+    (tmp_path / f".tmp-y-{dead_pid}-89abcdef").write_text("a torn file")
+    atomic.recover(tmp_path)
+    assert not dead.exists() and mine.exists() and parent.exists()
+    assert not (tmp_path / f".tmp-y-{dead_pid}-89abcdef").exists()
+
+
+def test_recover_completes_a_two_step_replace_killed_between_its_renames(tmp_path, dead_pid):
+    base = f".tmp-out-{dead_pid}-0123abcd"
+    _dir(tmp_path / base, "new")
+    _dir(tmp_path / (base + ".old"), "old")
+    (tmp_path / (base + ".replace")).write_text(json.dumps({"target": "out", "new": base}))
+    atomic.recover(tmp_path)
+    assert (tmp_path / "out" / "f").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_recover_leaves_the_target_when_the_journal_is_torn(tmp_path, dead_pid):
+    base = f".tmp-out-{dead_pid}-0123abcd"
+    _dir(tmp_path / "out", "old")
+    _dir(tmp_path / base, "new")
+    (tmp_path / (base + ".replace")).write_text('{"target": "ou')
+    atomic.recover(tmp_path)
+    assert (tmp_path / "out" / "f").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-step"])
+def test_atomic_dir_replaces_a_directory_whole(tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(atomic, "_renameat2", lambda: None)
+    _dir(tmp_path / "out", "old")
+    with atomic.atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "g").write_text("new")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["g"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_link_to_a_directory_is_itself_replaced(tmp_path):
+    """As a run's ``best`` link is moved from one checkpoint to the next."""
+    _dir(tmp_path / "a", "a")
+    _dir(tmp_path / "b", "b")
+    (tmp_path / "best").symlink_to("a")
+    with atomic.atomic_path(tmp_path / "best") as tmp:
+        tmp.symlink_to("b")
+    assert os.readlink(tmp_path / "best") == "b" and (tmp_path / "a" / "f").read_text() == "a"
+
+
+def test_outputs_that_are_not_files(tmp_path):
+    assert atomic.output_target("/dev/null") == (Path("/dev/null"), True)
+    with pytest.raises(OutputError, match="is a directory"):
+        atomic.output_target(tmp_path)
+    (tmp_path / "real").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert atomic.output_target(tmp_path / "link") == ((tmp_path / "real").resolve(), False)
