@@ -144,7 +144,11 @@ def test_a_flood_of_half_sent_headers_neither_exhausts_files_nor_blocks_health(g
         time.sleep(1.5)  # past --header-timeout: every half-sent request is closed
         for s in flood[-10:]:
             s.settimeout(1)
-            assert s.recv(100) == b""
+            try:  # closed: an orderly end, or a reset (the server aborts a socket with unread bytes)
+                data = s.recv(100)
+            except ConnectionResetError:
+                data = b""
+            assert data == b""
     finally:
         for s in flood:
             s.close()
