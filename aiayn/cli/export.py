@@ -62,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok, meta = load_encoder_dir(args.model)
         check_bert(model)
         with atomic_dir(out) as tmp:
-            export_bert(model, tmp, meta.get("labels"))
-            tok.save(tmp)
+            export_bert(model, tmp, meta.get("labels"), tok)
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model = from_pretrained(args.model)

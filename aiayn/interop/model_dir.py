@@ -25,7 +25,7 @@ from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.errors import ModelDirError
-from aiayn.interop.bert import load_bert_dir
+from aiayn.interop.bert import bert_tokenizer, load_bert_dir
 from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
@@ -108,6 +108,18 @@ def load_lm_dir(
     return model, tok
 
 
+def load_encoder_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of an encoder-only model directory: aiayn's own (``tokenizer.json``), or BERT's
+    WordPiece vocabulary (``vocab.txt``: an imported BERT, or a run fine-tuned from one)."""
+    tok = bert_tokenizer(directory)
+    if tok is None:
+        raise ModelDirError(
+            f"{directory} has no tokenizer: expected aiayn's {META_FILE} or BERT's vocab.txt; save the "
+            "tokenizer the model was trained with into the model directory"
+        )
+    return tok
+
+
 def load_encoder_dir(
     directory: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer, dict]:
@@ -117,7 +129,7 @@ def load_encoder_dir(
     if hf_model_type(directory) == "bert":  # a downloaded or exported BERT (docs/interop.md)
         return load_bert_dir(directory, device)
     check_kind(directory, ("encoder",))
-    tok = load_tokenizer(directory)
+    tok = load_encoder_tokenizer(directory)
     model = load_model(directory, device)
     _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
     meta = read_config(directory)

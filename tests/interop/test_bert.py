@@ -415,7 +415,9 @@ def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsy
     assert (
         config["architectures"] == ["BertForSequenceClassification"] and config["id2label"]["1"] == "positive"
     )
-    assert (tmp_path / "hf" / "spm.model").is_file()
+    # aiayn's sentencepiece files in their own folder: HF's fast tokenizers read OUT/tokenizer.json
+    assert (tmp_path / "hf" / "aiayn_tokenizer" / "spm.model").is_file()
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
     (tmp_path / "in.txt").write_text("a good film\nthe plot is dull\nbad\n", encoding="utf-8")
     outputs = []
     for name in ("model", "hf"):  # the export classifies as the original, with aiayn's tokenizer and labels

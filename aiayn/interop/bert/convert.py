@@ -24,9 +24,10 @@ one (``name_map``), except that HF's separate query, key and value projections a
 
 BERT's tokenizer is WordPiece (``vocab.txt``, ``aiayn.interop.bert.tokenizer.WordPieceTokenizer``):
 [CLS], [SEP], [PAD] and [UNK] become the model's bos, eos, pad and unk ids, and aiayn's batching
-writes each text as [CLS] … [SEP], as BERT does. ``aiayn export`` copies aiayn's own tokenizer
-beside an exported model instead (a sentencepiece vocabulary has no ``vocab.txt`` form), and
-``load_bert_dir`` prefers it when it is there.
+writes each text as [CLS] … [SEP], as BERT does. ``export_bert(…, tok=…)`` writes a WordPiece
+tokenizer as ``vocab.txt`` + ``tokenizer_config.json``, which transformers' ``AutoTokenizer`` reads;
+any other (a sentencepiece vocabulary has no ``vocab.txt`` form) goes into ``aiayn_tokenizer/``,
+out of the way of HF's ``tokenizer.json``, and ``load_bert_dir`` prefers it when it is there.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from aiayn import textfiles
 from aiayn.data.tokenizer import KINDS, META_FILE, Tokenizer, load_tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
-from aiayn.interop.bert.tokenizer import load_bert_tokenizer
+from aiayn.interop.bert.tokenizer import WordPieceTokenizer, load_bert_tokenizer
 from aiayn.models.config import EncoderConfig
 from aiayn.models.encoder import EncoderModel
 
@@ -67,6 +68,7 @@ DECODER, BIAS, DECODER_BIAS = (
 BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")  # stored by old transformers
 NOT_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")  # BertForPreTraining's pooler and NSP head
 OLD_NAMES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters in checkpoints converted from TF
+AIAYN_TOKENIZER = "aiayn_tokenizer"  # an export's folder for a tokenizer transformers cannot read
 
 
 def name_map(c: EncoderConfig, tie: bool | None = None) -> hf.NameMap:
@@ -224,14 +226,15 @@ def _canonical(state: dict[str, Tensor], c: EncoderConfig, source: str) -> dict[
 
 
 def bert_tokenizer(directory: str | os.PathLike) -> Tokenizer | None:
-    """The tokenizer of a BERT directory: aiayn's own if ``tokenizer.json`` is aiayn's (what ``aiayn
-    export`` writes; HF's fast tokenizers use the same file name), else the WordPiece ``vocab.txt``,
-    else None."""
+    """The tokenizer of a BERT directory: aiayn's own in ``aiayn_tokenizer/`` (what ``export_bert``
+    writes) or in ``tokenizer.json`` if that file is aiayn's (an aiayn model directory, or an older
+    export; HF's fast tokenizers use the same file name), else the WordPiece ``vocab.txt``, else None."""
     directory = Path(directory)
-    if (directory / META_FILE).is_file():
-        meta = textfiles.read_json(directory / META_FILE, "", ModelDirError)
-        if meta.get("kind") in KINDS:
-            return load_tokenizer(directory)
+    for folder in (directory / AIAYN_TOKENIZER, directory):
+        if (folder / META_FILE).is_file():
+            meta = textfiles.read_json(folder / META_FILE, "", ModelDirError)
+            if meta.get("kind") in KINDS:
+                return load_tokenizer(folder)
     if (directory / "vocab.txt").is_file():
         return load_bert_tokenizer(directory)
     return None
@@ -312,10 +315,16 @@ def check_exportable(model: EncoderModel) -> None:
             )
 
 
-def export_bert(model: EncoderModel, directory: str | os.PathLike, labels: list[str] | None = None) -> Path:
+def export_bert(
+    model: EncoderModel,
+    directory: str | os.PathLike,
+    labels: list[str] | None = None,
+    tok: Tokenizer | None = None,
+) -> Path:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads as
     ``BertForMaskedLM`` (``n_classes == 0``) or ``BertForSequenceClassification`` (``labels``, the
-    class names, become ``id2label``). See the module docstring for what is rewritten."""
+    class names, become ``id2label``), and the model's tokenizer ``tok`` if given: WordPiece as HF's
+    files, any other in ``aiayn_tokenizer/`` (module docstring). See there for what is rewritten."""
     check_exportable(model)
     c = model.config
     classify = c.n_classes > 0
@@ -349,4 +358,7 @@ def export_bert(model: EncoderModel, directory: str | os.PathLike, labels: list[
         ids = {y: i for i, y in enumerate(labels)}
         config.update(num_labels=c.n_classes, id2label=dict(enumerate(labels)), label2id=ids,
                       classifier_dropout=c.dropout)  # fmt: skip
-    return hf.write_hf_directory(directory, config, tensors)
+    directory = hf.write_hf_directory(directory, config, tensors)
+    if tok is not None:
+        tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
+    return directory

@@ -106,6 +106,7 @@ class WordPieceTokenizer(Tokenizer):
     def save(self, directory: str | os.PathLike) -> Path:
         """``vocab.txt`` and ``tokenizer_config.json``, as ``BertTokenizer.save_pretrained`` writes them."""
         directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
         write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
         write_json(directory / "tokenizer_config.json", self.options())
         return directory

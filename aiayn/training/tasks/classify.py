@@ -3,9 +3,11 @@
 Labelled TSV/CSV/JSONL files (``data/labelled.py``) -> label strings mapped to class ids (saved as
 ``labels`` in each checkpoint's ``config.json``) -> token-budget batches of ``ClassifyBatch`` ->
 cross-entropy of the pooled classifier, optionally class-weighted ("balanced": n / (k · count)).
-With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` run or any encoder model
-directory): its tokenizer, embeddings, encoder and vocabulary head are loaded as they are, the
-classifier is new; a ``[model]`` field that would change the pre-trained shapes is an error.
+With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` run, any encoder model
+directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder and vocabulary
+head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
+(BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
+the pre-trained shapes is an error.
 Validation reports accuracy and macro-F1; accuracy picks the best checkpoint.
 """
 
@@ -20,16 +22,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.data import load_tokenizer
-from aiayn.data.batching import ClassifyBatch, collate_sequences
+from aiayn.data.batching import ClassifyBatch
 from aiayn.data.labelled import LabelMap
 from aiayn.data.sentences import load_examples, split_for
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.interop.model_dir import check_kind
+from aiayn.interop.model_dir import check_kind, load_encoder_tokenizer
+from aiayn.interop.pretrained import from_pretrained
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
-from aiayn.models.io import load_model, resolve_model_dir
+from aiayn.models.io import resolve_model_dir
 from aiayn.training import criteria
 from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
@@ -101,14 +103,14 @@ class ClassifyTask(EncoderTask):
     def _copy_tokenizer(self):
         tok_dir = self.run_dir / TOKENIZER_DIR
         if not tok_dir.is_dir():
-            load_tokenizer(self.pretrained).save(tok_dir)
-        return load_tokenizer(tok_dir)
+            load_encoder_tokenizer(self.pretrained).save(tok_dir)
+        return load_encoder_tokenizer(tok_dir)
 
     def build_model(self) -> EncoderModel:
         n = len(self.labels)
         if self.pretrained is None:
             return EncoderModel(self.encoder_config(n_classes=n))
-        pretrained = load_model(self.pretrained)
+        pretrained = from_pretrained(self.pretrained)
         base = pretrained.config.to_dict()
         for key, value in self.cfg.model.items():
             if key not in HEAD_FIELDS and base.get(key) != value:
@@ -116,7 +118,8 @@ class ClassifyTask(EncoderTask):
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
                     f"(init_from={self.opts.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
                 )
-        model = EncoderModel(EncoderConfig.from_dict({**base, **self.cfg.model, "n_classes": n}))
+        fields = {**base, **self.cfg.model, "n_classes": n, **self.special_ids}  # the batches' ids
+        model = EncoderModel(EncoderConfig.from_dict(fields))
         state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("classifier.")}
         missing, unexpected = model.load_state_dict(state, strict=False)
         new = [k for k in missing if not k.startswith("classifier.")]
@@ -129,7 +132,7 @@ class ClassifyTask(EncoderTask):
 
     # -- batches and the objective -----------------------------------------------------------------
     def _batch(self, rows, labels) -> ClassifyBatch:
-        return ClassifyBatch(collate_sequences(rows, self.cfg.max_len), torch.tensor(labels))
+        return ClassifyBatch(self._collate(rows), torch.tensor(labels))
 
     def train_batches(self) -> Iterator[ClassifyBatch]:
         while True:

@@ -1,7 +1,9 @@
 """What the two encoder-only tasks (``mlm``, ``classify``) share: one subword vocabulary with a
 ``<mask>`` piece, sentences encoded once, and token-budget batches of single sequences.
 
-Each sequence is ``[bos] + pieces[: max_len - 2] + [eos]`` (``collate_sequences``); batches hold
+Each sequence is ``[bos] + pieces[: max_len - 2] + [eos]`` (``collate_sequences``), padded with
+``pad``: the special ids are the run's tokenizer's (``special_ids``), in every batch and in the model
+config alike, so an imported BERT's WordPiece vocabulary batches as [CLS] … [SEP] [PAD]. Batches hold
 at most ``max_tokens`` padded ids and are shuffled per epoch by ``TokenBatchSampler`` (which adds
 one special per side, so it is given ``length + 1``), resumable and sharded like translation's.
 """
@@ -14,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import Tensor
 
 from aiayn.data import SentencePieceTokenizer, TokenBatchSampler, Tokenizer, load_tokenizer
-from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.data.batching import collate_sequences
 from aiayn.errors import ConfigError
 from aiayn.models.config import EncoderConfig
 from aiayn.training.config import TaskOptions, TrainConfig
@@ -68,6 +71,18 @@ class EncoderTask(Task):
         assert self.tok is not None
         return [np.asarray(ids, np.int32) for ids in self.tok.encode_batch(list(sentences))]
 
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """The tokenizer's pad/bos/eos/unk ids, as ``EncoderConfig`` fields."""
+        assert self.tok is not None
+        t = self.tok
+        return dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id, unk_id=t.unk_id)
+
+    def _collate(self, rows: Sequence[np.ndarray]) -> Tensor:
+        """``rows`` as the encoder's input ids, with the tokenizer's bos, eos and pad. Shape: -> (B, T)"""
+        ids = self.special_ids
+        return collate_sequences(rows, self.cfg.max_len, ids["pad_id"], ids["bos_id"], ids["eos_id"])
+
     def _sampler(self, rows: list[np.ndarray], shuffle: bool = True, seed: int = 0, distributed: bool = True):
         """Token-budget batches over ``rows`` as collated (truncated to max_len, bos and eos added)."""
         lengths = np.minimum([len(r) for r in rows], self.cfg.max_len - 2) + 1  # + bos; the sampler adds eos
@@ -82,7 +97,7 @@ class EncoderTask(Task):
     def encoder_config(self, **fields: Any) -> EncoderConfig:
         assert self.tok is not None
         base = {"max_len": max(self.cfg.max_len, 512), **self.cfg.model, **fields}
-        return EncoderConfig.from_dict({**base, "vocab_size": self.tok.vocab_size, **SPECIAL_IDS})
+        return EncoderConfig.from_dict({**base, "vocab_size": self.tok.vocab_size, **self.special_ids})
 
     @property
     def epoch(self) -> int:

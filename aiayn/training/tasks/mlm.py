@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from aiayn.data import PAD_ID
-from aiayn.data.batching import MaskedBatch, collate_sequences
+from aiayn.data.batching import MaskedBatch
 from aiayn.data.masking import Masking, mask_tokens
 from aiayn.data.sentences import load_sentences, split_for
 from aiayn.errors import ConfigError
@@ -88,7 +88,7 @@ class MLMTask(EncoderTask):
         return EncoderModel(self.encoder_config())
 
     def _batch(self, rows: list[np.ndarray], rng: np.random.Generator) -> MaskedBatch:
-        ids = collate_sequences(rows, self.cfg.max_len)
+        ids = self._collate(rows)
         assert self.tok is not None and self.tok.mask_id is not None
         inputs, targets = mask_tokens(ids, self.masking, self.tok.mask_id, self.tok.vocab_size, rng,
                                       self.word_starts)  # fmt: skip
