@@ -110,9 +110,7 @@ class BidirectionalTransformer(Transformer):
     def attention_weights(self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor) -> dict[str, list[Tensor]]:
         """``Transformer.attention_weights`` plus the right-to-left decoder's ``"r2l_self"`` and
         ``"r2l_cross"`` and the left-to-right decoder's ``"cross_r2l"``, with ``r2l_tgt`` as memory."""
-        src_mask = self.src_mask(src)
-        memory, enc_w = self.encoder(self.src_embed(src), src_mask, need_weights=True)
-        context = DecoderContext(memory, src_mask)
+        context, enc_w = self._context_with_weights(src)
         states, r2l_w = self.decode_r2l(r2l_tgt, context, need_weights=True)
         out = {
             "encoder": enc_w,

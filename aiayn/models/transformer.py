@@ -125,10 +125,15 @@ class Transformer(nn.Module):
         Returns ``{"encoder": [L × (B, h, S, S)], "decoder_self": [L × (B, h, T, T)],
         "cross": [L × (B, h, T, S)]}`` (and ``"cross_r2l"`` with a right-to-left memory).
         """
-        src_mask = self.src_mask(src)
-        memory, enc_w = self.encoder(self.src_embed(src), src_mask, need_weights=True)
-        context = DecoderContext(memory, src_mask, r2l_memory, r2l_mask)
+        context, enc_w = self._context_with_weights(src)
+        context.r2l_memory, context.r2l_mask = r2l_memory, r2l_mask
         return {"encoder": enc_w, **self._decoder_weights(tgt, context)}
+
+    def _context_with_weights(self, src: Tensor) -> tuple[DecoderContext, list[Tensor]]:
+        """``context(src)`` and the encoder's attention weights, one (B, h, S, S) per layer."""
+        src_mask = self.src_mask(src)
+        memory, weights = self.encoder(self.src_embed(src), src_mask, need_weights=True)
+        return DecoderContext(memory, src_mask), weights
 
     def _decoder_weights(self, tgt: Tensor, context: DecoderContext) -> dict[str, list[Tensor]]:
         _, dec_w = self.decode(tgt, context, need_weights=True)
