@@ -232,9 +232,10 @@ class TranslationBatch(NamedTuple):
     src: Tensor  # (B, S) source ids + eos
     tgt_in: Tensor  # (B, T) bos + target ids: the decoder's input
     tgt_out: Tensor  # (B, T) target ids + eos: what the decoder must predict
+    r2l: Tensor | None = None  # (B, T') a cached right-to-left translation + eos (data/views.py)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TranslationBatch:
-        return TranslationBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+        return TranslationBatch(*(t if t is None else t.to(device, non_blocking=non_blocking) for t in self))
 
 
 def pad_rows(rows: Sequence, pad_id: int, first: int | None = None, last: int | None = None) -> Tensor:
@@ -257,15 +258,17 @@ def collate_translation(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> TranslationBatch:
-    """``(src_ids, tgt_ids)`` pairs (e.g. from ``EncodedParallel``) -> padded ``TranslationBatch``.
+    """``(src_ids, tgt_ids)`` pairs (e.g. from ``EncodedParallel``) -> padded ``TranslationBatch``;
+    triples ``(src_ids, tgt_ids, r2l_ids)`` (``PairView`` with a cache) also fill ``r2l``.
 
     Shape:
         src: (B, S) with S = max(len(src_ids)) + 1
-        tgt_in, tgt_out: (B, T) with T = max(len(tgt_ids)) + 1
+        tgt_in, tgt_out: (B, T) with T = max(len(tgt_ids)) + 1; r2l: (B, max(len(r2l_ids)) + 1)
     """
-    srcs, tgts = zip(*examples)
-    src = pad_rows(srcs, pad_id, None, eos_id)
-    return TranslationBatch(src, pad_rows(tgts, pad_id, bos_id, None), pad_rows(tgts, pad_id, None, eos_id))
+    srcs, tgts, *r2l = zip(*examples)
+    src, tgt_in = pad_rows(srcs, pad_id, None, eos_id), pad_rows(tgts, pad_id, bos_id, None)
+    r2l_out = pad_rows(r2l[0], pad_id, None, eos_id) if r2l else None
+    return TranslationBatch(src, tgt_in, pad_rows(tgts, pad_id, None, eos_id), r2l_out)
 
 
 class WindowSampler:

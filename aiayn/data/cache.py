@@ -5,7 +5,9 @@ a corpus larger than RAM can be trained on.
 a ``CorpusFilter`` (counting them in ``FilterStats``) and writes, per side, the ids of all kept
 sentences concatenated (``{side}.ids``: uint16, or int32 for vocabularies over 65,536) and their
 start offsets (``{side}.offsets``: int64, one more than there are sentences), plus ``meta.json``.
-``encode_text`` writes one flat ``tokens.ids`` array for a ``TextCorpus``. The folder name holds a
+``encode_text`` writes one flat ``tokens.ids`` array for a ``TextCorpus``; ``cache_sequences`` stores
+sequences a caller computes from such a corpus (a model's translations of its sources), keyed by
+whatever made them. The folder name holds a
 SHA-256 of the corpus text, the tokenizer model bytes and the filter options: any change gives a
 new folder, never a stale hit. A folder is built under a temporary name and renamed into place
 with ``os.replace``, so a crash or a concurrent run never leaves a half-written cache behind.
@@ -239,3 +241,43 @@ def encode_text(corpus: TextCorpus, tok: Tokenizer, cache: str | os.PathLike | N
         _write_meta(tmp, "text", corpus.name, span, dtype, n_tokens=n)
 
     return _build(final, EncodedText, write)
+
+
+class EncodedSequences(Ragged):
+    """Sequences ``cache_sequences`` stored (``seqs.ids`` / ``seqs.offsets``), one per item of the
+    corpus they were made from; ``meta`` says what made them."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        meta = _read_meta(self.directory, "sequences")
+        if meta is None:
+            raise DataError(f"{self.directory}: not a cache of sequences (no valid meta.json)")
+        self.meta = meta
+        seqs = _ragged(self.directory, "seqs", np.dtype(meta["dtype"]))
+        super().__init__(seqs.ids, seqs.offsets)
+        if len(self) != meta["n"]:
+            raise DataError(f"{self.directory}: {len(self)} sequences, meta.json says {meta['n']}: corrupt")
+
+
+def cache_sequences(
+    name: str,
+    key: dict,
+    vocab_size: int,
+    make: Callable[[], Iterable[list[list[int]]]],
+    cache: str | os.PathLike | None = None,
+) -> EncodedSequences:
+    """The sequences stored under ``key`` (a JSON-able description of everything that made them),
+    or, on a miss, those ``make()`` yields (in chunks, in item order), written first. A hit never
+    calls ``make``; any change of ``key`` is a new folder."""
+    final = Path(cache or cache_dir()) / f"{name}-{_key('sequences', key)[:20]}"
+    dtype = _dtype(vocab_size)
+
+    def write(tmp: Path) -> None:
+        out, n = _RaggedWriter(tmp, "seqs", dtype), 0
+        for chunk in make():
+            out.write(chunk)
+            n += len(chunk)
+        out.close()
+        _write_meta(tmp, "sequences", name, {"made_by": key}, dtype, n=n)
+
+    return _build(final, EncodedSequences, write)

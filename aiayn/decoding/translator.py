@@ -46,9 +46,13 @@ class Translator:
         tgt_tokenizer: Tokenizer,
         max_src_len: int | None = None,
         reverse: bool = False,
+        r2l_beam: int | None = None,
     ):
         self.model = model.eval()
         self.reverse = reverse  # the model writes the target right to left (trained with reverse_target)
+        # a bidirectional model trained on cached translations: the right-to-left search that made them,
+        # which decoding uses for the memory unless a SearchConfig says r2l_beam
+        self.r2l_beam = r2l_beam
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         c = model.config
         learned = c.positional == "learned"
@@ -65,8 +69,10 @@ class Translator:
         cls, directory: str | os.PathLike, device: str | torch.device = "cpu", max_src_len: int | None = None
     ) -> Translator:
         model, src_tok, tgt_tok = load_translation_dir(directory, device)
-        reverse = model_meta(directory).get("reverse_target") is True
-        return cls(model, src_tok, tgt_tok, max_src_len, reverse)
+        meta = model_meta(directory)
+        b = meta.get("r2l_beam")
+        r2l_beam = b if type(b) is int and b >= 1 else None
+        return cls(model, src_tok, tgt_tok, max_src_len, meta.get("reverse_target") is True, r2l_beam)
 
     @classmethod
     def from_dirs(
@@ -136,6 +142,8 @@ class Translator:
             beam = self.search(sources, dataclasses.replace(config, mbr=None, nbest=config.beam), max_tokens)
             order = [mbr_order([self.detokenize(h) for h in hyps], config.mbr) for hyps in beam]
             return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
+        if config.r2l_beam is None and self.r2l_beam is not None:
+            config = dataclasses.replace(config, r2l_beam=self.r2l_beam)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if s]
         if not todo:

@@ -36,6 +36,14 @@ class BidirectionalOutput(NamedTuple):
     r2l: Tensor
 
 
+class R2LMemory(NamedTuple):
+    """What the left-to-right decoder reads as its right-to-left memory in ``hidden``."""
+
+    tgt: Tensor | None = None  # (B, T'') bos + the sequence whose states are the memory; None: r2l_tgt
+    keep: Tensor | None = None  # (B,) bool; False: the row reads bos's state only (memory dropout)
+    detach: bool = False  # no gradient from the left-to-right decoder into the memory
+
+
 class BidirectionalTransformer(Transformer):
     """``Transformer`` + a right-to-left decoder whose states are the left-to-right decoder's second
     memory.
@@ -75,36 +83,38 @@ class BidirectionalTransformer(Transformer):
         return dataclasses.replace(context, r2l_memory=states, r2l_mask=self.r2l_mask(r2l_tgt))
 
     def hidden(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        r2l_tgt: Tensor,
-        memory_tgt: Tensor | None = None,
-        detach_memory: bool = False,
+        self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor, memory: R2LMemory | None = None
     ) -> BidirectionalOutput:
-        """Both decoders' final states. The left-to-right decoder reads the states of ``memory_tgt``
-        (bos + another reversed sequence, e.g. the right-to-left decoder's own translation, as in
-        decoding) or, without it, those of ``r2l_tgt`` (teacher-forced on the reference: Zhang et al.);
-        ``detach_memory`` lets no gradient of the left-to-right decoder flow back through them.
+        """Both decoders' final states. The left-to-right decoder reads the states of ``memory.tgt``
+        (bos + another right-to-left sequence: a cached translation, the right-to-left decoder's own
+        greedy one, as in decoding) or, without it, those of ``r2l_tgt`` itself (one pass for both:
+        teacher-forced on the reversed reference in Zhang et al., on a cached translation in Su et al.).
 
         Shape: src (B, S), tgt (B, T), r2l_tgt (B, T') -> (B, T, d_model), (B, T', d_model)
         """
+        memory = memory or R2LMemory()
         context = self.context(src)
         r2l_states = self.decode_r2l(r2l_tgt, context)  # (B, T', d_model)
-        if memory_tgt is None:
-            memory, memory_tgt = r2l_states, r2l_tgt
+        memory_tgt = r2l_tgt if memory.tgt is None else memory.tgt
+        if memory.tgt is None:
+            states = r2l_states
         else:
-            with torch.no_grad() if detach_memory else contextlib.nullcontext():
-                memory = self.decode_r2l(memory_tgt, context)  # (B, T'', d_model)
-        memory = memory.detach() if detach_memory else memory
-        l2r = self.decode(tgt, self.with_r2l_memory(context, memory_tgt, memory))  # (B, T, d_model)
+            with torch.no_grad() if memory.detach else contextlib.nullcontext():
+                states = self.decode_r2l(memory_tgt, context)  # (B, T'', d_model)
+        states = states.detach() if memory.detach else states
+        r2l_context = self.with_r2l_memory(context, memory_tgt, states)
+        if memory.keep is not None:  # memory dropout: a dropped row sees bos's state only
+            first = torch.arange(memory_tgt.size(1), device=src.device) == 0  # (T'',)
+            keep = r2l_context.r2l_mask & (memory.keep.view(-1, 1, 1, 1) | first)  # (B, 1, 1, T'')
+            r2l_context = dataclasses.replace(r2l_context, r2l_mask=keep)
+        l2r = self.decode(tgt, r2l_context)  # (B, T, d_model)
         return BidirectionalOutput(l2r, r2l_states)
 
     def forward(
-        self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor, memory_tgt: Tensor | None = None
+        self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor, memory: R2LMemory | None = None
     ) -> BidirectionalOutput:
         """Both decoders' logits (``hidden``, then the shared output projection)."""
-        l2r, r2l = self.hidden(src, tgt, r2l_tgt, memory_tgt)
+        l2r, r2l = self.hidden(src, tgt, r2l_tgt, memory)
         return BidirectionalOutput(self.head(l2r), self.head(r2l))
 
     def attention_weights(self, src: Tensor, tgt: Tensor, r2l_tgt: Tensor) -> dict[str, list[Tensor]]:

@@ -12,8 +12,9 @@ Translation (no smoothing mass on padding):
 - ``r_drop_loss``: R-Drop (Liang et al. 2021): the batch runs twice, through two dropout masks, and
   the loss adds α · ½ (KL(P_a‖P_b) + KL(P_b‖P_a)) (``OutputProjection.r_drop_loss``);
 - ``bidirectional_loss``: L_l2r + λ · L_r2l of a ``BidirectionalTransformer`` (Zhang et al. 2018);
-  ``greedy_memory_input`` gives the sequence whose states the left-to-right decoder reads when it
-  should read the right-to-left decoder's own translation, as decoding does.
+  the left-to-right decoder's memory is the states of a cached right-to-left translation
+  (``cached_memory_input``, Su et al. 2019), of the right-to-left decoder's own greedy translation
+  (``greedy_memory_input``, decoded in the step) or of the reversed reference.
 
 The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
 at the chosen positions only), ``classification_loss`` (the pooled classifier, class-weighted).
@@ -30,7 +31,7 @@ from torch import Tensor
 from aiayn.data.batching import ClassifyBatch, LMBatch, MaskedBatch, TranslationBatch, reverse_targets
 from aiayn.decoding.bidirectional import r2l_translation
 from aiayn.decoding.greedy import GREEDY
-from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, Transformer
+from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, R2LMemory, Transformer
 from aiayn.modules.embedding import OutputProjection
 
 R2L_MARGIN = 10  # greedy_memory_input: the translation's tokens beyond the source length
@@ -65,7 +66,7 @@ def r_drop_loss(model: Transformer, batch: TranslationBatch, epsilon: float, alp
     """R-Drop's loss: the batch twice (one (2B, ·) pass, so two dropout masks), the two passes'
     label-smoothed losses plus α times their symmetric KL; the loss and NLL are per pass, as without
     it. In evaluation (no dropout) both passes are equal: use ``label_smoothed_loss`` there."""
-    src, tgt_in, tgt_out = (t.repeat(2, 1) for t in batch)  # (2B, ·): the first pass's rows first
+    src, tgt_in, tgt_out = (t.repeat(2, 1) for t in batch[:3])  # (2B, ·): the first pass's rows first
     h = model.hidden(src, tgt_in)  # (2B, T, d_model)
     pad = model.config.pad_id
     real = tgt_out != pad
@@ -79,21 +80,41 @@ def bidirectional_loss(
     batch: TranslationBatch,
     epsilon: float,
     r2l_weight: float = 1.0,
-    memory_tgt: Tensor | None = None,
-    detach_memory: bool = False,
+    memory: R2LMemory | None = None,
+    r2l_target: str = "reference",
 ) -> tuple[LossSums, LossSums]:
     """L = L_l2r + r2l_weight · L_r2l, and the right-to-left decoder's own sums (for its NLL).
 
-    The right-to-left decoder is teacher-forced on ``[bos] + reversed target`` and learns
-    ``reversed target + [eos]`` (``reverse_targets``); the left-to-right decoder reads the states of
-    ``memory_tgt`` (``BidirectionalTransformer.hidden``), or of the reversed reference without it.
+    The right-to-left decoder is teacher-forced on ``[bos] +`` its target and learns ``target +
+    [eos]``: the reversed reference (``r2l_target="reference"``, ``reverse_targets``) or the batch's
+    cached right-to-left translation (``"pseudo"``: ``batch.r2l``, Su et al. 2019). The left-to-right
+    decoder reads the states of ``memory.tgt`` or, without it, those of that same pass
+    (``BidirectionalTransformer.hidden``).
     """
-    r2l_in, r2l_out = reverse_targets(batch.tgt_out)  # (B, T) each
-    out = model.hidden(batch.src, batch.tgt_in, r2l_in, memory_tgt, detach_memory)
     pad = model.config.pad_id
+    if r2l_target == "pseudo":
+        r2l_in, r2l_out = cached_memory_input(batch, model.config), batch.r2l
+    else:
+        r2l_in, r2l_out = reverse_targets(batch.tgt_out)  # (B, T) each
+    out = model.hidden(batch.src, batch.tgt_in, r2l_in, memory)
     l2r = smoothed_sums(model.head, out.l2r, batch.tgt_out, epsilon, pad)
     r2l = smoothed_sums(model.head, out.r2l, r2l_out, epsilon, pad)
     return LossSums(l2r.loss + r2l_weight * r2l.loss, l2r.nll, l2r.n), r2l
+
+
+def shifted_input(tgt_out: Tensor, bos_id: int, eos_id: int, pad_id: int) -> Tensor:
+    """A decoder's input for its targets ``tokens + [eos]`` (padded): ``[bos] + tokens``, padded alike.
+
+    Shape: tgt_out (B, T) -> (B, T)
+    """
+    shifted = torch.cat([torch.full_like(tgt_out[:, :1], bos_id), tgt_out[:, :-1]], 1)
+    return shifted.masked_fill(shifted == eos_id, pad_id)
+
+
+def cached_memory_input(batch: TranslationBatch, config) -> Tensor:
+    """``[bos] +`` the batch's cached right-to-left translation: the memory ``r2l_memory_from="cache"``
+    reads. Shape: batch.r2l (B, T') -> (B, T')"""
+    return shifted_input(batch.r2l, config.bos_id, config.eos_id, config.pad_id)
 
 
 @torch.compiler.disable  # a search loop: never traced, whatever wraps the objective

@@ -119,7 +119,12 @@ def test_collate_translation():
     assert batch.src.tolist() == [[7, 8, 9, 2], [6, 2, 0, 0]]
     assert batch.tgt_in.tolist() == [[1, 5, 0, 0], [1, 4, 5, 6]]
     assert batch.tgt_out.tolist() == [[5, 2, 0, 0], [4, 5, 6, 2]]
-    assert all(t.dtype == torch.long for t in batch) and batch.to("cpu").src.shape == (2, 4)
+    assert all(t.dtype == torch.long for t in batch[:3]) and batch.to("cpu").src.shape == (2, 4)
+    assert batch.r2l is None and batch.to("cpu").r2l is None
+    cached = collate_translation(
+        [(np.array([7]), np.array([5]), np.array([9, 8])), (np.array([6]), np.array([4]), [])]
+    )
+    assert cached.r2l.tolist() == [[9, 8, 2], [2, 0, 0]]  # the cached right-to-left translation + eos
 
 
 def test_multi30k_batches_are_mostly_real_tokens(m30k_tok, m30k_train):

@@ -2,16 +2,19 @@
 its states, the joint loss, and the two-pass search (cached == uncached; the memory the search
 builds is exactly the one training builds for the same sequence)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from aiayn import BidirectionalTransformer, Transformer, TransformerConfig
-from aiayn.data.batching import TranslationBatch, reverse_targets
+from aiayn.data.batching import TranslationBatch, pad_rows, reverse_targets
 from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs, r2l_translation
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError
+from aiayn.models import R2LMemory
 from aiayn.training import criteria
 from tests.helpers import assert_close
 
@@ -94,7 +97,7 @@ def test_detaching_stops_the_l2r_gradient_into_the_r2l_decoder(detach):
     m.train()
     src, tgt_in, tgt_out = batch()
     loss = criteria.bidirectional_loss(m, TranslationBatch(src, tgt_in, tgt_out), 0.0, r2l_weight=0.0,
-                                       detach_memory=detach)[0]  # fmt: skip
+                                       memory=R2LMemory(detach=detach))[0]  # fmt: skip
     loss.loss.backward()
     grad = sum(p.grad.abs().sum() for p in m.r2l_decoder.parameters() if p.grad is not None)
     assert (grad == 0) if detach else (grad > 0)
@@ -110,7 +113,7 @@ def test_memory_of_another_sequence_feeds_the_l2r_loss_only():
     b = TranslationBatch(src, tgt_in, tgt_out)
     with torch.no_grad():
         ref = criteria.bidirectional_loss(m, b, 0.0)
-        read_other = criteria.bidirectional_loss(m, b, 0.0, memory_tgt=other)
+        read_other = criteria.bidirectional_loss(m, b, 0.0, memory=R2LMemory(other))
         h = m.hidden(src, tgt_in, other).l2r  # teacher-forced on ``other``
         as_if = criteria.smoothed_sums(m.head, h, tgt_out, 0.0, 0)
     assert_close("l2r NLL reading another sequence's states", read_other[0].nll, as_if.nll)
@@ -154,17 +157,22 @@ def test_two_pass_search_cached_equals_uncached(beam):
     assert any(len(h[0][0]) > 1 for h in out[True][0]), "only empty outputs: the test would prove little"
 
 
+def greedy_two_pass(m):
+    """``batch()``'s sources, their greedy two-pass hypotheses and the adapter (its r2l hypotheses)."""
+    src, _, _ = batch()
+    limits = torch.tensor([9, 9, 9])
+    adapter = BidirectionalAdapter(m, SearchConfig(beam=1), limits)
+    with torch.no_grad():
+        return src, search(adapter, src, SearchConfig(beam=1), limits), adapter
+
+
 def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
     """Each left-to-right step's log-probabilities equal the teacher-forced forward pass given the
     right-to-left pass's own hypothesis as ``r2l_tgt``: decoding feeds the fourth sublayer exactly
     the states that training computes for that sequence."""
     m = model()
-    src, _, _ = batch()
-    limits = torch.tensor([9, 9, 9])
-    cfg = SearchConfig(beam=1)
-    adapter = BidirectionalAdapter(m, cfg, limits)
+    src, hyps, adapter = greedy_two_pass(m)
     with torch.no_grad():
-        hyps = search(adapter, src, cfg, limits)
         r2l_in = r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device)
         for i, h in enumerate(hyps):
             tokens = h[0].tokens
@@ -177,3 +185,93 @@ def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
 def test_bidirectional_with_r2l_memory_is_a_config_error():
     with pytest.raises(ConfigError, match="r2l_memory"):
         TransformerConfig(bidirectional=True, r2l_memory=True)
+
+
+def cached_batch(pseudo_rows):
+    """``batch()`` with ``r2l`` = each cached right-to-left translation + eos, as collate builds it."""
+    src, tgt_in, tgt_out = batch()
+    return TranslationBatch(src, tgt_in, tgt_out, pad_rows(pseudo_rows, 0, None, 2))
+
+
+def test_a_cached_step_equals_the_hand_computed_one():
+    """``r2l_target="pseudo"``: one right-to-left pass, teacher-forced on ``[bos] + cached``, gives
+    both the right-to-left loss (against ``cached + [eos]``) and the memory, under its padding mask;
+    computed here from the decoder stacks and ``F.cross_entropy``."""
+    m = model()
+    pseudo = [[7, 9, 11, 5], [12], []]
+    b = cached_batch(pseudo)
+    with torch.no_grad():
+        total, r2l = criteria.bidirectional_loss(m, b, 0.0, r2l_weight=0.5, r2l_target="pseudo")
+        r2l_in = torch.tensor([[1, 7, 9, 11, 5], [1, 12, 0, 0, 0], [1, 0, 0, 0, 0]])
+        r2l_out = torch.tensor([[7, 9, 11, 5, 2], [12, 2, 0, 0, 0], [2, 0, 0, 0, 0]])
+        assert torch.equal(criteria.cached_memory_input(b, m.config), r2l_in) and torch.equal(b.r2l, r2l_out)
+        context = m.context(b.src)
+        states = m.decode_r2l(r2l_in, context)
+        memory = dataclasses.replace(context, r2l_memory=states, r2l_mask=(r2l_in != 0)[:, None, None, :])
+        l2r_logits = m.head(m.decode(b.tgt_in, memory))
+        ref_l2r = F.cross_entropy(
+            l2r_logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=0, reduction="sum"
+        )
+        ref_r2l = F.cross_entropy(m.head(states).flatten(0, 1), r2l_out.flatten(), ignore_index=0,
+                                  reduction="sum")  # fmt: skip
+    assert_close("cached step: l2r NLL", total.nll, ref_l2r, atol=1e-4)
+    assert_close("cached step: r2l NLL on the cached translation", r2l.nll, ref_r2l, atol=1e-4)
+    assert_close("cached step: joint loss", total.loss, ref_l2r + 0.5 * ref_r2l, atol=1e-4)
+
+
+def test_reference_target_reads_the_cache_as_memory_only():
+    """``r2l_target="reference"``: the right-to-left loss is the reversed reference's, the memory the
+    cached translation's states (a second pass)."""
+    m = model()
+    b = cached_batch([[7, 9, 11, 5], [12], [6, 6]])
+    with torch.no_grad():
+        total, r2l = criteria.bidirectional_loss(
+            m, b, 0.0, memory=R2LMemory(criteria.cached_memory_input(b, m.config))
+        )
+        plain_ref = criteria.bidirectional_loss(m, b, 0.0)[1]  # reference for both
+        pseudo = criteria.bidirectional_loss(m, b, 0.0, r2l_target="pseudo")[0]  # cache for both
+    assert_close("reference target: r2l NLL is the reference's", r2l.nll, plain_ref.nll)
+    assert_close("reference target: l2r reads the cached memory", total.nll, pseudo.nll)
+
+
+def test_memory_dropout_leaves_a_row_bos_state_only():
+    """A dropped row (``keep`` False) reads exactly what a memory of ``[bos]`` alone gives it; kept
+    rows are untouched."""
+    m = model()
+    b = cached_batch([[7, 9, 11, 5], [12], [6, 6]])
+    r2l_in = criteria.cached_memory_input(b, m.config)
+    keep = torch.tensor([False, True, False])
+    with torch.no_grad():
+        dropped = m.hidden(b.src, b.tgt_in, r2l_in, R2LMemory(keep=keep)).l2r
+        full = m.hidden(b.src, b.tgt_in, r2l_in).l2r
+        bos_only = m.hidden(b.src, b.tgt_in, r2l_in, R2LMemory(tgt=r2l_in[:, :1])).l2r
+    real = b.tgt_out != 0
+    for row in range(3):
+        expected = full[row] if keep[row] else bos_only[row]
+        assert_close(f"memory dropout row {row}", dropped[row][real[row]], expected[real[row]], atol=1e-5)
+    assert not torch.allclose(full[0][real[0]], bos_only[0][real[0]], atol=1e-3), (
+        "the memory made no difference"
+    )
+
+
+def test_decoding_builds_the_memory_the_cached_training_step_reads():
+    """The search's left-to-right log-probabilities, step by step, equal the cached training step's
+    NLL when the cache holds the right-to-left search's own hypothesis (eos dropped, as the cache
+    stores it): decoding and training build the fourth sublayer's memory identically."""
+    m = model()
+    src, hyps, adapter = greedy_two_pass(m)
+    with torch.no_grad():
+        pseudo = [[t for t in h[0].tokens if t != 2] for h in adapter.r2l_hypotheses]
+        out = [h[0].tokens for h in hyps]
+        tgt_out = pad_rows(out, 0)
+        tgt_in = criteria.shifted_input(tgt_out, 1, 2, 0)
+        b = TranslationBatch(src, tgt_in, tgt_out, pad_rows(pseudo, 0, None, 2))
+        for i in range(3):
+            row = TranslationBatch(*(t[i : i + 1] for t in b))
+            trim = int((row.tgt_out != 0).sum()), int((row.r2l != 0).sum())
+            row = TranslationBatch(
+                row.src, row.tgt_in[:, : trim[0]], row.tgt_out[:, : trim[0]], row.r2l[:, : trim[1]]
+            )
+            nll = criteria.bidirectional_loss(m, row, 0.0, r2l_target="pseudo")[0].nll
+            assert -nll.item() == pytest.approx(hyps[i][0].log_prob, abs=1e-4)
+    assert any(len(p) > 1 for p in pseudo) and any(len(o) > 1 for o in out), "empty outputs prove little"

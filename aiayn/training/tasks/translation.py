@@ -37,12 +37,14 @@ from aiayn.data import (
 )
 from aiayn.data.subword import Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
+from aiayn.data.views import Concat, PairView, PseudoPairs, halves
 from aiayn.errors import ConfigError
-from aiayn.models import Transformer, build_transformer
+from aiayn.models import BidirectionalTransformer, R2LMemory, Transformer, build_transformer
 from aiayn.models.config import TransformerConfig
 from aiayn.training import criteria
 from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
+from aiayn.training.pseudo import init_from_r2l, pseudo_targets, r2l_tokenizers
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 
 SUBWORD_DIR = "subword"  # subword_dropout: the run's saved training-set samples
@@ -70,10 +72,29 @@ class TranslationOptions(TaskOptions):
     reverse_target: bool = False  # learn the target right to left (for translate --rerank-with)
     r2l_weight: float = 1.0  # model.bidirectional: λ of L = L_l2r + λ·L_r2l
     r2l_detach: bool = False  # model.bidirectional: no gradient from L_l2r into the r2l decoder
-    # model.bidirectional: the r2l states the l2r decoder reads in training: "greedy" (the r2l decoder's
-    # own greedy translation, as decoding gives it) or "reference" (teacher-forced on the reversed
-    # reference: the l2r decoder can then copy the answer it will not have at decoding time)
+    # model.bidirectional: the r2l states the l2r decoder reads in training: "cache" (a separate
+    # right-to-left model's translations of the training sources, made once before training: r2l_model;
+    # Su et al. 2019), "greedy" (the r2l decoder's own greedy translation, decoded inside every step, as
+    # decoding gives it) or "reference" (the reversed reference, which the l2r decoder learns to copy
+    # and will not have at decoding time: a documented negative result, docs/results.md)
     r2l_memory_from: str = "greedy"
+    # a right-to-left model (a reverse_target=true run or model directory) that translates the training
+    # and validation sources once for r2l_memory_from="cache" or r2l_distill; its vocabulary is this run's
+    r2l_model: str = ""
+    # the other half's right-to-left model: the cache is then jackknifed (r2l_model trained with
+    # train_half=1, this with train_half=2, each translating only the half it did not train on)
+    r2l_jackknife: str = ""
+    r2l_cache_beam: int = 1  # the search that makes the cache (1 = greedy); decoding's r2l_beam follows it
+    # what the r2l decoder is teacher-forced on and learns with the cache: "pseudo" (the cached translation:
+    # one r2l pass gives its loss and the memory) or "reference" (the reversed reference: a second pass)
+    r2l_target: str = "pseudo"
+    r2l_memory_dropout: float = 0.0  # model.bidirectional: share of sentences whose memory is bos only
+    r2l_init: bool = False  # start the encoder, embeddings and r2l decoder from r2l_model's weights
+    r2l_freeze: bool = False  # with r2l_init: the r2l decoder stays as r2l_model trained it
+    # a plain model trained on the references plus r2l_model's translations turned left to right (the
+    # distillation control of the bidirectional benchmark: the same extra data, no new sublayer)
+    r2l_distill: bool = False
+    train_half: int = 0  # 1 or 2: train on that half of the pairs only (a jackknife's models); 0 = all
     eval_bleu: bool = True  # greedy BLEU on the validation set at each evaluation
     eval_max_sentences: int = 0  # BLEU on the first N validation sentences; 0 = all
 
@@ -85,7 +106,8 @@ class TranslationOptions(TaskOptions):
     }
 
     def validate(self, cfg: TrainConfig) -> None:
-        for name, choices in (("r2l_memory_from", ("reference", "greedy")),
+        for name, choices in (("r2l_memory_from", ("reference", "greedy", "cache")),
+                              ("r2l_target", ("pseudo", "reference")), ("train_half", (0, 1, 2)),
                               ("subword_dropout_sides", ("both", "source", "target")),
                               ("output_vocab", ("all", "target"))):  # fmt: skip
             if getattr(self, name) not in choices:
@@ -106,15 +128,44 @@ class TranslationOptions(TaskOptions):
                 "subword_dropout_sides",
                 "does nothing while subword_dropout=0: give subword_dropout > 0",
             )
+        self._validate_r2l(cfg)
         if self.lowercase and cfg.tokenizer == "char":
             fail(self, "lowercase", f"is for a translation model's subword vocabulary; tokenizer="
                  f"{cfg.tokenizer!r} does not take it (set false)")  # fmt: skip
 
+    def _validate_r2l(self, cfg: TrainConfig) -> None:
+        bidirectional = bool(cfg.model.get("bidirectional"))
+        cache = self.r2l_memory_from == "cache"
+        if self.r2l_cache_beam < 1:
+            fail(self, "r2l_cache_beam", "must be ≥ 1 (1 = greedy)")
+        if not 0 <= self.r2l_memory_dropout < 1:
+            fail(self, "r2l_memory_dropout", "must be in [0, 1)")
+        if cache and not bidirectional:
+            fail(self, "r2l_memory_from", "is for model.bidirectional=true (or give r2l_distill=true)")
+        if cache and not self.r2l_model:
+            fail(self, "r2l_memory_from", "needs r2l_model: a right-to-left model (reverse_target=true run)")
+        if self.r2l_distill and (bidirectional or not self.r2l_model):
+            fail(self, "r2l_distill", "trains a plain model (model.bidirectional=false) on r2l_model's "
+                 "translations: give both")  # fmt: skip
+        if self.r2l_model and not (cache or self.r2l_distill):
+            fail(self, "r2l_model", "is read by r2l_memory_from='cache' or r2l_distill=true: give one")
+        if self.r2l_jackknife and not self.r2l_model:
+            fail(self, "r2l_jackknife", "is the second half's model: give r2l_model (the first half's) too")
+        needs = {"r2l_target": self.r2l_target != "pseudo", "r2l_init": self.r2l_init}
+        for name in (n for n, on in needs.items() if on and not cache):
+            fail(self, name, "is for r2l_memory_from='cache'")
+        if self.r2l_memory_dropout and not bidirectional:
+            fail(self, "r2l_memory_dropout", "is for model.bidirectional=true")
+        if self.r2l_freeze and not self.r2l_init:
+            fail(self, "r2l_freeze", "keeps r2l_model's decoder: it needs r2l_init=true")
+        if (cache or self.r2l_distill) and self.subword_dropout:
+            fail(self, "subword_dropout", "re-segments the pairs the cache was made for: 0 with r2l_model")
 
-def target_pieces(corpora) -> torch.Tensor:
-    """The ids that occur on the target side of the training data (every BPE-dropout sample's
-    included), with eos and the unknown piece, which every output layer must be able to give."""
-    seen = np.unique(np.concatenate([np.unique(c.tgt.ids) for c in corpora]))
+
+def target_pieces(targets: list[np.ndarray]) -> torch.Tensor:
+    """The ids that occur in the training targets (every BPE-dropout sample's included), with eos and
+    the unknown piece, which every output layer must be able to give."""
+    seen = np.unique(np.concatenate([np.unique(ids) for ids in targets]))
     ids = torch.from_numpy(seen.astype(np.int64))
     return torch.cat([ids, torch.tensor([SPECIAL_IDS["eos_id"], SPECIAL_IDS["unk_id"]])]).unique()
 
@@ -163,8 +214,11 @@ class TranslationTask(Task):
 
         def tokenizers():  # trained once (rank 0), then read back by every rank
             if not (tok_dir / "tgt").is_dir():
-                options = dict(joint=o.joint_vocab, model_type=cfg.tokenizer, lowercase=o.lowercase)
-                src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, **options)
+                if o.r2l_model:  # the right-to-left model's vocabulary: its translations are in its ids
+                    src_tok, tgt_tok = r2l_tokenizers(o.r2l_model, o.lowercase)
+                else:
+                    options = dict(joint=o.joint_vocab, model_type=cfg.tokenizer, lowercase=o.lowercase)
+                    src_tok, tgt_tok = train_translation_tokenizers(train, cfg.vocab_size, **options)
                 save_translation_tokenizers(tok_dir, src_tok, tgt_tok)
             return load_translation_tokenizers(tok_dir)
 
@@ -173,7 +227,7 @@ class TranslationTask(Task):
         self.valid_refs = [tgt.lower() if self.tgt_tok.lowercase else tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
-        corpora = [self.train]
+        corpora = [self._training_pairs(dist)]
         if o.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, o.subword_dropout,
                                 CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
@@ -181,7 +235,27 @@ class TranslationTask(Task):
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
-        self.target_pieces = target_pieces(corpora) if o.output_vocab == "target" else None
+        targets = [self.train.tgt.ids, *([self.pseudo.ids] if o.r2l_distill else [])] if o.r2l_model or \
+            o.train_half else [c.tgt.ids for c in corpora]  # fmt: skip
+        self.target_pieces = target_pieces(targets) if o.output_vocab == "target" else None
+
+    def _training_pairs(self, dist: DistInfo):
+        """The pairs training batches: all or one half (``train_half``), each with its cached
+        right-to-left translation (``r2l_memory_from="cache"``), or the references plus the
+        translations (``r2l_distill``). The validation pairs get their translations alike."""
+        o = self.opts
+        index = None if not o.train_half else np.flatnonzero(halves(self.train) == o.train_half)
+        if not o.r2l_model:
+            return self.train if index is None else PairView(self.train, index)
+        models = [o.r2l_model, *([o.r2l_jackknife] if o.r2l_jackknife else [])]
+        beam, max_tokens = o.r2l_cache_beam, self.cfg.max_tokens
+        pseudo = self.pseudo = main_first(dist, lambda: pseudo_targets(self.train, models, beam, max_tokens))
+        if o.r2l_distill:
+            return Concat(PairView(self.train, index), PseudoPairs(self.train, pseudo))
+        # validation: the first model's translations (a jackknife's halves are training pairs only)
+        valid_pseudo = main_first(dist, lambda: pseudo_targets(self.valid, models[:1], beam, max_tokens))
+        self.valid = PairView(self.valid, None, valid_pseudo)
+        return PairView(self.train, index, pseudo)
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
@@ -199,6 +273,8 @@ class TranslationTask(Task):
         model = build_transformer(TransformerConfig.from_dict({**fields, **SPECIAL_IDS}))
         if self.target_pieces is not None:
             model.head.set_pieces(self.target_pieces)
+        if self.opts.r2l_init:
+            init_from_r2l(model, self.opts.r2l_model, self.opts.r2l_freeze)
         return model
 
     @property
@@ -238,13 +314,30 @@ class TranslationTask(Task):
             if o.r_drop and model.training:
                 return criteria.r_drop_loss(model, batch, smoothing, o.r_drop)
             return criteria.label_smoothed_loss(model, batch, smoothing)
-        memory_tgt = criteria.greedy_memory_input(model, batch.src) if o.r2l_memory_from == "greedy" else None
-        total, r2l = criteria.bidirectional_loss(model, batch, smoothing, o.r2l_weight, memory_tgt,
-                                                 o.r2l_detach)  # fmt: skip
+        total, r2l = criteria.bidirectional_loss(model, batch, smoothing, o.r2l_weight,
+                                                 self._memory(model, batch), self._r2l_target)  # fmt: skip
         sums = self._r2l["train" if model.training else "valid"]
         sums[0] += float(r2l.nll.detach())
         sums[1] += int(r2l.n)
         return total
+
+    @property
+    def _r2l_target(self) -> str:
+        return self.opts.r2l_target if self.opts.r2l_memory_from == "cache" else "reference"
+
+    def _memory(self, model: BidirectionalTransformer, batch: TranslationBatch) -> R2LMemory:
+        """The right-to-left memory a training (or validation) batch reads: ``r2l_memory_from``'s
+        sequence (None: the r2l pass's own), under memory dropout in training."""
+        o = self.opts
+        tgt = None
+        if o.r2l_memory_from == "greedy":
+            tgt = criteria.greedy_memory_input(model, batch.src)
+        elif o.r2l_memory_from == "cache" and o.r2l_target == "reference":
+            tgt = criteria.cached_memory_input(batch, model.config)
+        keep = None
+        if o.r2l_memory_dropout and model.training:
+            keep = torch.rand(batch.src.size(0), device=batch.src.device) >= o.r2l_memory_dropout  # (B,)
+        return R2LMemory(tgt, keep, o.r2l_detach)
 
     def pop_metrics(self, split: str) -> dict[str, float]:
         if not self.bidirectional:
@@ -276,8 +369,13 @@ class TranslationTask(Task):
         return metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
 
     def model_meta(self) -> dict[str, Any]:
-        meta = {**super().model_meta(), "src_lang": self.opts.src_lang, "tgt_lang": self.opts.tgt_lang}
-        return {**meta, "reverse_target": True} if self.opts.reverse_target else meta
+        o = self.opts
+        meta = {**super().model_meta(), "src_lang": o.src_lang, "tgt_lang": o.tgt_lang}
+        if o.train_half:
+            meta["train_half"] = o.train_half  # a jackknife's model: the half it never translates
+        if o.r2l_memory_from == "cache" and self.bidirectional:
+            meta["r2l_beam"] = o.r2l_cache_beam  # decoding builds the memory with the cache's search
+        return {**meta, "reverse_target": True} if o.reverse_target else meta
 
     def save_tokenizers(self, directory: Path) -> None:
         save_translation_tokenizers(directory, self.src_tok, self.tgt_tok)
