@@ -55,6 +55,18 @@ reproduce-multi30k-en-de: $(STAMP)
 reproduce-shakespeare-char: $(STAMP)
 	$(PY) scripts/reproduce.py shakespeare-char
 
+# Issue 58: the bidirectional model on cached right-to-left translations, the whole pipeline (the
+# right-to-left model, its translations of the training set, the bidirectional model) inside the plain
+# target's 40-minute training budget: 30% of it for the right-to-left model, the rest after the cache
+# for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why).
+.PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
+reproduce-multi30k-de-en-bidirectional: $(STAMP)
+	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 --processes 2 --r2l-share 0.3
+
+reproduce-multi30k-en-de-bidirectional: $(STAMP)
+	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 \
+	  --processes 2 --r2l-share 0.3
+
 # Issue 16: SST-2 is not bundled (unclear terms); point SST2 at GLUE's folder (train.tsv[.gz], dev.tsv).
 .PHONY: reproduce-sst2
 reproduce-sst2: $(STAMP)

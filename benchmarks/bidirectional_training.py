@@ -1,168 +1,194 @@
-"""Does the bidirectional model (``model.bidirectional=true``) beat the plain one on Multi30k?
+"""Does the bidirectional model earn its place? Four arms at equal total wall-clock on Multi30k.
 
-Each arm is ``scripts/reproduce.py`` (train, average the last checkpoints, choose on validation,
-test2016 with beam 5, sacreBLEU cased and lowercased) under the same short budget — the settings of
-``make demo`` (inverse-√ schedule, 1,000 warm-up updates) at ``--minutes`` of training, both cores —
-one arm at a time, so that every arm gets the same machine:
+Each direction and seed runs, one arm at a time on the same machine, every arm under the same
+training budget ``--minutes`` (all processes' evaluations excluded, as in ``scripts/reproduce.py``):
 
-- equal time: plain vs bidirectional (its memory in training teacher-forced on the reference, or the
-  right-to-left decoder's own greedy translation: ``r2l_memory_from``), de→en and en→de, seeds from
-  ``--seeds``;
-- equal updates: the bidirectional model trained for as many updates as the plain de→en seed-1 run
-  made in its budget (no clock);
-- the cheap classic: a plain right-to-left model (``reverse_target=true``) in the same budget, whose
-  scores rerank the plain de→en model's beam (``aiayn translate --rerank-with``).
+1. ``plain``: the recipe's model (``scripts/reproduce.py``);
+2. ``cached``: the bidirectional model on cached right-to-left translations
+   (``scripts/reproduce_bidirectional.py``: a right-to-left model in ``--r2l-share`` of the budget, its
+   translations of the training set, the bidirectional model in the rest);
+3. ``distill``: the plain model trained on the references plus the same right-to-left model's
+   translations (turned left to right) in the same remaining time: the same extra data, no new
+   sublayer (a control);
+4. ``rerank``: the plain model trained for the budget less the right-to-left model's time, its beam's
+   n-best reranked by both models' scores (``aiayn translate --rerank-with``).
 
-Results (each arm's reproduce.py JSON and curves) go to ``results/bidirectional/``, the summary to
-``results/bidirectional-training.json`` (which keeps the arms earlier invocations recorded). Arms
-already there are not run again (delete to redo).
+Arms 3 and 4 reuse arm 2's right-to-left model and cache and are charged their time. Every arm is
+then chosen on validation and scored on test2016 (beam 5, sacreBLEU cased, lowercased, chrF) by
+``scripts/reproduce.py``. ``--equal-updates`` adds the bidirectional model trained for as many
+updates as the plain one made (no clock), and each arm's updates per training minute give the cost
+of an update against plain. ``--variants`` adds further cached arms (e.g. memory dropout).
 
-    python benchmarks/bidirectional_training.py                 # 10 minutes an arm, ~90 minutes in all
-    python benchmarks/bidirectional_training.py --minutes 5 --seeds 1
-    python benchmarks/bidirectional_training.py --seeds 1 2 --kinds plain bidirectional-greedy
+Results: results/bidirectional/NAME.json per arm, the summary in results/bidirectional-cache.json
+(arms already there are not run again: delete to redo).
+
+    python benchmarks/bidirectional_training.py --minutes 10 --directions de-en en-de --seeds 1
+    python benchmarks/bidirectional_training.py --seeds 2 --arms plain cached
+    python benchmarks/bidirectional_training.py --variants memdrop=r2l_memory_dropout=0.2
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from reproduce_bidirectional import build_cache, launcher, pipeline, r2l_overrides, run  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
-DEMO = ["schedule=inverse_sqrt", "horizon=steps", "warmup=1000", "eval_every=1000", "eval_max_sentences=300"]
-ARMS = {  # kind -> overrides, run at equal time in each direction
-    "plain": [],
-    "bidirectional": ["model.bidirectional=true", "r2l_memory_from=reference"],  # teacher-forced memory
-    "bidirectional-greedy": ["model.bidirectional=true", "r2l_memory_from=greedy"],  # the default
+SUMMARY = ROOT / "results" / "bidirectional-cache.json"
+MAKE = {  # the make targets' overrides (without en→de's two members: one model per arm here)
+    "de-en": ["weight_decay=0.1"],
+    "en-de": ["lr=0.0035", "lowercase=true", "weight_decay=0.1"],
 }
+# a short budget: one batch size for every arm (short_budget would halve it on the slower arms only),
+# a warm-up that ends early in it, fewer evaluations
+SHORT = ["max_tokens=2048", "short_budget=warn", "warmup=300", "eval_every=300", "eval_max_sentences=500",
+         "progress=false"]  # fmt: skip
+ARMS = ("plain", "cached", "distill", "rerank")
+REPRODUCE = ["--lenpen", "0.6"]  # one length penalty: the evaluation's minutes are the same for every arm
 
 
-def run_name(recipe: str, overrides: list[str]) -> str:
-    """reproduce.py's name of a run (results/NAME.json, runs/reproduce-NAME)."""
-    return recipe + "".join(f"-{o.replace('=', '')}" for o in overrides)
-
-
-def arm(name: str, recipe: str, overrides: list[str]) -> dict:
-    """Run one arm through reproduce.py (unless its result is already there) and return its JSON."""
-    target = OUT / f"{name}.json"
-    if target.is_file():
-        return json.loads(target.read_text())
-    cmd = [sys.executable, str(ROOT / "scripts" / "reproduce.py"), recipe, *overrides]
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    produced = run_name(recipe, overrides)
-    OUT.mkdir(parents=True, exist_ok=True)
-    for f in (ROOT / "results").glob(f"{produced}*"):
-        shutil.move(str(f), OUT / f.name.replace(produced, name))
-    return json.loads(target.read_text())
+def reproduce(recipe: str, overrides: list[str], name: str, processes: int) -> dict:
+    """``scripts/reproduce.py`` under ``--name`` (results/NAME.json); its results."""
+    cmd = [*launcher(processes), str(ROOT / "scripts" / "reproduce.py"), recipe, *overrides, "--name", name,
+           *REPRODUCE]  # fmt: skip
+    run(cmd)
+    return json.loads((ROOT / "results" / f"{name}.json").read_text())
 
 
 def figures(r: dict) -> dict:
-    return {"bleu": r["test"]["bleu"], "bleu_lc": r["test"]["bleu_lc"], "updates": r["steps"],
-            "train_wall_minutes": r["train_wall_minutes"], "chosen": r["chosen"],
-            "valid_bleu": r["valid_bleu"][r["chosen"]],
-            "machine": r["machine"], "commit": r["commit"]}  # fmt: skip
+    test = r["test"]
+    steps = r["steps"] if isinstance(r["steps"], int) else max(r["steps"])
+    out = {"bleu": test["bleu"], "bleu_lc": test["bleu_lc"], "chrf": test.get("chrf"), "updates": steps,
+           "train_minutes": r["config"]["max_minutes"], "train_wall_minutes": r["train_wall_minutes"],
+           "chosen": r["chosen"], "valid_bleu": r["valid_bleu"][f"{r['chosen']}/{r['decoding']}"],
+           "commit": r["commit"]}  # fmt: skip
+    if r["config"]["max_minutes"]:
+        out["updates_per_minute"] = round(steps / r["config"]["max_minutes"], 1)
+    if "stages" in r:
+        out["stages"], out["total_minutes"] = r["stages"], r["total_minutes"]
+    return out
 
 
-def chosen_dir(recipe: str, overrides: list[str], result: dict) -> Path:
-    """The checkpoint reproduce.py chose on validation (its run directory's best or averaged)."""
-    return ROOT / "runs" / f"reproduce-{run_name(recipe, overrides)}" / result["chosen"]
-
-
-def rerank_bleu(plain: Path, r2l: Path, beam: int = 5, lenpen: float = 0.6) -> dict:
-    """test2016 BLEU of the plain model's beam, n-best reranked by L2R + R2L scores."""
-    import dataclasses
-
+def rerank_bleu(plain: Path, r2l: Path, direction: str) -> dict:
+    """test2016 of the plain model's beam-5 n-best reranked by its and the right-to-left model's
+    scores, scored as reproduce.py scores."""
     from aiayn.cli.evaluate import score
     from aiayn.data.corpus import load_parallel
     from aiayn.decoding.options import SearchConfig
     from aiayn.decoding.rerank import rerank
     from aiayn.decoding.translator import Translator
 
+    src_lang, tgt_lang = direction.split("-")
     forward, backward = Translator.from_dir(plain), Translator.from_dir(r2l)
-    srcs, refs = (list(side) for side in zip(*load_parallel("multi30k", "test", "de", "en")))
+    srcs, refs = (list(side) for side in zip(*load_parallel("multi30k", "test", src_lang, tgt_lang)))
+    t0 = time.time()
     sources, _ = forward.encode(srcs)
-    config = SearchConfig(beam=beam, lenpen=lenpen)
-    nbest = forward.search(sources, dataclasses.replace(config, nbest=beam))
+    config = SearchConfig(beam=5, lenpen=0.6)
+    nbest = forward.search(sources, dataclasses.replace(config, nbest=5))
     best = [hyps[0] for hyps in rerank(forward, backward, sources, nbest, config)]
-    scores, _ = score([forward.detokenize(h) for h in best], refs)
-    return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "beam": beam}
+    scores, _ = score([forward.detokenize(h) for h in best], refs, tgt_lang)
+    return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores.get("chrf"),
+            "decode_seconds": round(time.time() - t0, 1)}  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0, help="every arm's total training budget")
+    ap.add_argument("--directions", nargs="+", default=["de-en", "en-de"], choices=list(MAKE))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--r2l-share", type=float, default=0.3)
+    ap.add_argument("--processes", type=int, default=2, help="DistributedDataParallel processes per arm")
+    ap.add_argument("--equal-updates", action="store_true", help="the cached arm at the plain arm's updates")
+    ap.add_argument("--variants", nargs="*", default=[], metavar="NAME=key=value[,key=value]",
+                    help="more cached arms, their stage-3 overrides: m=r2l_memory_dropout=0.2")  # fmt: skip
+    ap.add_argument("--jackknife-variant", action="store_true", help="a cached arm with a jackknifed cache")
+    return ap
+
+
+class Bench:
+    """One direction and seed: its arms, each recorded in the summary once."""
+
+    def __init__(self, args: argparse.Namespace, summary: dict, direction: str, seed: int):
+        self.args, self.summary, self.direction = args, summary, direction
+        self.recipe, self.tag = f"multi30k-{direction}", f"bd-{direction}-s{seed}"
+        self.common = [*MAKE[direction], *SHORT, f"seed={seed}"]
+
+    def record(self, arm: str, make, *how) -> dict:
+        name = f"{self.tag}-{arm}"
+        if name not in self.summary["arms"]:
+            result = make(name, *how)
+            shutil.copy(ROOT / "results" / f"{name}.json", OUT / f"{name}.json")
+            for f in (ROOT / "results").glob(f"{name}*"):
+                f.unlink()
+            self.summary["arms"][name] = figures(result)
+            write_json(SUMMARY, self.summary)
+            print(name, json.dumps(self.summary["arms"][name]), flush=True)
+        return self.summary["arms"][name]
+
+    def trained(self, name: str, overrides: list[str], minutes: float) -> dict:
+        return reproduce(self.recipe, [*self.common, *overrides, f"max_minutes={minutes:g}"], name,
+                         self.args.processes)  # fmt: skip
+
+    def piped(self, name: str, final: list[str], jackknife: bool = False) -> dict:
+        a = self.args
+        opts = argparse.Namespace(minutes=a.minutes, r2l_share=a.r2l_share, jackknife=jackknife,
+                                  processes=a.processes, reproduce=REPRODUCE)  # fmt: skip
+        return pipeline(self.recipe, self.common, final, name, opts)
+
+    def run(self) -> None:
+        a, cached_final = self.args, ["model.bidirectional=true", "r2l_memory_from=cache"]
+        if "plain" in a.arms:
+            self.record("plain", self.trained, [], a.minutes)
+        if set(a.arms) == {"plain"}:
+            return
+        stages = self.record("cached", self.piped, cached_final)["stages"]
+        r2l = r2l_overrides([ROOT / d for d in stages["r2l_models"]])
+        left = round(a.minutes - stages["r2l_minutes"] - stages["cache_minutes"], 2)
+        if "distill" in a.arms:
+            build_cache(
+                ROOT / "recipes" / f"{self.recipe}.toml", [*self.common, "r2l_distill=true", *r2l]
+            )  # a hit
+            self.record("distill", self.trained, ["r2l_distill=true", *r2l], left)
+        if "rerank" in a.arms and f"{self.tag}-rerank" not in self.summary["arms"]:
+            plain = self.record("plain-short", self.trained, [], round(a.minutes - stages["r2l_minutes"], 2))
+            chosen = ROOT / "runs" / f"reproduce-{self.tag}-plain-short" / plain["chosen"]
+            r2l_dir = ROOT / stages["r2l_models"][0]
+            self.summary["arms"][f"{self.tag}-rerank"] = {**rerank_bleu(chosen, r2l_dir, self.direction)}
+            write_json(SUMMARY, self.summary)
+        for variant in a.variants:
+            name, _, overrides = variant.partition("=")
+            self.record(f"cached-{name}", self.piped, [*cached_final, *overrides.split(",")])
+        if a.jackknife_variant:
+            self.record("cached-jackknife", self.piped, cached_final, True)
+        if a.equal_updates and f"{self.tag}-plain" in self.summary["arms"]:
+            steps = self.summary["arms"][f"{self.tag}-plain"]["updates"]
+            fixed = [*cached_final, *r2l, f"max_steps={steps}", "horizon=steps"]
+            self.record(f"cached-{steps}-updates", self.trained, fixed, 0)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=10.0, help="training budget of every arm")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds of the de→en arms")
-    ap.add_argument("--en-de-seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--kinds", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms to run")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["equal-updates", "rerank"])
-    args = ap.parse_args()
-    budget = [f"max_minutes={args.minutes:g}", *DEMO]
-    summary = {"machine": machine(), "budget_minutes": args.minutes, "settings": DEMO, "arms": {}}
-    previous = ROOT / "results" / "bidirectional-training.json"
-    if previous.is_file():  # arms recorded by earlier invocations stay in the summary
-        before = json.loads(previous.read_text())
-        summary.update({k: before[k] for k in ("arms", "rerank") if k in before})
-
-    def save() -> None:
-        write_json(ROOT / "results" / "bidirectional-training.json", summary)  # temp file + rename
-
-    def record(name: str, recipe: str, overrides: list[str]) -> dict:
-        summary["arms"][name] = {
-            "recipe": recipe,
-            "overrides": overrides,
-            **figures(arm(name, recipe, overrides)),
-        }
-        save()
-        print(name, summary["arms"][name], flush=True)
-        return summary["arms"][name]
-
-    for direction, seeds in (
-        ("de-en", args.seeds[:1]),
-        ("en-de", args.en_de_seeds),
-        ("de-en", args.seeds[1:]),
-    ):
-        for seed in seeds:
-            for kind, extra in ARMS.items():
-                if kind not in args.kinds:
-                    continue
-                record(
-                    f"{direction}-{kind}-seed{seed}",
-                    f"multi30k-{direction}",
-                    [*budget, f"seed={seed}", *extra],
-                )
-    for kind in args.kinds if "equal-updates" not in args.skip else ():
-        if kind == "plain":
-            continue
-        plain = summary["arms"].get(f"de-en-plain-seed{args.seeds[0]}")
-        if plain is None:
-            sys.exit("the equal-updates arms need the plain de→en arm: add 'plain' to --kinds")
-        steps = plain["updates"]
-        record(
-            f"de-en-{kind}-seed{args.seeds[0]}-{steps}-updates",
-            "multi30k-de-en",
-            [f"max_steps={steps}", "max_minutes=0", *DEMO, f"seed={args.seeds[0]}", *ARMS[kind]],
-        )
-    if "rerank" not in args.skip:
-        seed = f"seed={args.seeds[0]}"
-        r2l_overrides = [*budget, seed, "reverse_target=true"]
-        r2l_arm = record(f"de-en-r2l-seed{args.seeds[0]}", "multi30k-de-en", r2l_overrides)
-        plain_arm = summary["arms"][f"de-en-plain-seed{args.seeds[0]}"]
-        plain = chosen_dir("multi30k-de-en", [*budget, seed], plain_arm)
-        r2l = chosen_dir("multi30k-de-en", r2l_overrides, r2l_arm)
-        summary["rerank"] = {"plain": str(plain.relative_to(ROOT)), "r2l": str(r2l.relative_to(ROOT)),
-                             **rerank_bleu(plain, r2l)}  # fmt: skip
-        save()
-        print("rerank", summary["rerank"], flush=True)
+    args = parser().parse_args()
+    summary = json.loads(SUMMARY.read_text()) if SUMMARY.is_file() else {"arms": {}}
+    summary.update(machine=machine(), budget_minutes=args.minutes, settings=SHORT, r2l_share=args.r2l_share,
+                   processes=args.processes)  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    for direction in args.directions:
+        for seed in args.seeds:
+            Bench(args, summary, direction, seed).run()
     return 0
 
 

@@ -235,15 +235,18 @@ def main() -> int:
                     "(translation; run it without torchrun)")  # fmt: skip
     ap.add_argument("--tag", help="ends NAME with -TAG (letters, digits, '.', '_', '-'), e.g. the machine, "
                     "so that this run's files sit beside those already in results/")  # fmt: skip
+    ap.add_argument("--name", help="NAME itself (letters, digits, '.', '_', '-') instead of one made from "
+                    "the recipe and the overrides, e.g. when an override holds a path")  # fmt: skip
     args = ap.parse_args()
-    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.tag):
-        ap.error(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-' only: it names files")
+    for flag, value in (("--tag", args.tag), ("--name", args.name)):
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            ap.error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
     if args.members == 1 or args.members < 0:
         ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
-    name = run_name(args.recipe, args.overrides, args.members, args.tag)
+    name = args.name or run_name(args.recipe, args.overrides, args.members, args.tag)
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     recipe = ROOT / "recipes" / f"{args.recipe}.toml"
     cfg = load_recipe(recipe, [*args.overrides, f"out_dir={run_dir}"])

@@ -14,7 +14,9 @@ from aiayn.cli.decode_options import (
     quantized,
     read_chunks,
 )
+from aiayn.data.long_text import POLICIES, LongText
 from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS, TextClassifier
+from aiayn.errors import ConfigError
 
 EXAMPLES = """examples:
   echo "a gorgeous , witty , seductive movie ." | aiayn classify --model runs/sst2-finetune
@@ -40,12 +42,38 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     tokens = f"tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})"
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens)
+    add_long_text_arguments(p)
     p.set_defaults(run=run)
+
+
+def add_long_text_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--long-text",
+        choices=POLICIES,
+        help="how to read a text longer than the model's max_len (default: as in training)",
+    )
+    p.add_argument(
+        "--window-stride",
+        type=int,
+        default=0,
+        help="with --long-text windows: pieces between window starts (default: half a window)",
+    )
+
+
+def long_text_of(args: argparse.Namespace) -> LongText | None:
+    """The ``--long-text`` policy, or None for the one saved with the model."""
+    if args.long_text is None:
+        if args.window_stride:
+            raise ConfigError("--window-stride is for --long-text windows; add it or drop --window-stride")
+        return None
+    if args.window_stride and args.long_text != "windows":
+        raise ConfigError(f"--window-stride is for --long-text windows, not {args.long_text}")
+    return LongText(args.long_text, args.window_stride)
 
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args, "--output")
-    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device))
+    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device, long_text_of(args)))
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for _, lines in read_chunks(args):
             results = classifier.predict(lines, args.top_k, args.max_tokens)

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from sacrebleu.metrics import BLEU, CHRF
 
 from aiayn.atomic import write_text
+from aiayn.cli.classify import add_long_text_arguments, long_text_of
 from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_model_argument,
@@ -70,6 +71,7 @@ def add_parser(sub) -> None:
         action="store_true",
         help="also score lowercased, Moses-tokenised text, as papers on Multi30k do (needs sacremoses)",
     )
+    add_long_text_arguments(p)
     add_ensemble_argument(p)
     add_search_arguments(p)
     p.set_defaults(run=run)
@@ -173,7 +175,7 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     label_column = args.label_column if args.label_column is not None else meta.get("label_column", "")
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
-    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device))
+    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device, long_text_of(args)))
     m, predicted = classifier.score(data, args.max_tokens)  # a label the model does not know: an error
     if args.output:
         write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))

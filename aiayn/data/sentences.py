@@ -62,6 +62,13 @@ def load_examples(
     return _cut(load_labelled(path, text_column, label_column, labelled), split)
 
 
+def is_text_file(source: str | os.PathLike) -> bool:
+    """Whether ``source`` is read as plain text, one sentence (or document) per line: a bundled text
+    (``shakespeare``) or a file that is not a table; not ``multi30k``, a folder or a table."""
+    key, path = str(source), Path(source)
+    return key != "multi30k" and (key in TEXT_DATASETS or not (path.is_dir() or table_format(path)))
+
+
 def load_sentences(source: str | os.PathLike, split: str, text_column: str = "") -> tuple[list[str], str]:
     """``(sentences, label)``: the non-blank sentences of ``source`` and a name for messages."""
     key = str(source)
@@ -69,9 +76,8 @@ def load_sentences(source: str | os.PathLike, split: str, text_column: str = "")
         part = "valid" if split == "valid" else "train"
         corpus = load_parallel("multi30k", part, *MULTI30K_LANGS)
         return [s for s in corpus.sentences("both") if s.strip()], f"multi30k.{part}"
-    path = Path(source)
-    if key not in TEXT_DATASETS and (path.is_dir() or table_format(path)):
-        examples = load_examples(path, split, text_column, labelled=False)
+    if not is_text_file(source):
+        examples = load_examples(source, split, text_column, labelled=False)
         return examples.texts, str(examples.path)
     text = load_text(source, split)
     lines = [line for chunk in text.chunks() for line in chunk.splitlines() if line.strip()]

@@ -1,8 +1,11 @@
 """Using a trained encoder-only model: texts in, labels (or mask fillers) out, and the scores.
 
-``TextClassifier`` encodes texts as the classify task trained on them (``[bos] + pieces + [eos]``,
-truncated to the model's positions), batches them by tokens in length order, and returns class
-probabilities in input order. ``MaskFiller`` predicts the pieces at each ``<mask>`` of a query.
+``TextClassifier`` encodes texts as the classify task trained on them (``[bos] + pieces + [eos]``;
+a text longer than training's ``max_len`` read by its ``long_text`` policy, ``data/long_text.py``:
+head, tail, head and tail, or windows whose logits are averaged), batches the rows by tokens in
+length order, and returns class probabilities in input order. A model saved without a policy (an
+older run, an imported BERT) reads the head of each text, as many pieces as its positions allow.
+``MaskFiller`` predicts the pieces at each ``<mask>`` of a query.
 ``classification_metrics`` gives accuracy, macro-F1 and the confusion matrix of predictions.
 """
 
@@ -18,6 +21,7 @@ from torch import nn
 
 from aiayn.data.batching import TokenBatchSampler, collate_sequences
 from aiayn.data.labelled import LabelledCorpus, LabelMap
+from aiayn.data.long_text import LongText, pool_windows
 from aiayn.data.tokenizer import MASK, Tokenizer
 from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop.model_dir import load_encoder_dir
@@ -39,38 +43,69 @@ def _max_len(model: nn.Module) -> int:
 
 
 class TextClassifier:
-    """A fine-tuned encoder-only model, its tokenizer and its class names."""
+    """A fine-tuned encoder-only model, its tokenizer, its class names and how it reads long texts
+    (``long_text``, over ``max_len`` tokens with bos and eos; default: the head, up to the model's
+    positions)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, labels: Sequence[str]):
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, labels: Sequence[str],
+                 long_text: LongText | None = None, max_len: int | None = None):  # fmt: skip
         if getattr(model, "classifier", None) is None:
             raise ModelDirError(
                 "this encoder has no classification head (a masked-LM checkpoint?); fine-tune it with "
                 "aiayn train task=classify init_from=DIR, or use aiayn fill-mask"
             )
         self.model, self.tokenizer, self.labels = model.eval(), tokenizer, list(labels)
-        self.max_len = _max_len(model)
+        self.max_len = max_len or _max_len(model)
+        if not 3 <= self.max_len <= _max_len(model):
+            raise ConfigError(
+                f"max_len={self.max_len} must be in 3..{_max_len(model)}: the model's positions"
+            )
+        self.long_text = long_text or LongText()
+        self.long_text.check(self.max_len)
 
     @classmethod
-    def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> TextClassifier:
-        model, tok, meta = load_encoder_dir(directory, device)
+    def from_loaded(cls, model: nn.Module, tokenizer: Tokenizer, meta: dict) -> TextClassifier:
+        """From ``load_encoder_dir``'s triple: labels and the long-text policy from ``config.json``."""
         labels = meta.get("labels") or [str(i) for i in range(model.config.n_classes)]
-        return cls(model, tok, labels)
+        policy = meta.get("long_text")
+        if policy is None:
+            return cls(model, tokenizer, labels)
+        try:
+            return cls(model, tokenizer, labels, LongText(policy["how"], policy["stride"]), policy["max_len"])
+        except (TypeError, KeyError, ConfigError) as e:
+            raise ModelDirError(f"config.json: long_text={policy!r} is not valid ({e}); restore the file "
+                                "from the training run") from None  # fmt: skip
+
+    @classmethod
+    def from_dir(
+        cls,
+        directory: str | os.PathLike,
+        device: str | torch.device = "cpu",
+        long_text: LongText | None = None,
+    ) -> TextClassifier:
+        """The classifier in ``directory``; ``long_text`` replaces the policy saved with it (to read a
+        model trained on heads in windows, say), over the same ``max_len``."""
+        saved = cls.from_loaded(*load_encoder_dir(directory, device))
+        if long_text is None:
+            return saved
+        return cls(saved.model, saved.tokenizer, saved.labels, long_text, saved.max_len)
 
     @torch.no_grad()
     def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
         """Shape: N texts -> (N, n_classes) class probabilities, in input order."""
         if max_tokens < self.max_len:
             raise ConfigError(f"max_tokens={max_tokens} is less than one text's {self.max_len} tokens")
-        rows = [np.asarray(ids, np.int64) for ids in self.tokenizer.encode_batch(list(texts))]
-        out = torch.empty(len(rows), len(self.labels))
+        encoded = [np.asarray(ids, np.int64) for ids in self.tokenizer.encode_batch(list(texts))]
+        rows, owner = self.long_text.rows(encoded, self.max_len)  # a row per text, or per window
+        logits = torch.empty(len(rows), len(self.labels))  # (W, C)
         if not rows:
-            return out
-        lengths = np.minimum([len(r) for r in rows], self.max_len - 2) + 1
+            return logits
+        lengths = np.array([len(r) for r in rows]) + 1
         device = next(self.model.parameters()).device
         for idx in TokenBatchSampler(lengths, lengths, max_tokens, shuffle=False).batches(0):
             ids = _collate(self.model, [rows[i] for i in idx], self.max_len).to(device)
-            out[torch.from_numpy(idx)] = self.model.classify(ids).float().softmax(-1).cpu()
-        return out
+            logits[torch.from_numpy(idx)] = self.model.classify(ids).float().cpu()
+        return pool_windows(logits, torch.from_numpy(owner), len(encoded)).softmax(-1)
 
     def score(self, data: LabelledCorpus, max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[dict, list[int]]:
         """``classification_metrics`` of a labelled corpus, and the predicted class ids; a label the

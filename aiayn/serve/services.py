@@ -202,9 +202,7 @@ class EncoderService:
         self.name, self.directory = name, Path(directory)
         model, tok, meta = load_encoder_dir(directory, device)
         self.model = model
-        self.classifier = (
-            TextClassifier(model, tok, meta.get("labels") or []) if model.config.n_classes else None
-        )
+        self.classifier = TextClassifier.from_loaded(model, tok, meta) if model.config.n_classes else None
         self.filler = MaskFiller(model, tok) if tok.mask_id is not None else None
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:

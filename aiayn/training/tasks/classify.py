@@ -8,7 +8,12 @@ directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder
 head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
 (BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
 the pre-trained shapes is an error.
-Validation reports accuracy and macro-F1; accuracy picks the best checkpoint.
+A text longer than ``max_len`` is read as ``long_text`` says (``data/long_text.py``): its head (the
+default, BERT's truncation), its tail, head and tail, or overlapping windows of ``max_len`` every
+``window_stride`` pieces, each window a training example with its text's label and, at validation
+and prediction, the text's logits the mean of its windows'. The policy and ``max_len`` are saved in
+``config.json`` (``long_text``), so ``aiayn classify`` reads texts as training did.
+Validation reports accuracy and macro-F1 (per text); accuracy picks the best checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from torch import nn
 
 from aiayn.data.batching import ClassifyBatch
 from aiayn.data.labelled import LabelMap
+from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
@@ -47,12 +53,21 @@ HEAD_FIELDS = {"pooling", "pooler", "dropout", "attn_dropout", "ff_dropout"}
 class ClassifyOptions(EncoderOptions):
     label_column: str = ""  # "" = the column called "label"
     init_from: str = ""  # a pre-trained encoder (run or model directory) to start from
-    class_weights: str = "none"  # "none" or "balanced" (n / (k · count) per class)
+    class_weights: str = "none"  # "none" or "balanced" (n / (k · count) per class, over training rows)
+    # a text over max_len - 2 pieces: "head" (BERT's truncation), "tail", "head+tail" (max_len // 4
+    # first pieces + the rest from the end), "windows" (each classified, logits averaged)
+    long_text: str = "head"
+    window_stride: int = 0  # windows: pieces between window starts; 0 = half a window
 
     def validate(self, cfg: TrainConfig) -> None:
         if self.class_weights not in ("none", "balanced"):
             fail(self, "class_weights", "is not one of ('none', 'balanced')")
+        if self.long_text not in POLICIES:
+            fail(self, "long_text", f"is not one of {POLICIES}")
+        if self.window_stride and self.long_text != "windows":
+            fail(self, "window_stride", f"is for long_text='windows', not {self.long_text!r}; remove it")
         super().validate(cfg)
+        LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
 
 @register_task("classify")
@@ -78,13 +93,18 @@ class ClassifyTask(EncoderTask):
             self.train = load_examples(cfg.dataset, "train", *columns)
             valid = load_examples(cfg.dataset, "valid", *columns)
         self.labels = LabelMap.from_corpus(self.train)
-        self.train_y, self.valid_y = self.labels.ids(self.train), self.labels.ids(valid)
+        train_y, self.valid_text_y = self.labels.ids(self.train), self.labels.ids(valid)
+        self.long_text = LongText(o.long_text, o.window_stride)
         self.pretrained = self._pretrained_dir() if o.init_from else None
         if self.pretrained is not None:
             self.tok = main_first(dist, self._copy_tokenizer)
         else:
             self.tok = self._tokenizer(self.train.texts, str(self.train.path))
-        self.train_x, self.valid_x = self._encode(self.train.texts), self._encode(valid.texts)
+        # a row per text, or per window of a long one (long_text); each row has its text's label
+        self.train_x, owner = self.long_text.rows(self._encode(self.train.texts), cfg.max_len)
+        self.train_y = [train_y[i] for i in owner]
+        self.valid_x, self.valid_owner = self.long_text.rows(self._encode(valid.texts), cfg.max_len)
+        self.valid_y = [self.valid_text_y[i] for i in self.valid_owner]
         self.sampler = self._sampler(self.train_x, seed=cfg.seed)
         counts = np.bincount(self.train_y, minlength=len(self.labels))
         self.class_weight = None
@@ -151,12 +171,13 @@ class ClassifyTask(EncoderTask):
         return batch.labels.numel()
 
     def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        gold, predicted = [], []
-        for batch in self.valid_batches():
-            batch = batch.to(device)
-            predicted += model.classify(batch.ids).argmax(-1).tolist()
-            gold += batch.labels.tolist()
-        m = classification_metrics(gold, predicted, len(self.labels))
+        """Accuracy and macro-F1 per text: a text's logits are the mean of its rows' (``pool_windows``)."""
+        logits = torch.empty(len(self.valid_x), len(self.labels))  # (W, C)
+        for idx in self._valid_order(self.valid_x):
+            ids = self._collate([self.valid_x[i] for i in idx]).to(device)
+            logits[idx] = model.classify(ids).float().cpu()
+        texts = pool_windows(logits, torch.from_numpy(self.valid_owner), len(self.valid_text_y))
+        m = classification_metrics(self.valid_text_y, texts.argmax(-1).tolist(), len(self.labels))
         return {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"]}
 
     def score(self, metrics: dict[str, float]) -> float:
@@ -164,4 +185,6 @@ class ClassifyTask(EncoderTask):
 
     def model_meta(self) -> dict[str, Any]:
         return {**super().model_meta(), "objective": "classify", "labels": self.labels.labels,
-                "text_column": self.opts.text_column, "label_column": self.opts.label_column}  # fmt: skip
+                "text_column": self.opts.text_column, "label_column": self.opts.label_column,
+                "long_text": {"how": self.opts.long_text, "stride": self.opts.window_stride,
+                              "max_len": self.cfg.max_len}}  # fmt: skip

@@ -1,17 +1,23 @@
 """Masked-language-model pre-training of the encoder-only model (BERT's objective).
 
 Sentences of ``dataset`` (plus ``extra_text``) -> one subword vocabulary with ``<mask>`` ->
-token-budget batches corrupted by ``mask_tokens`` (15% chosen; 80% ``<mask>``, 10% random, 10%
-kept; whole words optionally) -> loss at the chosen positions only. Masks are drawn anew for
-every batch from a generator seeded by (seed, rank, epoch, batch), so each epoch sees new masks
-and a resumed run the same ones. Validation masks are fixed (seed 0), so evaluations compare;
-besides loss and perplexity at the masked positions it reports masked-token accuracy, which picks
-the best checkpoint.
+sequences -> token-budget batches corrupted by ``mask_tokens`` (15% chosen; 80% ``<mask>``, 10%
+random, 10% kept; whole words optionally) -> loss at the chosen positions only. The sequences are
+chosen by ``packing``: ``"sentences"`` (the default) reads each line or table row as one sequence,
+truncated to ``max_len``, as fine-tuning on single sentences will; ``"blocks"`` packs the documents
+(a line or row each) into full blocks of ``max_len`` ids across document boundaries, separated by
+``eos`` (``data/packing.py``: BERT's and RoBERTa's pre-training inputs), so no position is padding
+and no piece of a long document is cut off. A text file's stream is encoded through the cache
+(``encode_text``). Masks are drawn anew for every batch from a generator seeded by (seed, rank,
+epoch, batch), so each epoch sees new masks of the same sequences (RoBERTa's dynamic masking) and a
+resumed run the same ones. Validation masks are fixed (seed 0), so evaluations compare; besides loss
+and perplexity at the masked positions it reports masked-token accuracy, which picks the best
+checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +28,19 @@ from torch import nn
 
 from aiayn.data import PAD_ID
 from aiayn.data.batching import MaskedBatch
+from aiayn.data.corpus import load_text
 from aiayn.data.masking import Masking, mask_tokens
-from aiayn.data.sentences import load_sentences, split_for
+from aiayn.data.packing import PackedBlocks, encode_documents, join_documents
+from aiayn.data.sentences import is_text_file, load_sentences, split_for
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
 from aiayn.training import criteria
 from aiayn.training.config import TrainConfig, fail
-from aiayn.training.distributed import DistInfo
+from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.task import register_task
 from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
+
+PACKINGS = ("sentences", "blocks")
 
 
 @dataclass
@@ -40,9 +50,14 @@ class MLMOptions(EncoderOptions):
     mask_token_prob: float = 0.8  # a chosen token becomes <mask> ...
     random_token_prob: float = 0.1  # ... or a random token (else it stays)
     whole_word_mask: bool = False  # choose whole words rather than pieces
+    # "sentences": a line or row per sequence, truncated to max_len; "blocks": documents packed into
+    # full max_len blocks across their boundaries, separated by eos (BERT, RoBERTa; data/packing.py)
+    packing: str = "sentences"
 
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)
+        if self.packing not in PACKINGS:
+            fail(self, "packing", f"is not one of {PACKINGS} (one sequence per sentence, or full blocks)")
         for name in ("mask_token_prob", "random_token_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 fail(self, name, "must be in [0, 1]")
@@ -71,18 +86,37 @@ class MLMTask(EncoderTask):
         o = cfg.options
         self.masking = Masking(o.mask_prob, o.mask_token_prob, o.random_token_prob, o.whole_word_mask)
         separate = bool(cfg.valid_dataset)  # else validation is the dataset's own split (or last tenth)
-        train_split = split_for(cfg.dataset, "train") if separate else "train"
-        train, source = load_sentences(cfg.dataset, train_split, o.text_column)
-        for extra in o.extra_text:  # more training text: a file whole, a name or folder its train split
-            more, name = load_sentences(extra, split_for(extra, "train"), o.text_column)
-            train, source = train + more, f"{source} and {name}"
+        # more training text (extra_text): a file whole, a name or folder its train split
+        train_parts = [(cfg.dataset, split_for(cfg.dataset, "train") if separate else "train")]
+        train_parts += [(extra, split_for(extra, "train")) for extra in o.extra_text]
         valid_source = cfg.valid_dataset or cfg.dataset
-        valid_split = split_for(valid_source, "valid") if separate else "valid"
-        valid, _ = load_sentences(valid_source, valid_split, o.text_column)
-        self.tok = self._tokenizer(train, source)
-        self.train, self.valid = self._encode(train), self._encode(valid)
+        valid_part = (valid_source, split_for(valid_source, "valid") if separate else "valid")
+        texts = [load_sentences(name, split, o.text_column) for name, split in train_parts]
+        train = [line for lines, _ in texts for line in lines]
+        valid, _ = load_sentences(*valid_part, o.text_column)
+        self.tok = self._tokenizer(train, " and ".join(source for _, source in texts))
+        if o.packing == "blocks":
+            train_stream = self._stream(zip(train_parts, [lines for lines, _ in texts], strict=True))
+            self.train = PackedBlocks(train_stream, cfg.max_len - 2)
+            self.valid = PackedBlocks(self._stream([(valid_part, valid)]), cfg.max_len - 2)
+        else:
+            self.train, self.valid = self._encode(train), self._encode(valid)
         self.word_starts = torch.tensor(self.tok.word_starts()) if o.whole_word_mask else None
         self.sampler = self._sampler(self.train, seed=cfg.seed)
+
+    def _stream(self, parts: Iterable[tuple[tuple[str, str], list[str]]]) -> np.ndarray:
+        """The documents of ``parts`` ((source, split), its lines) as one stream (``data/packing.py``):
+        a text file's through the encoded-text cache (rank 0 first), a table's or a bundled corpus's
+        from its lines in memory."""
+        assert self.tok is not None
+        streams = []
+        for (name, split), lines in parts:
+            if is_text_file(name):
+                corpus = load_text(name, split)
+                streams.append(main_first(self.dist, lambda c=corpus: encode_documents(c, self.tok)))
+            else:
+                streams.append(join_documents(self.tok.encode_batch(lines), self.tok.eos_id))
+        return streams[0] if len(streams) == 1 else np.concatenate(streams)
 
     def build_model(self) -> EncoderModel:
         return EncoderModel(self.encoder_config())
@@ -127,4 +161,4 @@ class MLMTask(EncoderTask):
         return metrics["accuracy"]
 
     def model_meta(self) -> dict[str, Any]:
-        return {**super().model_meta(), "objective": "mlm"}
+        return {**super().model_meta(), "objective": "mlm", "packing": self.cfg.options.packing}

@@ -1,0 +1,165 @@
+"""Train a bidirectional translator on cached right-to-left translations, everything inside one budget.
+
+    python scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1
+    python scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true --jackknife
+
+The stages (Su et al. 2019, ABDNMT-Transformer's recipe, as ``make reproduce-multi30k-*-bidirectional``):
+
+1. a right-to-left model (``reverse_target=true``) trained for ``--r2l-share`` of ``--minutes``
+   (``horizon="budget"``: it ends annealed); with ``--jackknife`` two, one per half of the training
+   pairs, side by side (one process each);
+2. its translations of every training and validation source, made once into the cache
+   (``aiayn/training/pseudo.py``);
+3. the bidirectional model (``model.bidirectional=true r2l_memory_from=cache``) trained for what is
+   left of the budget after the wall-clock of stages 1 and 2 (their start-up and evaluations
+   included), then chosen on validation and scored on test2016 by ``scripts/reproduce.py``.
+
+So the training clock of all stages together is the plain recipe's ``max_minutes``: the comparison
+with ``scripts/reproduce.py RECIPE`` is at equal total time, the right-to-left model and its cache
+counted. Writes results/NAME.json (reproduce.py's, plus ``stages``: each stage's minutes) and curves.
+``--processes 2`` runs stages 1 (without ``--jackknife``) and 3 as two DistributedDataParallel
+processes, as ``make reproduce-multi30k-de-en``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiayn.atomic import write_json  # noqa: E402
+from aiayn.training.distributed import DistInfo  # noqa: E402
+from aiayn.training.recipe import load_recipe  # noqa: E402
+from aiayn.training.task import get_task  # noqa: E402
+
+
+def launcher(processes: int) -> list[str]:
+    """The command that starts Python: ``processes`` DistributedDataParallel ranks, or one."""
+    if processes > 1:
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+        ]
+    return [sys.executable]
+
+
+def run(cmd: list[str]) -> float:
+    """Run ``cmd`` in the repository root (failing loudly); its wall-clock seconds."""
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return time.time() - t0
+
+
+def train_r2l(recipe: Path, overrides: list[str], minutes: float, out: Path, processes: int,
+              jackknife: bool) -> tuple[list[Path], float]:  # fmt: skip
+    """Stage 1: the right-to-left model(s) and the wall-clock seconds they took."""
+    common = [*overrides, "reverse_target=true", f"max_minutes={minutes:g}", "progress=false"]
+    for d in out.parent.glob(f"{out.name}*"):  # an earlier pipeline's: this one starts afresh
+        shutil.rmtree(d)
+    if not jackknife:
+        cmd = [*launcher(processes), "-m", "aiayn", "train", str(recipe), *common, f"out_dir={out}"]
+        return [out], run(cmd)
+    dirs = [out.with_name(f"{out.name}-half{h}") for h in (1, 2)]
+    t0 = time.time()
+    train = [sys.executable, "-m", "aiayn", "train", str(recipe), *common, "threads=1"]
+    procs = [
+        subprocess.Popen([*train, f"train_half={h}", f"out_dir={d}"], cwd=ROOT) for h, d in zip((1, 2), dirs)
+    ]
+    if any(p.wait() for p in procs):
+        raise SystemExit("a right-to-left half model failed to train: no results")
+    return dirs, time.time() - t0
+
+
+def r2l_overrides(dirs: list[Path]) -> list[str]:
+    jack = [f"r2l_jackknife={dirs[1]}"] if len(dirs) == 2 else []
+    return [f"r2l_model={dirs[0]}", *jack]
+
+
+def build_cache(recipe: Path, overrides: list[str]) -> float:
+    """Stage 2: the final run's data, its cache of translations included, built as its training
+    will read it (a later start is then a cache hit); the seconds it took."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_recipe(recipe, [*overrides, f"out_dir={tmp}"])
+        get_task(cfg.task)(cfg, Path(tmp), DistInfo())
+    return time.time() - t0
+
+
+def train_final(recipe: str, overrides: list[str], minutes: float, name: str, processes: int,
+                extra: list[str] = ()) -> dict:  # fmt: skip
+    """Stage 3: ``scripts/reproduce.py`` (train, choose on validation, test2016); its results."""
+    cmd = [*launcher(processes), str(ROOT / "scripts" / "reproduce.py"), recipe, *overrides,
+           f"max_minutes={minutes:g}", "progress=false", "--name", name, *extra]  # fmt: skip
+    run(cmd)
+    return json.loads((ROOT / "results" / f"{name}.json").read_text())
+
+
+def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, args) -> dict:
+    """Stages 1–3 for the final run's ``final`` overrides (the bidirectional model's, or a control's
+    that reads the same cache); results/NAME.json with the stages' minutes."""
+    path = ROOT / "recipes" / f"{recipe}.toml"
+    budget = args.minutes or load_recipe(path, overrides).max_minutes
+    r2l_dir = ROOT / "runs" / f"reproduce-{name}-r2l"
+    dirs, r2l_s = train_r2l(path, overrides, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
+    reads = [*overrides, *final, *r2l_overrides(dirs)]
+    cache_s = build_cache(path, reads)
+    left = budget - (r2l_s + cache_s) / 60
+    if left < 1:
+        raise SystemExit(
+            f"stages 1 and 2 took {(r2l_s + cache_s) / 60:.1f} of {budget:g} minutes: lower --r2l-share"
+        )
+    out = train_final(recipe, reads, round(left, 2), name, args.processes, getattr(args, "reproduce", []))
+    out["stages"] = {"budget_minutes": budget, "r2l_minutes": round(r2l_s / 60, 2),
+                     "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
+                     "r2l_share": args.r2l_share, "jackknife": args.jackknife,
+                     "r2l_models": [str(d.relative_to(ROOT)) for d in dirs]}  # fmt: skip
+    out["total_minutes"] = round((r2l_s + cache_s) / 60 + out["train_wall_minutes"], 2)
+    write_json(ROOT / "results" / f"{name}.json", out)
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", help="a translation recipe in recipes/ (without .toml)")
+    ap.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="for every stage (e.g. weight_decay=0.1)"
+    )
+    ap.add_argument(
+        "--minutes", type=float, default=0, help="the whole budget (default: the recipe's max_minutes)"
+    )
+    ap.add_argument(
+        "--r2l-share", type=float, default=0.3, help="the right-to-left model's share (default 0.3)"
+    )
+    ap.add_argument("--jackknife", action="store_true", help="two right-to-left models, one per half")
+    ap.add_argument("--processes", type=int, default=1, help="DistributedDataParallel processes (default 1)")
+    ap.add_argument("--final", nargs="*", default=[], metavar="key=value",
+                    help="more overrides for stage 3 only (e.g. r2l_memory_dropout=0.1)")  # fmt: skip
+    ap.add_argument("--name", help="results/NAME.json (default: RECIPE-bidirectional[-jackknife])")
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if not 0 < args.r2l_share < 1:
+        parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
+    name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
+    final = ["model.bidirectional=true", "r2l_memory_from=cache", *args.final]
+    out = pipeline(args.recipe, args.overrides, final, name, args)
+    print(json.dumps({k: out[k] for k in ("name", "stages", "total_minutes", "test")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
