@@ -18,6 +18,8 @@ then chosen on validation and scored on test2016 (beam 5, sacreBLEU cased, lower
 ``scripts/reproduce.py``. ``--equal-updates`` adds the bidirectional model trained for as many
 updates as the plain one made (no clock), and each arm's updates per training minute give the cost
 of an update against plain. ``--variants`` adds further cached arms (e.g. memory dropout).
+``--memory-ceiling`` asks what the memory gives at best, whatever the time: the bidirectional model
+at the plain model's updates, its cache made by a right-to-left model trained as long as the plain one.
 
 Results: results/bidirectional/NAME.json per arm, the summary in results/bidirectional-cache.json
 (arms already there are not run again: delete to redo).
@@ -117,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", nargs="*", default=[], metavar="NAME=key=value[,key=value]",
                     help="more cached arms, their stage-3 overrides: m=r2l_memory_dropout=0.2")  # fmt: skip
     ap.add_argument("--jackknife-variant", action="store_true", help="a cached arm with a jackknifed cache")
+    ap.add_argument("--memory-ceiling", action="store_true",
+                    help="the cached model at plain's updates, its cache from a right-to-left model trained "
+                    "as long as plain (not equal time: what the memory gives at best)")  # fmt: skip
     return ap
 
 
@@ -154,6 +159,8 @@ class Bench:
         a, cached_final = self.args, ["model.bidirectional=true", "r2l_memory_from=cache"]
         if "plain" in a.arms:
             self.record("plain", self.trained, [], a.minutes)
+        if a.memory_ceiling and f"{self.tag}-plain" in self.summary["arms"]:
+            self.ceiling(cached_final)
         if set(a.arms) == {"plain"}:
             return
         stages = self.record("cached", self.piped, cached_final)["stages"]
@@ -179,6 +186,20 @@ class Bench:
             steps = self.summary["arms"][f"{self.tag}-plain"]["updates"]
             fixed = [*cached_final, *r2l, f"max_steps={steps}", "horizon=steps"]
             self.record(f"cached-{steps}-updates", self.trained, fixed, 0)
+
+    def ceiling(self, cached_final: list[str]) -> None:
+        """The most the memory can give: a right-to-left model trained for the whole budget (as long as
+        the plain model), its cache, and the bidirectional model at the plain model's updates (no
+        clock), against the plain model's score."""
+        steps = self.summary["arms"][f"{self.tag}-plain"]["updates"]
+        r2l = ROOT / "runs" / f"reproduce-{self.tag}-r2l-full"
+        if not (r2l / "best").is_dir():
+            recipe = str(ROOT / "recipes" / f"{self.recipe}.toml")
+            run([sys.executable, "-m", "aiayn", "train", recipe, *self.common, "reverse_target=true",
+                 f"max_minutes={self.args.minutes:g}", f"out_dir={r2l}"])  # fmt: skip
+        reads = [*cached_final, f"r2l_model={r2l}", f"max_steps={steps}", "horizon=steps"]
+        build_cache(ROOT / "recipes" / f"{self.recipe}.toml", [*self.common, *reads])
+        self.record(f"cached-full-r2l-{steps}-updates", self.trained, reads, 0)
 
 
 def main() -> int:

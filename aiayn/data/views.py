@@ -7,7 +7,10 @@
   to right as the target (empty translations left out): the distillation control's extra pairs.
 - ``Concat(*views)``: several of these as one corpus.
 
-Every view has ``.src.lengths`` and ``.tgt.lengths``, what ``TokenBatchSampler`` batches by.
+Every view has ``.src.lengths`` and ``.tgt.lengths``, what ``TokenBatchSampler`` batches by (with a
+cached translation, the target side's length is the longer of the target and the translation: the
+right-to-left decoder reads the one, the left-to-right decoder the other, so a batch's token budget
+holds both).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class PairView:
         if len(self.index) == 0:
             raise DataError("an empty view: no pair of the corpus is selected")
         self.src = _Side(corpus.src.lengths[self.index])
-        self.tgt = _Side(corpus.tgt.lengths[self.index])
+        tgt = corpus.tgt.lengths if pseudo is None else np.maximum(corpus.tgt.lengths, pseudo.lengths)
+        self.tgt = _Side(tgt[self.index])  # a batch's budget holds the longer of target and translation
 
     def __len__(self) -> int:
         return len(self.index)

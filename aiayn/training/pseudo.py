@@ -1,20 +1,21 @@
 """Right-to-left translations of a training corpus, made once and cached (``r2l_memory_from="cache"``).
 
 ABDNMT-Transformer (Su et al. 2019) trains its bidirectional decoder on a third file: a right-to-left
-translation of every training source by a separately trained right-to-left model, made before
-training, so that a training step costs one teacher-forced pass more than a plain one instead of a
-search. ``pseudo_targets`` makes that file for an encoded corpus: each source through a model trained
-with ``reverse_target=true``, by greedy or beam search, the best hypothesis kept in the model's own
-(right-to-left) order, eos dropped. With two models (a jackknife: trained with ``train_half=1`` and
-``train_half=2``) each translates only the pairs of the half it did not train on, so that no cached
-translation comes from a model that saw its pair: a small model nearly learns its training set by
-heart, and a left-to-right decoder trained on such memories would trust them more than the memory
-it gets at test time.
+translation of every training source by a separately trained right-to-left model, made before training,
+so that a training step costs one teacher-forced pass more than a plain one instead of a search.
+``pseudo_targets`` makes that file for an encoded corpus: each source through a model trained with
+``reverse_target=true``, by greedy or beam search, the best hypothesis kept in the model's own
+(right-to-left) order, eos dropped, at most ``R2L_MARGIN`` tokens longer than its source (as
+``greedy_memory_input``'s: a weak model's runaway repetitions would otherwise fill the cache with
+sequences 50 tokens longer than their sources, each padding its whole batch). With two models (a
+jackknife: trained with ``train_half=1`` and ``train_half=2``) each translates only the pairs of the
+half it did not train on, so that no cached translation comes from a model that saw its pair: a small
+model nearly learns its training set by heart, and a left-to-right decoder trained on such memories
+would trust them more than the memory it gets at test time.
 
 The result is cached beside the encoded corpora (``aiayn.data.cache.cache_sequences``), keyed by the
-encoded corpus (its text, tokenizers and filter), each model's weights (SHA-256 of the safetensors
-file) and half, and the search: a second run reuses it; a retrained model or another corpus makes a
-new one.
+encoded corpus (its text, tokenizers and filter), each model's weights (SHA-256 of the safetensors file)
+and half, and the search: a second run reuses it; a retrained model or another corpus makes a new one.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import load_translation_dir, model_meta
 from aiayn.models.bidirectional import BidirectionalTransformer
 from aiayn.models.io import WEIGHTS_FILE, load_model, resolve_model_dir
+from aiayn.training.criteria import R2L_MARGIN
 
 CHUNK = 2048  # sources per chunk written (and per progress line)
 
@@ -95,9 +97,10 @@ def pseudo_targets(
     the model at ``paths[0]`` or, given two, jackknifed (``translator_of``); read from the cache
     when these models already translated this corpus with this search."""
     dirs, translators = load_r2l_models(paths)
-    key = {"corpus": corpus.directory.name, "models": [fingerprint(d) for d in dirs], "beam": beam}
+    key = {"corpus": corpus.directory.name, "models": [fingerprint(d) for d in dirs], "beam": beam,
+           "max_len_b": R2L_MARGIN}  # fmt: skip
     who = translator_of(corpus, dirs)
-    search = SearchConfig(beam=beam)
+    search = SearchConfig(beam=beam, max_len_b=R2L_MARGIN)
 
     def make() -> Iterator[list[list[int]]]:
         t0, n = time.time(), len(corpus)

@@ -38,7 +38,9 @@ def test_halves_follow_the_source_so_duplicates_share_one():
 
 def test_a_view_selects_pairs_and_appends_their_translations():
     view = PairView(CORPUS, np.array([3, 1]), PSEUDO)
-    assert len(view) == 2 and view.src.lengths.tolist() == [3, 1] and view.tgt.lengths.tolist() == [1, 2]
+    assert len(view) == 2 and view.src.lengths.tolist() == [3, 1]
+    assert view.tgt.lengths.tolist() == [3, 2]  # the longer of target and translation: [1 vs 3], [2 vs 0]
+    assert PairView(CORPUS, np.array([3, 1])).tgt.lengths.tolist() == [1, 2]
     assert [x.tolist() for x in view[0]] == [[8, 9, 10], [24], [33, 34, 35]]
     assert [x.tolist() for x in PairView(CORPUS)[1]] == [[7], [21, 22]]
     with pytest.raises(DataError, match="4 cached translations for 5 pairs"):

@@ -23,6 +23,7 @@ from aiayn.training.task import get_task
 from tests.training.conftest import tiny_args
 
 R2L = ["reverse_target=true", "eval_every=4", "max_steps=4"]
+SEARCH = SearchConfig(beam=1, max_len_b=10)  # the cache's search
 CACHED = ["model.bidirectional=true", "r2l_memory_from=cache", "eval_every=2", "keep_last=5"]
 
 
@@ -60,7 +61,7 @@ def test_the_cache_holds_the_models_translations_and_is_keyed_by_model_corpus_an
     first = pseudo_targets(train, [dirs["all"]])
     translator = Translator.from_dir(dirs["all"])
     for i in (0, 7, 123):
-        hyp = translator.search([train.src[i].tolist()], SearchConfig(beam=1))[0][0].tokens
+        hyp = translator.search([train.src[i].tolist()], SEARCH)[0][0].tokens
         assert first[i].tolist() == [tok for tok in hyp if tok != 2]  # right to left, eos dropped
     assert sum(len(first[i]) for i in range(len(first))) > len(first), "empty translations prove nothing"
 
@@ -97,7 +98,7 @@ def test_the_jackknife_models_never_translate_their_own_half(corpus_module, r2l,
     cached = pseudo_targets(train, models)
     translators = [Translator.from_dir(d) for d in models]
     for i in range(0, len(train), 37):
-        hyp = translators[who[i]].search([train.src[i].tolist()], SearchConfig(beam=1))[0][0].tokens
+        hyp = translators[who[i]].search([train.src[i].tolist()], SEARCH)[0][0].tokens
         assert cached[i].tolist() == [tok for tok in hyp if tok != 2]
     with pytest.raises(ConfigError, match="one model trained with train_half=1 and one with train_half=2"):
         pseudo_targets(train, [dirs["half1"], dirs["half1"]])
