@@ -42,6 +42,7 @@ class R2LMemory(NamedTuple):
     tgt: Tensor | None = None  # (B, T'') bos + the sequence whose states are the memory; None: r2l_tgt
     keep: Tensor | None = None  # (B,) bool; False: the row reads bos's state only (memory dropout)
     detach: bool = False  # no gradient from the left-to-right decoder into the memory
+    frozen: bool = False  # the right-to-left pass runs without gradient (a frozen right-to-left decoder)
 
 
 class BidirectionalTransformer(Transformer):
@@ -94,7 +95,8 @@ class BidirectionalTransformer(Transformer):
         """
         memory = memory or R2LMemory()
         context = self.context(src)
-        r2l_states = self.decode_r2l(r2l_tgt, context)  # (B, T', d_model)
+        with torch.no_grad() if memory.frozen else contextlib.nullcontext():
+            r2l_states = self.decode_r2l(r2l_tgt, context)  # (B, T', d_model)
         memory_tgt = r2l_tgt if memory.tgt is None else memory.tgt
         if memory.tgt is None:
             states = r2l_states

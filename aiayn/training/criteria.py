@@ -89,7 +89,8 @@ def bidirectional_loss(
     [eos]``: the reversed reference (``r2l_target="reference"``, ``reverse_targets``) or the batch's
     cached right-to-left translation (``"pseudo"``: ``batch.r2l``, Su et al. 2019). The left-to-right
     decoder reads the states of ``memory.tgt`` or, without it, those of that same pass
-    (``BidirectionalTransformer.hidden``).
+    (``BidirectionalTransformer.hidden``); with ``memory.frozen`` the right-to-left pass has no loss
+    (its sums are zero) and no gradient.
     """
     pad = model.config.pad_id
     if r2l_target == "pseudo":
@@ -98,6 +99,8 @@ def bidirectional_loss(
         r2l_in, r2l_out = reverse_targets(batch.tgt_out)  # (B, T) each
     out = model.hidden(batch.src, batch.tgt_in, r2l_in, memory)
     l2r = smoothed_sums(model.head, out.l2r, batch.tgt_out, epsilon, pad)
+    if memory is not None and memory.frozen:  # nothing to learn there: no right-to-left projection
+        return l2r, LossSums(*(torch.zeros((), device=l2r.loss.device),) * 3)
     r2l = smoothed_sums(model.head, out.r2l, r2l_out, epsilon, pad)
     return LossSums(l2r.loss + r2l_weight * r2l.loss, l2r.nll, l2r.n), r2l
 

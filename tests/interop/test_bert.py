@@ -415,9 +415,9 @@ def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsy
     assert (
         config["architectures"] == ["BertForSequenceClassification"] and config["id2label"]["1"] == "positive"
     )
-    # aiayn's sentencepiece files in their own folder: HF's fast tokenizers read OUT/tokenizer.json
+    # aiayn's sentencepiece files in their own folder; OUT/tokenizer.json is HF's fast tokenizer
     assert (tmp_path / "hf" / "aiayn_tokenizer" / "spm.model").is_file()
-    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
     (tmp_path / "in.txt").write_text("a good film\nthe plot is dull\nbad\n", encoding="utf-8")
     outputs = []
     for name in ("model", "hf"):  # the export classifies as the original, with aiayn's tokenizer and labels
@@ -457,3 +457,52 @@ def test_exported_masked_lm_fills_masks_as_the_original(tmp_path, capsys, senten
         assert main(["fill-mask", "--model", str(tmp_path / name), "--top-k", "3", "a good <mask> ."]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 3
+
+
+TEXTS = [
+    "a good film",
+    "The plot is DULL!",
+    "  two  spaces ",
+    "a good <mask> film .",
+    "naïve café ☃",
+    "",
+    "a\tgood\nfilm",
+]
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_exported_sentencepiece_vocabulary_loads_in_autotokenizer_and_encodes_as_aiayn(
+    tmp_path, lowercase, model_type
+):
+    """``AutoTokenizer.from_pretrained(export)`` reads the sentencepiece vocabulary's HF files and gives,
+    for every text, ``[bos] + aiayn's ids + [eos]`` — what aiayn's batches feed the model — and
+    ``BertForSequenceClassification`` on those ids the original's logits."""
+    lines = ["a good film", "a bad film", "the plot is dull", "Naïve café", "Two Spaces and TABS"] * 50
+    tok = SentencePieceTokenizer.train(lines, 280, model_type, mask=True, lowercase=lowercase)
+    torch.manual_seed(0)
+    m = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=2, pooling="first", pooler=True,
+                                   **{**BERT, "max_len": 64})).eval()  # fmt: skip
+    export_bert(m, tmp_path / "hf", ["neg", "pos"], tok)
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert auto.is_fast
+    for text in TEXTS:
+        assert auto(text)["input_ids"] == [1, *tok.encode(text), 2], text
+    # the one known difference (fast_tokenizer.py): a text that starts with the mask
+    spm = tok.encode("<mask> film")  # sentencepiece: a lone "▁" first; HF: none
+    assert tok.sp.id_to_piece(spm[0]) == "\u2581" and auto("<mask> film")["input_ids"] == [1, *spm[1:], 2]
+    assert auto.decode(auto("a good film")["input_ids"], skip_special_tokens=True) == tok.decode(
+        tok.encode("a good film")
+    )
+    assert (auto.pad_token_id, auto.cls_token_id, auto.sep_token_id, auto.mask_token_id) == (
+        0,
+        1,
+        2,
+        tok.mask_id,
+    )
+    batch = auto(TEXTS[:3], padding=True, return_tensors="pt")
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(**batch).logits
+        ours = m.classify(batch["input_ids"])
+    assert_close("exported sentencepiece BERT via AutoTokenizer", theirs, ours, atol=1e-4)

@@ -275,3 +275,20 @@ def test_decoding_builds_the_memory_the_cached_training_step_reads():
             nll = criteria.bidirectional_loss(m, row, 0.0, r2l_target="pseudo")[0].nll
             assert -nll.item() == pytest.approx(hyps[i][0].log_prob, abs=1e-4)
     assert any(len(p) > 1 for p in pseudo) and any(len(o) > 1 for o in out), "empty outputs prove little"
+
+
+def test_a_frozen_right_to_left_pass_has_no_loss_and_no_gradient():
+    """``R2LMemory(frozen=True)`` (``r2l_freeze``): the same left-to-right loss as reading that memory
+    unfrozen, nothing from the right-to-left head, and no gradient anywhere in its decoder."""
+    m = model()
+    m.train()  # dropout is 0 in model(): the passes are comparable
+    b = cached_batch([[7, 9, 11, 5], [12], [6, 6]])
+    frozen, r2l = criteria.bidirectional_loss(m, b, 0.1, r2l_target="pseudo", memory=R2LMemory(frozen=True))
+    with torch.no_grad():
+        plain, plain_r2l = criteria.bidirectional_loss(m, b, 0.1, r2l_target="pseudo")
+    assert_close("frozen r2l pass: the l2r loss alone", frozen.loss, plain.loss - plain_r2l.loss)
+    assert_close("frozen r2l pass: l2r NLL unchanged", frozen.nll, plain.nll)
+    assert float(r2l.n) == float(r2l.loss) == 0 and float(plain_r2l.loss) > 0
+    frozen.loss.backward()
+    assert all(p.grad is None for p in m.r2l_decoder.parameters())
+    assert any(p.grad is not None for p in m.decoder.parameters())

@@ -27,7 +27,8 @@ BERT's tokenizer is WordPiece (``vocab.txt``, ``aiayn.interop.bert.tokenizer.Wor
 writes each text as [CLS] … [SEP], as BERT does. ``export_bert(…, tok=…)`` writes a WordPiece
 tokenizer as ``vocab.txt`` + ``tokenizer_config.json``, which transformers' ``AutoTokenizer`` reads;
 any other (a sentencepiece vocabulary has no ``vocab.txt`` form) goes into ``aiayn_tokenizer/``,
-out of the way of HF's ``tokenizer.json``, and ``load_bert_dir`` prefers it when it is there.
+out of the way of HF's ``tokenizer.json``, and ``load_bert_dir`` prefers it when it is there; a
+sentencepiece one is also written as HF's fast-tokenizer files (``fast_tokenizer.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ import torch
 from torch import Tensor
 
 from aiayn import textfiles
-from aiayn.data.tokenizer import KINDS, META_FILE, Tokenizer, load_tokenizer
+from aiayn.data.tokenizer import KINDS, META_FILE, SentencePieceTokenizer, Tokenizer, load_tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
+from aiayn.interop.bert.fast_tokenizer import save_fast_tokenizer
 from aiayn.interop.bert.tokenizer import WordPieceTokenizer, load_bert_tokenizer
 from aiayn.models.config import EncoderConfig
 from aiayn.models.encoder import EncoderModel
@@ -361,4 +363,6 @@ def export_bert(
     directory = hf.write_hf_directory(directory, config, tensors)
     if tok is not None:
         tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
+    if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
+        save_fast_tokenizer(tok, directory, c.max_len)
     return directory

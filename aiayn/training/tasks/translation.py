@@ -90,7 +90,8 @@ class TranslationOptions(TaskOptions):
     r2l_target: str = "pseudo"
     r2l_memory_dropout: float = 0.0  # model.bidirectional: share of sentences whose memory is bos only
     r2l_init: bool = False  # start the encoder, embeddings and r2l decoder from r2l_model's weights
-    r2l_freeze: bool = False  # with r2l_init: the r2l decoder stays as r2l_model trained it
+    # with r2l_init: the r2l decoder stays as r2l_model trained it (no r2l loss, no gradient: a cheaper step)
+    r2l_freeze: bool = False
     # a plain model trained on the references plus r2l_model's translations turned left to right (the
     # distillation control of the bidirectional benchmark: the same extra data, no new sublayer)
     r2l_distill: bool = False
@@ -337,7 +338,7 @@ class TranslationTask(Task):
         keep = None
         if o.r2l_memory_dropout and model.training:
             keep = torch.rand(batch.src.size(0), device=batch.src.device) >= o.r2l_memory_dropout  # (B,)
-        return R2LMemory(tgt, keep, o.r2l_detach)
+        return R2LMemory(tgt, keep, o.r2l_detach or o.r2l_freeze, o.r2l_freeze)
 
     def pop_metrics(self, split: str) -> dict[str, float]:
         if not self.bidirectional:

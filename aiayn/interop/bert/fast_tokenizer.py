@@ -1,0 +1,52 @@
+"""HF's tokenizer files for an encoder trained with aiayn's sentencepiece vocabulary.
+
+A sentencepiece vocabulary has no ``vocab.txt`` form, so an exported encoder gets what transformers'
+fast tokenizers read instead: ``tokenizer.json`` (a ``tokenizers.Tokenizer``) and
+``tokenizer_config.json`` naming it ``PreTrainedTokenizerFast``, so ``AutoTokenizer.from_pretrained``
+loads it. The tokenizer is built by transformers' own sentencepiece converter
+(``SpmConverter.build_tokenizer_from_spm_proto``: the model's normalisation rules, lowercasing included,
+its BPE merges or unigram scores, byte fallback, ``<mask>`` kept whole), so it splits text as
+sentencepiece does; a template adds ``bos … eos`` around each text, as aiayn's batches do (BERT's
+``[CLS] … [SEP]``). ``<mask>`` is a special token matched in the normalised text, where sentencepiece
+finds its user-defined piece; one difference remains, in a text that starts with it: sentencepiece
+writes a lone ``▁`` before the mask, HF's tokenizer does not. transformers is an optional dependency:
+without it nothing is written here, and the export still carries aiayn's own tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiayn.atomic import write_json, write_text
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer
+
+
+def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: int) -> bool:
+    """Write ``tokenizer.json`` + ``tokenizer_config.json`` for ``tok`` into ``directory``; False
+    (nothing written) when transformers is not installed."""
+    try:
+        from tokenizers import AddedToken, processors
+        from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+    except ImportError:
+        return False
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(tok.model_bytes())
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    name = tok.sp.id_to_piece
+    bos, eos = name(BOS_ID), name(EOS_ID)
+    fast.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}",
+        pair=f"{bos} $A {eos} $B {eos}",
+        special_tokens=[(bos, BOS_ID), (eos, EOS_ID)],
+    )
+    if tok.mask_id is not None:  # matched in the normalised text, where sentencepiece finds it
+        fast.add_special_tokens([AddedToken(name(tok.mask_id), normalized=True, special=True)])
+    write_text(directory / "tokenizer.json", fast.to_str(pretty=True))
+    specials = {"bos_token": bos, "eos_token": eos, "cls_token": bos, "sep_token": eos,
+                "unk_token": name(UNK_ID), "pad_token": name(PAD_ID)}  # fmt: skip
+    if tok.mask_id is not None:
+        specials["mask_token"] = name(tok.mask_id)
+    write_json(directory / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                     "model_max_length": max_len, **specials})  # fmt: skip
+    return True
