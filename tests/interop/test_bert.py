@@ -478,8 +478,30 @@ def test_exported_sentencepiece_vocabulary_loads_in_autotokenizer_and_encodes_as
     """``AutoTokenizer.from_pretrained(export)`` reads the sentencepiece vocabulary's HF files and gives,
     for every text, ``[bos] + aiayn's ids + [eos]`` — what aiayn's batches feed the model — and
     ``BertForSequenceClassification`` on those ids the original's logits."""
-    lines = ["a good film", "a bad film", "the plot is dull", "Naïve café", "Two Spaces and TABS"] * 50
-    tok = SentencePieceTokenizer.train(lines, 280, model_type, mask=True, lowercase=lowercase)
+    words = [
+        "a",
+        "good",
+        "bad",
+        "film",
+        "plot",
+        "is",
+        "dull",
+        "the",
+        "Naïve",
+        "café",
+        "Two",
+        "Spaces",
+        "and",
+        "TABS",
+        "actor",
+        "scene",
+        "music",
+        "story",
+        "ending",
+    ]
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(2000)]
+    tok = SentencePieceTokenizer.train(lines, 300, model_type, mask=True, lowercase=lowercase)
     torch.manual_seed(0)
     m = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=2, pooling="first", pooler=True,
                                    **{**BERT, "max_len": 64})).eval()  # fmt: skip

@@ -25,8 +25,26 @@ DRIVER = str(ROOT / "tests" / "training" / "driver.py")
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_single_process_with_the_same_global_batch(corpus, tmp_path):
+    ddp_matches_single(corpus, tmp_path, [])
+
+
+@pytest.mark.slow
+def test_ddp_on_a_cached_right_to_left_memory_matches_single_process(corpus, tmp_path, monkeypatch):
+    """The bidirectional model on cached translations: rank 0 makes the cache, rank 1 reads it, and
+    the two ranks train as one process would."""
+    from aiayn.cli.main import main
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+    r2l = tmp_path / "r2l"
+    assert main(["train", *tiny_args(corpus, r2l, "reverse_target=true", "max_steps=3", "eval_every=3")]) == 0
+    ddp_matches_single(
+        corpus, tmp_path, ["model.bidirectional=true", "r2l_memory_from=cache", f"r2l_model={r2l}"]
+    )
+
+
+def ddp_matches_single(corpus, tmp_path, extra: list[str]) -> None:
     env = {**os.environ, "AIAYN_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    common = ["max_steps=6", "eval_every=6", "model.dropout=0.0", "device=cpu"]
+    common = ["max_steps=6", "eval_every=6", "model.dropout=0.0", "device=cpu", *extra]
     ddp_dump, single_dump = tmp_path / "ddp", tmp_path / "single"
     ddp_dump.mkdir(), single_dump.mkdir()
     ddp = subprocess.run(

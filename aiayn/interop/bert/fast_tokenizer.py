@@ -31,7 +31,12 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
         return False
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(tok.model_bytes())
-    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    unigram = proto.trainer_spec.model_type == 1  # the converter takes (piece, score) pairs, BPE piece ids
+    vocab = (
+        [(p.piece, p.score) for p in proto.pieces]
+        if unigram
+        else {p.piece: i for i, p in enumerate(proto.pieces)}
+    )
     fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
     name = tok.sp.id_to_piece
     bos, eos = name(BOS_ID), name(EOS_ID)
