@@ -76,7 +76,10 @@ def test_reference_memory_trains_and_resumes_exactly(corpus, tmp_path):
         (["model.bidirectional=true", "reverse_target=true"], "choose one"),
         (["model.bidirectional=true", "model.r2l_memory=true"], "r2l_memory"),
         (["r2l_weight=-1"], r"r2l_weight=-1.0 must be ≥ 0"),
-        (["r2l_memory_from=beam"], r"r2l_memory_from='beam' is not one of \('reference', 'greedy', 'cache'\)"),
+        (
+            ["r2l_memory_from=beam"],
+            r"r2l_memory_from='beam' is not one of \('reference', 'greedy', 'cache'\)",
+        ),
     ],
 )
 def test_bad_bidirectional_configs(overrides, match):

@@ -187,6 +187,7 @@ def test_distillation_trains_on_references_and_reversed_translations(corpus_modu
         (["r2l_jackknife=y"], "give r2l_model"),
         (["model.bidirectional=true", "r2l_memory_from=cache", "r2l_model=x", "r2l_cache_beam=0"], "≥ 1"),
         (["r2l_distill=true", "r2l_model=x", "subword_dropout=0.1"], "the cache was made for"),
+        (["train_half=1", "subword_dropout=0.1"], "selects pairs of one segmentation"),
     ],
 )
 def test_bad_cache_configs(overrides, match):

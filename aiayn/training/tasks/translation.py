@@ -159,6 +159,8 @@ class TranslationOptions(TaskOptions):
             fail(self, "r2l_memory_dropout", "is for model.bidirectional=true")
         if self.r2l_freeze and not self.r2l_init:
             fail(self, "r2l_freeze", "keeps r2l_model's decoder: it needs r2l_init=true")
+        if self.train_half and self.subword_dropout:
+            fail(self, "train_half", "selects pairs of one segmentation: set subword_dropout=0 with it")
         if (cache or self.r2l_distill) and self.subword_dropout:
             fail(self, "subword_dropout", "re-segments the pairs the cache was made for: 0 with r2l_model")
 
@@ -236,9 +238,14 @@ class TranslationTask(Task):
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
-        targets = [self.train.tgt.ids, *([self.pseudo.ids] if o.r2l_distill else [])] if o.r2l_model or \
-            o.train_half else [c.tgt.ids for c in corpora]  # fmt: skip
-        self.target_pieces = target_pieces(targets) if o.output_vocab == "target" else None
+        self.target_pieces = None
+        if o.output_vocab == "target":
+            targets = (
+                [c.tgt.ids for c in corpora]
+                if not (o.r2l_model or o.train_half)
+                else [self.train.tgt.ids, *([self.pseudo.ids] if o.r2l_model else [])]
+            )  # a view's: its corpus's
+            self.target_pieces = target_pieces(targets)
 
     def _training_pairs(self, dist: DistInfo):
         """The pairs training batches: all or one half (``train_half``), each with its cached
