@@ -23,11 +23,13 @@ from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTo
 
 def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: int) -> bool:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` for ``tok`` into ``directory``; False
-    (nothing written) when transformers is not installed."""
+    (nothing written) without transformers (5 or later)."""
     try:
         from tokenizers import AddedToken, processors
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
     except ImportError:
+        return False
+    if not hasattr(SpmConverter, "build_tokenizer_from_spm_proto"):  # transformers before 5
         return False
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(tok.model_bytes())
