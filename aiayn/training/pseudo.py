@@ -49,7 +49,12 @@ def fingerprint(directory: str | os.PathLike) -> dict:
     with open(Path(directory) / WEIGHTS_FILE, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"weights": h.hexdigest(), "train_half": int(model_meta(directory).get("train_half", 0))}
+    return {"weights": h.hexdigest(), "train_half": train_half(directory)}
+
+
+def train_half(directory: str | os.PathLike) -> int:
+    """The half of the training pairs a jackknife's model trained on (``train_half``; 0 = all)."""
+    return int(model_meta(directory).get("train_half", 0))
 
 
 def load_r2l_models(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Translator]]:
@@ -67,7 +72,7 @@ def load_r2l_models(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], lis
                               "reverse_target=true")  # fmt: skip
         translators.append(t)
     if len(dirs) == 2:
-        found = sorted(fingerprint(d)["train_half"] for d in dirs)
+        found = sorted(train_half(d) for d in dirs)
         if found != [1, 2]:
             raise ConfigError(f"a jackknifed cache needs one model trained with train_half=1 and one with "
                               f"train_half=2; these were trained with train_half={found}")  # fmt: skip
@@ -82,7 +87,7 @@ def translator_of(corpus: EncodedParallel, dirs: Sequence[Path]) -> np.ndarray:
     """(N,) which model translates each pair: the only one, or the one not trained on its half."""
     if len(dirs) == 1:
         return np.zeros(len(corpus), np.int64)
-    trained_on = [fingerprint(d)["train_half"] for d in dirs]  # 1 or 2 each
+    trained_on = [train_half(d) for d in dirs]  # 1 or 2 each
     return np.where(halves(corpus) == trained_on[0], 1, 0)
 
 
