@@ -175,7 +175,7 @@ class Bench:
             plain = self.record("plain-short", self.trained, [], round(a.minutes - stages["r2l_minutes"], 2))
             chosen = ROOT / "runs" / f"reproduce-{self.tag}-plain-short" / plain["chosen"]
             r2l_dir = ROOT / stages["r2l_models"][0]
-            self.summary["arms"][f"{self.tag}-rerank"] = {**rerank_bleu(chosen, r2l_dir, self.direction)}
+            self.summary["arms"][f"{self.tag}-rerank"] = rerank_bleu(chosen, r2l_dir, self.direction)
             write_json(SUMMARY, self.summary)
         for variant in a.variants:
             name, _, overrides = variant.partition("=")
