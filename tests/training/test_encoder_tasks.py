@@ -135,12 +135,30 @@ def test_mlm_resume_continues_with_the_same_masks(rule_data, tmp_path):
     assert a == pytest.approx(b, rel=1e-5)
 
 
+def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tmp_path):
+    """``lowercase``: the run's vocabulary lowercases (as fill-mask and fine-tuning will read text);
+    ``eval_max_sentences``: packed validation blocks are exactly the first N dev rows, separated."""
+    dev = rule_data / "dev.tsv"
+    trainer = Trainer(load_recipe(None, [
+        "task=mlm", f"dataset={rule_data / 'train.tsv'}", f"valid_dataset={dev}", f"out_dir={tmp_path / 'r'}",
+        "packing=blocks", "lowercase=true", "eval_max_sentences=5", "max_len=16", *TINY]))  # fmt: skip
+    task = trainer.task
+    assert task.tok.lowercase and task.tok.encode("THE Great FILM") == task.tok.encode("the great film")
+    first = [line.split("\t")[0] for line in dev.read_text().splitlines()[1:6]]
+    expected = [i for text in first for i in [*task.tok.encode(text), task.tok.eos_id]]
+    assert [int(i) for block in task.valid for i in block] == expected
+    assert all(len(block) == 14 for block in list(task.valid)[:-1])
+    with pytest.raises(ConfigError, match=r"lowercase=True trains a lowercasing vocabulary; init_from="):
+        load_recipe(None, ["task=classify", f"init_from={tmp_path}", "lowercase=true"])
+
+
 @pytest.mark.parametrize(
     "task, override, match",
     [
         ("mlm", "mask_prob=0", r"mask_prob=0.0 must be in \(0, 1\]"),
         ("mlm", "random_token_prob=0.5", r"random_token_prob=0.5 \+ mask_token_prob=0.8 is more than 1"),
         ("mlm", "model.n_classes=3", r"model.n_classes is for task='classify'"),
+        ("mlm", "eval_max_sentences=-1", r"eval_max_sentences=-1 must be ≥ 0"),
         ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),

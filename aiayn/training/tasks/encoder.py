@@ -30,6 +30,9 @@ from aiayn.training.task import TOKENIZER_DIR, Task
 @dataclass
 class EncoderOptions(TaskOptions):
     text_column: str = ""  # tables (TSV/CSV/JSONL): the text's column name or 0-based number
+    # a vocabulary trained here lowercases all text (a normalisation rule inside the tokenizer, so
+    # fine-tuning, classify and fill-mask read text as pre-training did); False = text as written
+    lowercase: bool = False
 
 
 class EncoderTask(Task):
@@ -61,7 +64,8 @@ class EncoderTask(Task):
         def tokenizer():
             if not tok_dir.is_dir():
                 SentencePieceTokenizer.train(
-                    sentences, cfg.vocab_size, model_type=cfg.tokenizer, source=source, mask=True
+                    sentences, cfg.vocab_size, model_type=cfg.tokenizer, source=source, mask=True,
+                    lowercase=cfg.options.lowercase,
                 ).save(tok_dir)
             return load_tokenizer(tok_dir)
 

@@ -53,6 +53,7 @@ class MLMOptions(EncoderOptions):
     # "sentences": a line or row per sequence, truncated to max_len; "blocks": documents packed into
     # full max_len blocks across their boundaries, separated by eos (BERT, RoBERTa; data/packing.py)
     packing: str = "sentences"
+    eval_max_sentences: int = 0  # validate on the first N lines or rows (documents); 0 = all
 
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)
@@ -65,6 +66,8 @@ class MLMOptions(EncoderOptions):
             fail(self, "mask_prob", "must be in (0, 1]: the share of tokens the model predicts (BERT: 0.15)")
         if self.mask_token_prob + self.random_token_prob > 1:
             fail(self, "random_token_prob", f"+ mask_token_prob={self.mask_token_prob} is more than 1")
+        if self.eval_max_sentences < 0:
+            fail(self, "eval_max_sentences", "must be ≥ 0 (0 = every validation line or row)")
         if not all(isinstance(x, str) and x for x in self.extra_text):
             fail(self, "extra_text", "must be a list of dataset names or file paths")
 
@@ -94,11 +97,13 @@ class MLMTask(EncoderTask):
         texts = [load_sentences(name, split, o.text_column) for name, split in train_parts]
         train = [line for lines, _ in texts for line in lines]
         valid, _ = load_sentences(*valid_part, o.text_column)
+        valid = valid[: o.eval_max_sentences or None]
         self.tok = self._tokenizer(train, " and ".join(source for _, source in texts))
         if o.packing == "blocks":
             train_stream = self._stream(zip(train_parts, [lines for lines, _ in texts], strict=True))
             self.train = PackedBlocks(train_stream, cfg.max_len - 2)
-            self.valid = PackedBlocks(self._stream([(valid_part, valid)]), cfg.max_len - 2)
+            valid_stream = join_documents(self.tok.encode_batch(valid), self.tok.eos_id)  # small: in memory
+            self.valid = PackedBlocks(valid_stream, cfg.max_len - 2)
         else:
             self.train, self.valid = self._encode(train), self._encode(valid)
         self.word_starts = torch.tensor(self.tok.word_starts()) if o.whole_word_mask else None

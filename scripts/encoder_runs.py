@@ -1,0 +1,100 @@
+"""What the encoder recipes' reproduce scripts share: time-budgeted runs, the IMDb masked-LM
+pre-training (run once, reused), dev scores from a saved model and published test predictions.
+
+``pretrain(imdb)`` trains ``recipes/imdb-mlm.toml`` on ``imdb/unsup.txt.gz`` (validation: the first
+dev reviews' text) into ``runs/reproduce-encoder/imdb-mlm`` and records it there
+(``pretraining.json``); a later call with the same recipe file, data and overrides reuses that run
+instead of training again, so `make reproduce-sst2` and `make reproduce-imdb` fine-tune one encoder
+and its minutes are counted once, where they were spent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from reproduce import git_commit, machine
+
+from aiayn.atomic import atomic_path, write_json
+from aiayn.data.sentences import load_examples
+from aiayn.decoding.classifier import TextClassifier
+from aiayn.models.common import count_parameters
+from aiayn.training.recipe import load_recipe
+from aiayn.training.trainer import Trainer
+from aiayn.viz.curves import plot_curves, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs" / "reproduce-encoder"
+PRETRAINING_FILE = "pretraining.json"
+
+
+def train(recipe: str, run_dir: Path, overrides: list[str]) -> dict:
+    """Train one recipe into ``run_dir`` from nothing; its record for the results."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cfg = load_recipe(ROOT / "recipes" / f"{recipe}.toml", [*overrides, f"out_dir={run_dir}"])
+    t0 = time.time()
+    result = Trainer(cfg).fit()
+    if result["reason"] in ("SIGINT", "SIGTERM"):
+        raise SystemExit(f"interrupted ({result['reason']}): no results written")
+    valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
+    best = max(valid, key=lambda r: r["accuracy"])
+    minutes = (time.time() - t0) / 60
+    keys = ("step", "elapsed", "accuracy", "macro_f1", "loss")
+    return {"name": run_dir.name, "recipe": f"recipes/{recipe}.toml", "overrides": overrides,
+            "seed": cfg.seed, "updates": result["step"], "stopped_by": result["reason"],
+            "minutes": round(minutes, 2),
+            "updates_per_minute": round(result["step"] / minutes, 1), "best_step": best["step"],
+            "run_dir": str(run_dir.relative_to(ROOT)), "machine": machine(), "commit": git_commit(),
+            "valid_curve": [{k: r[k] for k in keys if k in r} for r in valid]}  # fmt: skip
+
+
+def pretrain(imdb: Path, overrides: list[str] = ()) -> dict:
+    """The IMDb masked-LM encoder's record (``reused``: trained by an earlier call)."""
+    unsup, dev = imdb / "unsup.txt.gz", imdb / "dev.tsv.gz"
+    for path in (unsup, dev):
+        if not path.is_file():
+            raise SystemExit(f"{path}: not found (IMDB: the folder holding unsup.txt.gz and dev.tsv.gz)")
+    args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}", *overrides]
+    recipe = (ROOT / "recipes" / "imdb-mlm.toml").read_bytes()
+    key = hashlib.sha256(recipe + json.dumps(args).encode()).hexdigest()[:16]
+    run_dir = RUNS / "imdb-mlm"
+    record_file = run_dir / PRETRAINING_FILE
+    if record_file.is_file():
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        if record.get("key") == key:
+            print(f"reusing the pre-trained encoder in {run_dir} ({record['minutes']} minutes)", flush=True)
+            return {**record, "reused": True}
+    record = train("imdb-mlm", run_dir, args)
+    record.update(key=key, masked_token_accuracy=max(r["accuracy"] for r in record["valid_curve"]))
+    write_json(record_file, record)
+    return {**record, "reused": False}
+
+
+def dev_scores(run_dir: Path, dev: Path) -> dict:
+    """Accuracy and macro-F1 of the run's best checkpoint on ``dev``, recomputed from the saved model."""
+    classifier = TextClassifier.from_dir(run_dir)
+    data = load_examples(dev, "all")
+    m, _ = classifier.score(data)
+    return {**m, "parameters": count_parameters(classifier.model), "examples": len(data)}
+
+
+def publish_predictions(run_dir: Path, test: Path, out: Path, text_column: str) -> dict:
+    """The run's labels for the unlabelled ``test`` table, one per line in its order, written to
+    ``out`` (gzipped if it ends in .gz) for separate scoring; what was written, for the results."""
+    texts = load_examples(test, "all", text_column, labelled=False).texts
+    labels = [top[0][0] for top in TextClassifier.from_dir(run_dir).predict(texts)]
+    text = "".join(f"{label}\n" for label in labels)
+    with atomic_path(out) as tmp:
+        tmp.write_bytes(gzip.compress(text.encode(), mtime=0) if out.suffix == ".gz" else text.encode())
+    return {"file": str(out.relative_to(ROOT)), "rows": len(labels), "model": str(run_dir.relative_to(ROOT))}
+
+
+def curves(run_dir: Path, prefix: str) -> None:
+    """The run's learning curves as ``results/{prefix}-*.png``."""
+    for png in plot_curves(run_dir, run_dir / "plots"):
+        shutil.copy(png, ROOT / "results" / f"{prefix}-{png.name}")
