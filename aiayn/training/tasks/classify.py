@@ -65,8 +65,8 @@ class ClassifyOptions(EncoderOptions):
         if self.long_text not in POLICIES:
             fail(self, "long_text", f"is not one of {POLICIES}")
         if self.lowercase and self.init_from:
-            fail(self, "lowercase", f"trains a lowercasing vocabulary; init_from={self.init_from!r} brings its "
-                 "own tokenizer (which lowercases if it was trained so): remove lowercase")  # fmt: skip
+            fail(self, "lowercase", f"trains a lowercasing vocabulary; init_from={self.init_from!r} brings "
+                 "its own tokenizer (which lowercases if it was trained so): remove lowercase")  # fmt: skip
         if self.window_stride and self.long_text != "windows":
             fail(self, "window_stride", f"is for long_text='windows', not {self.long_text!r}; remove it")
         super().validate(cfg)
