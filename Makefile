@@ -67,8 +67,15 @@ reproduce-multi30k-en-de-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 \
 	  --processes 2 --r2l-share 0.3
 
-# Issue 16: SST-2 is not bundled (unclear terms); point SST2 at GLUE's folder (train.tsv[.gz], dev.tsv).
-.PHONY: reproduce-sst2
+# Issues 16 and 59: SST-2 and IMDb are not bundled (research use only); point SST2 at GLUE's SST-2
+# folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,
+# train.tsv.gz, dev.tsv.gz). Both fine-tune one IMDb masked-LM encoder, pre-trained by whichever runs
+# first and reused by the other (scripts/encoder_runs.py).
+.PHONY: reproduce-sst2 reproduce-imdb
 reproduce-sst2: $(STAMP)
-	@test -n "$(SST2)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 (GLUE's SST-2 folder)"; exit 2; }
-	$(PY) scripts/reproduce_sst2.py $(SST2)
+	@test -n "$(SST2)" -a -n "$(IMDB)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 IMDB=path/to/imdb"; exit 2; }
+	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB)
+
+reproduce-imdb: $(STAMP)
+	@test -n "$(IMDB)" || { echo "usage: make reproduce-imdb IMDB=path/to/imdb"; exit 2; }
+	$(PY) scripts/reproduce_imdb.py $(IMDB)

@@ -1,0 +1,68 @@
+"""Reproduce the IMDb result: fine-tune the IMDb masked-LM encoder on the labelled reviews.
+
+    python scripts/reproduce_imdb.py PATH/imdb                   # make reproduce-imdb IMDB=PATH/imdb
+    python scripts/reproduce_imdb.py PATH/imdb max_minutes=30    # recipe fields override
+
+``PATH/imdb`` holds the Large Movie Review Dataset (Maas et al. 2011) as ``unsup.txt.gz``
+(unlabelled reviews), ``train.tsv.gz`` and ``dev.tsv.gz`` (``label<TAB>text``); it is not bundled
+(research use only). Steps, each a time-budgeted recipe:
+
+1. ``recipes/imdb-mlm.toml`` pre-trains the encoder on the unlabelled reviews, unless
+   ``reproduce_sst2.py`` (or an earlier run of this script) already did with the same recipe and data:
+   the run is then reused (``encoder_runs.pretrain``) and its minutes reported, not spent again;
+2. ``recipes/imdb-finetune.toml`` fine-tunes it on the 22,500 training reviews (each read as its
+   head and tail, ``long_text="head+tail"``), choosing the checkpoint on dev accuracy.
+
+Dev accuracy and macro-F1 are recomputed from the saved best checkpoint, which then labels the
+official test reviews (``PATH/imdb/test-unlabelled.tsv.gz`` when present) into
+``results/imdb-test-predictions.txt.gz`` for separate scoring. Writes ``results/imdb.json`` and
+``results/imdb-*.png`` learning curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from encoder_runs import RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
+from reproduce import git_commit, machine  # noqa: E402
+
+from aiayn.atomic import write_json  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("imdb", type=Path, help="folder with unsup.txt.gz, train.tsv.gz and dev.tsv.gz")
+    ap.add_argument("overrides", nargs="*", help="fine-tuning recipe fields (key=value), e.g. seed=2")
+    args = ap.parse_args()
+    dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
+    if not (args.imdb / "train.tsv.gz").is_file():
+        ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
+    started = time.time()
+    out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
+    pre = out["pretraining"] = pretrain(args.imdb)
+    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={RUNS / 'imdb-mlm'}", *args.overrides]
+    run = train("imdb-finetune", RUNS / "imdb-finetune", overrides)
+    run["dev"] = dev_scores(ROOT / run["run_dir"], dev)
+    run["total_minutes"] = round(run["minutes"] + pre["minutes"], 2)  # pre-training counted
+    out["finetune"] = run
+    write_json(ROOT / "results" / "imdb.json", out)
+    if test.is_file():
+        predictions = ROOT / "results" / "imdb-test-predictions.txt.gz"
+        out["test_predictions"] = publish_predictions(ROOT / run["run_dir"], test, predictions, "text")
+    out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
+    curves(RUNS / "imdb-finetune", "imdb-finetune")
+    write_json(ROOT / "results" / "imdb.json", out)
+    print(json.dumps({"dev": run["dev"], "minutes": run["minutes"], "updates": run["updates"]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

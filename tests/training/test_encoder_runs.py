@@ -1,0 +1,72 @@
+"""scripts/encoder_runs.py: the IMDb masked-LM encoder is trained once and reused while its recipe,
+data and overrides are unchanged; test predictions are one label per test row, in order."""
+
+import gzip
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.training.recipe import load_recipe
+from aiayn.training.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import encoder_runs  # noqa: E402
+
+
+@pytest.fixture
+def imdb(tmp_path):
+    folder = tmp_path / "imdb"
+    folder.mkdir()
+    (folder / "unsup.txt.gz").write_bytes(gzip.compress(b"a review\n"))
+    (folder / "dev.tsv.gz").write_bytes(gzip.compress(b"label\ttext\n1\tgood\n"))
+    return folder
+
+
+def test_pretraining_is_reused_until_its_recipe_data_or_overrides_change(imdb, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_train(recipe, run_dir, overrides):
+        calls.append(overrides)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return {"minutes": 1.5, "valid_curve": [{"accuracy": 20.0}, {"accuracy": 30.0}]}
+
+    monkeypatch.setattr(encoder_runs, "train", fake_train)
+    monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
+    first = encoder_runs.pretrain(imdb)
+    assert not first["reused"] and first["masked_token_accuracy"] == 30.0 and len(calls) == 1
+    assert calls[0][:2] == [f"dataset={imdb.resolve() / 'unsup.txt.gz'}",
+                            f"valid_dataset={imdb.resolve() / 'dev.tsv.gz'}"]  # fmt: skip
+    again = encoder_runs.pretrain(imdb)
+    assert again["reused"] and again["minutes"] == 1.5 and len(calls) == 1  # not trained twice
+    assert not encoder_runs.pretrain(imdb, ["max_minutes=5"])["reused"] and len(calls) == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("unsup.txt.gz", "dev.tsv.gz"):
+        (other / name).write_bytes((imdb / name).read_bytes())
+    assert not encoder_runs.pretrain(other)["reused"] and len(calls) == 3  # other data: trained again
+    with pytest.raises(SystemExit, match=r"unsup.txt.gz: not found"):
+        encoder_runs.pretrain(tmp_path)
+
+
+def test_published_predictions_are_the_models_labels_in_test_order(tmp_path, monkeypatch):
+    rows = ["text\tlabel"] + [f"{'great film' if i % 2 else 'dull film'} {i}\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    Trainer(load_recipe(None, ["task=classify", f"dataset={tmp_path / 'train.tsv'}", f"out_dir={run}",
+                               "vocab_size=300", "max_tokens=256", "model.d_model=16", "model.n_heads=2",
+                               "model.d_ff=32", "model.n_layers=1", "model.dropout=0", "max_steps=60",
+                               "eval_every=60", "schedule=constant", "lr=0.003", "warmup=5",
+                               "progress=false", "threads=1"])).fit()  # fmt: skip
+    test = tmp_path / "test.tsv"
+    test.write_text("text\ngreat film\ndull film\ngreat film\n", encoding="utf-8")
+    monkeypatch.setattr(encoder_runs, "ROOT", tmp_path)  # the record names files relative to the root
+    for name, read in (
+        ("p.txt", Path.read_text),
+        ("p.txt.gz", lambda p: gzip.decompress(p.read_bytes()).decode()),
+    ):
+        record = encoder_runs.publish_predictions(run, test, tmp_path / name, "text")
+        assert read(tmp_path / name) == "1\n0\n1\n"
+        assert record == {"file": name, "rows": 3, "model": "run"}
