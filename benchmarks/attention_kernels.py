@@ -3,10 +3,12 @@
 ``aiayn.modules.attention.scaled_dot_product_attention`` computes softmax(Q Kᵀ/√d_k) V with three
 batched products (``q @ kᵀ``, softmax, ``@ v``) when there are at most ``EXPLICIT_MAX_KEYS`` keys and
 more than one query, and calls ``F.scaled_dot_product_attention`` otherwise. This measures both
-paths on Transformer-tiny shapes (4 heads of 32, a 4,096-token batch: B = 4096 / T sentences, a
+paths on Transformer-tiny shapes (4 heads of 32, or ``--heads``/``--head-dim``; a 4,096-token batch:
+B = 4096 / T sentences, a
 padding mask in the encoder and a look-ahead mask in the decoder), forward + backward and forward
-only, so the threshold can be checked on any machine. Reported: milliseconds (best of 5 repeats of 5
-calls) and the fused/explicit ratio (> 1: the explicit products are faster). ``--precision bf16``
+only, so the threshold can be checked on any machine, and what aiayn's layers run (the dispatch between the
+two) against ``F.scaled_dot_product_attention`` alone. Reported: milliseconds (best of 5 repeats of 5
+calls) and the fused/explicit and fused/aiayn ratios (> 1: faster than the fused kernel). ``--precision bf16``
 takes bfloat16 queries, keys and values under bf16 autocast, as a model trained with
 ``precision=bf16`` hands them over (training in bfloat16 has its own threshold,
 ``EXPLICIT_MAX_KEYS_BF16_TRAINING``).
@@ -18,6 +20,7 @@ CPU kernel is slow on them; with ``--precision bf16`` the scores are bfloat16.
 
     python benchmarks/attention_kernels.py --threads 2 --json results/bench-attention-kernels.json
     python benchmarks/attention_kernels.py --threads 1 --precision bf16 --softmax-lengths
+    python benchmarks/attention_kernels.py --threads 2 --lengths 128 256 512 --head-dim 64 --softmax-lengths
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from aiayn.modules import attention
 
 def explicit(q, k, v, mask):
     return attention.scaled_dot_product_attention(q, k, v, mask, need_weights=True)[0]  # explicit path
+
+
+def dispatched(q, k, v, mask):
+    return attention.scaled_dot_product_attention(q, k, v, mask)[0]  # what aiayn's layers run
 
 
 def fused(q, k, v, mask):
@@ -72,6 +79,10 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[12, 20, 30, 64, 128, 256])
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--softmax-lengths", type=int, nargs="*", default=[4, 8, 12, 13, 15, 16, 20, 32])
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument(
+        "--head-dim", type=int, default=32, help="32: Transformer-tiny; 64: the BERT-style encoders"
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json", help="write the figures to this file")
@@ -91,13 +102,15 @@ def main() -> None:
                 lens = torch.randint(max(1, length - 4), length + 1, (b,))
                 mask = (torch.arange(length)[None] < lens[:, None])[:, None, None, :]
             for backward in (True, False):
-                shape = (b, 4, length, 32)  # Transformer-tiny: 4 heads of 32
+                shape = (b, args.heads, length, args.head_dim)  # default: Transformer-tiny's 4 heads of 32
                 q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=backward) for _ in range(3))
                 grad = torch.randn(shape, dtype=dtype) if backward else None
-                t = {name: best_ms(fn, (q, k, v, mask), grad, amp=amp)
-                     for name, fn in (("explicit", explicit), ("fused", fused))}  # fmt: skip
+                kernels = (("explicit", explicit), ("fused", fused), ("aiayn", dispatched))
+                t = {name: best_ms(fn, (q, k, v, mask), grad, amp=amp) for name, fn in kernels}
                 row = {"keys": length, "batch": b, "mask": kind, "pass": "fwd+bwd" if backward else "fwd",
                        "explicit_ms": round(t["explicit"], 2), "fused_ms": round(t["fused"], 2),
+                       "aiayn_ms": round(t["aiayn"], 2),
+                       "fused_over_aiayn": round(t["fused"] / t["aiayn"], 2),
                        "fused_over_explicit": round(t["fused"] / t["explicit"], 2)}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -112,6 +125,7 @@ def main() -> None:
         softmax_rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"machine": f"{machine()}, {torch.get_num_threads()} threads", "torch": torch.__version__,
+              "heads": args.heads, "head_dim": args.head_dim,
               "precision": args.precision,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "explicit_max_keys": attention.EXPLICIT_MAX_KEYS, "softmax_min_row": attention.SOFTMAX_MIN_ROW,
