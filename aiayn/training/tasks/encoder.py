@@ -64,7 +64,11 @@ class EncoderTask(Task):
         def tokenizer():
             if not tok_dir.is_dir():
                 SentencePieceTokenizer.train(
-                    sentences, cfg.vocab_size, model_type=cfg.tokenizer, source=source, mask=True,
+                    sentences,
+                    cfg.vocab_size,
+                    model_type=cfg.tokenizer,
+                    source=source,
+                    mask=True,
                     lowercase=cfg.options.lowercase,
                 ).save(tok_dir)
             return load_tokenizer(tok_dir)
