@@ -48,7 +48,7 @@ def main() -> int:
     started = time.time()
     out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
     pre = out["pretraining"] = pretrain(args.imdb)
-    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={RUNS / 'imdb-mlm'}", *args.overrides]
+    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}", *args.overrides]
     run = train("imdb-finetune", RUNS / "imdb-finetune", overrides)
     run["dev"] = dev_scores(ROOT / run["run_dir"], dev)
     run["total_minutes"] = round(run["minutes"] + pre["minutes"], 2)  # pre-training counted

@@ -58,7 +58,7 @@ def main() -> int:
     pre = out["pretraining"] = pretrain(args.imdb)
     data = [f"dataset={args.sst2.resolve()}"]
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
-        for kind, init in (("finetune", RUNS / "imdb-mlm"), ("scratch", "")):
+        for kind, init in (("finetune", ROOT / pre["run_dir"]), ("scratch", "")):
             record = train("sst2-finetune", RUNS / f"sst2-{kind}-seed{seed}",
                            [*data, f"init_from={init}", f"seed={seed}"])  # fmt: skip
             record.update(kind=kind, dev=dev_scores(ROOT / record["run_dir"], dev))
@@ -74,7 +74,7 @@ def main() -> int:
         predictions = ROOT / "results" / "sst2-test-predictions.txt"
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
-    curves(RUNS / "imdb-mlm", "imdb-mlm")
+    curves(ROOT / pre["run_dir"], "imdb-mlm")
     for kind in ("finetune", "scratch"):
         curves(RUNS / f"sst2-{kind}-seed{args.seeds[0]}", f"sst2-{kind}-seed{args.seeds[0]}")
     write_json(ROOT / "results" / "sst2.json", out)
