@@ -95,6 +95,14 @@ class Seq2SeqAdapter(IncrementalDecoder):
     def _select_inputs(self, index: Tensor) -> None:
         self.context = self.context.select(index)
 
+    def join(self, other: Seq2SeqAdapter) -> None:
+        """Take ``other``'s rows after these (iteration-level batching, ``beam.Beams.join``): the
+        caches align on their last position (``DecoderCache.join``), the memories pad to the longer."""
+        if self.cache is None or other.cache is None:
+            raise ValueError("rows that started at different steps need a KV cache (use_cache=True)")
+        self.cache = self.cache.join(other.cache)
+        self.context = self.context.join(other.context)
+
 
 class R2LAdapter(Seq2SeqAdapter):
     """The right-to-left decoder of a ``BidirectionalTransformer``: it writes the target backwards

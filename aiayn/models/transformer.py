@@ -87,10 +87,12 @@ class Transformer(nn.Module):
         return self._decode(self.decoder, tgt, context, tgt_mask, cache, need_weights)
 
     def _decode(self, decoder, tgt, context, tgt_mask, cache, need_weights):
-        start = 0 if cache is None else len(cache)
-        x = self.tgt_embed(tgt, start)
-        if tgt_mask is None and not (cache is not None and tgt.size(1) == 1):
-            tgt_mask = causal_mask(tgt.size(1), start + tgt.size(1), tgt.device)
+        if cache is None:
+            x = self.tgt_embed(tgt)
+            tgt_mask = causal_mask(tgt.size(1), device=tgt.device) if tgt_mask is None else tgt_mask
+        else:  # the positions after the cached ones; rows that joined later have their own (kv_cache.py)
+            x = self.tgt_embed(tgt, cache.positions())
+            tgt_mask = cache.key_mask(tgt.size(1), tgt.device) if tgt_mask is None else tgt_mask
         h, weights = decoder(x, context, tgt_mask, need_weights, cache)
         return (h, weights) if need_weights else h
 

@@ -68,12 +68,12 @@ class PositionalEncoding(nn.Module):
         self.halves = halves  # Marian's [sin | cos] layout instead of the paper's interleaving
         self.register_buffer("pe", sinusoidal_table(max_len, d_model, halves), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        end = _end(start, x)
         if end > self.pe.size(0):
             n = max(end, 2 * self.pe.size(0))
             self.pe = sinusoidal_table(n, self.d_model, self.halves).to(self.pe.device, self.pe.dtype)
-        return x + self.pe[start:end]
+        return x + _rows(self.pe, start, x)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -89,14 +89,27 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        end = _end(start, x)
         if end > self.max_len:
             raise DataError(
                 f"sequence reaches position {end} but the learned positional embedding has "
                 f"max_len={self.max_len}; shorten the input or train with a larger max_len"
             )
-        return x + self.weight[start:end]
+        return x + _rows(self.weight, start, x)
+
+
+def _end(start: int | Tensor, x: Tensor) -> int:
+    """One past the last position of ``x`` (B, T, d) whose rows start at ``start``: an int, or
+    (B,) when rows are at different positions (iteration-level batching)."""
+    return (start if isinstance(start, int) else int(start.max())) + x.size(1)
+
+
+def _rows(table: Tensor, start: int | Tensor, x: Tensor) -> Tensor:
+    """The table's rows for positions ``start … start + T - 1``: (T, d), or (B, T, d) per row."""
+    if isinstance(start, int):
+        return table[start : start + x.size(1)]
+    return table[start[:, None] + torch.arange(x.size(1), device=start.device)]
 
 
 class TokenEmbedding(nn.Module):
@@ -154,7 +167,7 @@ class TransformerEmbedding(nn.Module):
         self.norm = LayerNorm(d_model, ln_eps) if norm else None
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
         x = self.positions(self.tokens(ids), start)
         return self.dropout(x if self.norm is None else self.norm(x))
 

@@ -9,7 +9,10 @@ module decides what to put in them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from aiayn.masks import causal_mask
 
 
 class KVCache:
@@ -54,12 +57,36 @@ class KVCache:
         self._len = n + t
         return self.k, self.v
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search: follow each surviving hypothesis's parent).
+    def reorder(self, index: Tensor, first: int = 0) -> None:
+        """Keep batch rows ``index`` (beam search: follow each surviving hypothesis's parent), and
+        of an appending cache the positions from ``first`` on (earlier ones no row reads any more).
 
         Only the filled positions are copied, into a buffer of the same capacity."""
-        if self._k is not None:
-            self._k, self._v = _gathered(self._k, index, self._len), _gathered(self._v, index, self._len)
+        if self._k is None:
+            return
+        if self.static:
+            self._k, self._v = self._k[index], self._v[index]
+            return
+        self._k, self._v = (_gathered(x, index, self._len, first) for x in (self._k, self._v))
+        self._len -= first
+
+    def joined(self, other: KVCache, length: int) -> KVCache:
+        """This cache's rows then ``other``'s, in one cache.
+
+        Appending caches are aligned on their last position: each one's positions become the last
+        of ``length`` (earlier ones hold zeros, which the rows' key masks hide). Static caches are
+        padded with zeros to the longer memory (hidden by the memory's padding mask)."""
+        out = KVCache(self.static)
+        if self._k is None and other._k is None:
+            return out
+        if self.static:
+            out._k, out._v = _padded_cat(self._k, other._k), _padded_cat(self._v, other._v)
+            out._len = out._k.size(2)
+            return out
+        out._k, out._v = (_right_aligned(a, len(self), b, len(other), length)
+                          for a, b in ((self._k, other._k), (self._v, other._v)))  # fmt: skip
+        out._len = length
+        return out
 
 
 def _grown(buf: Tensor, used: int, need: int) -> Tensor:
@@ -73,6 +100,15 @@ class DecoderCache:
     """The caches of every layer of a decoder stack, plus the number of positions already decoded.
 
     ``layers[i]`` maps a sublayer name (``"self"``, ``"cross"``, ``"cross_r2l"``) to its ``KVCache``.
+
+    Rows that started decoding at different steps share one cache (``join``, iteration-level
+    batching): ``offsets[r]`` is the position in the cache where row r's first token lies. Its
+    earlier positions are not its own (``key_mask`` hides them) and its next token's position in
+    its sentence is ``len(self) - offsets[r]`` (``positions``). ``offsets`` is None while every
+    row started together, which is the plain case and costs nothing.
+
+    Shape:
+        offsets: (N,) long or None
     """
 
     def __init__(self, n_layers: int):
@@ -80,6 +116,34 @@ class DecoderCache:
             {"self": KVCache(), "cross": KVCache(static=True), "cross_r2l": KVCache(static=True)}
             for _ in range(n_layers)
         ]
+        self.offsets: Tensor | None = None
+
+    def positions(self) -> int | Tensor:
+        """The position of each row's next token: one int while rows are aligned, else (N,)."""
+        return len(self) if self.offsets is None else len(self) - self.offsets
+
+    def key_mask(self, t: int, device: torch.device | None = None) -> Tensor | None:
+        """Which cached and new positions each row's ``t`` new tokens may attend to (bool, True = may;
+        causal among the new ones), or None while rows are aligned and ``t`` is 1 (all of them).
+
+        Shape: returns (N, 1, t, len(self) + t), or (t, len(self) + t) while rows are aligned"""
+        if self.offsets is None:
+            return None if t == 1 else causal_mask(t, len(self) + t, device)
+        keys = torch.arange(len(self) + t, device=self.offsets.device)
+        own = keys[None, :] >= self.offsets[:, None]  # (N, L + t)
+        return own[:, None, None, :] & causal_mask(t, len(self) + t, own.device)
+
+    def join(self, other: DecoderCache) -> DecoderCache:
+        """This cache's rows then ``other``'s, aligned on their last decoded position (see the class
+        docstring); either may have decoded more positions than the other."""
+        length = max(len(self), len(other))
+        offsets = [_offsets(c, length) for c in (self, other)]
+        out = DecoderCache(0)
+        out.layers = [{name: a[name].joined(b[name], length) for name in a}
+                      for a, b in zip(self.layers, other.layers, strict=True)]  # fmt: skip
+        offsets = torch.cat(offsets)
+        out.offsets = offsets if bool(offsets.any()) else None
+        return out
 
     def __len__(self) -> int:
         """Positions decoded so far (the position of the next token)."""
@@ -91,16 +155,45 @@ class DecoderCache:
         ``static=False`` leaves the cross-attention caches as they are: right (and cheaper) when
         ``index[i]`` reads the same source as row ``i``, as when beams of one sentence are reordered.
         """
+        first = 0
+        if static and self.offsets is not None:  # rows leave: positions no row still reads go too
+            self.offsets = self.offsets[index]
+            first = int(self.offsets.min()) if self.offsets.numel() else 0
+            self.offsets = self.offsets - first if bool((self.offsets > first).any()) else None
         for layer in self.layers:
             for cache in layer.values():
                 if static or not cache.static:
-                    cache.reorder(index)
+                    cache.reorder(index, first)
 
 
-def _gathered(buf: Tensor, index: Tensor, used: int) -> Tensor:
-    """Rows ``index`` of ``buf``'s first ``used`` positions, in a new buffer of ``buf``'s capacity."""
+def _offsets(cache: DecoderCache, length: int) -> Tensor:
+    """The offsets of ``cache``'s rows once its positions are the last of ``length``."""
+    k = cache.layers[0]["self"]._k
+    rows = k.size(0)
+    own = torch.zeros(rows, dtype=torch.long, device=k.device) if cache.offsets is None else cache.offsets
+    return own + (length - len(cache))
+
+
+def _padded_cat(a: Tensor, b: Tensor) -> Tensor:
+    """Rows of ``a`` then of ``b`` (B, h, S, d), the shorter padded with zeros along S."""
+    s = max(a.size(2), b.size(2))
+    return torch.cat([F.pad(x, (0, 0, 0, s - x.size(2))) for x in (a, b)])
+
+
+def _right_aligned(a: Tensor, n_a: int, b: Tensor, n_b: int, length: int) -> Tensor:
+    """One buffer of ``length`` positions (and room to grow) holding ``a``'s first ``n_a`` positions as
+    its last ``n_a``, and likewise ``b``'s, rows of ``a`` first."""
+    out = a.new_zeros(a.size(0) + b.size(0), a.size(1), max(a.size(2), b.size(2), 2 * length), a.size(3))
+    out[: a.size(0), :, length - n_a : length] = a[:, :, :n_a]
+    out[a.size(0) :, :, length - n_b : length] = b[:, :, :n_b]
+    return out
+
+
+def _gathered(buf: Tensor, index: Tensor, used: int, first: int = 0) -> Tensor:
+    """Rows ``index`` of ``buf``'s positions ``first … used - 1``, moved to the start of a new
+    buffer of ``buf``'s capacity."""
     if buf.requires_grad:  # out= has no autograd: copy the whole buffer instead
-        return buf.index_select(0, index)
+        return buf.index_select(0, index)[:, :, first:]
     new = buf.new_empty(index.numel(), *buf.shape[1:])
-    torch.index_select(buf[:, :, :used], 0, index, out=new[:, :, :used])
+    torch.index_select(buf[:, :, first:used], 0, index, out=new[:, :, : used - first])
     return new

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.modules.attention import MultiHeadAttention
@@ -71,6 +73,18 @@ class DecoderContext:
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return DecoderContext(pick(self.memory), pick(self.memory_mask), pick(self.r2l_memory),
                               pick(self.r2l_mask))  # fmt: skip
+
+    def join(self, other: DecoderContext) -> DecoderContext:
+        """This context's rows then ``other``'s; the shorter memory is padded (its mask hides it).
+        Both have a padding mask per row and no right-to-left memory (plain decoders)."""
+        if self.r2l_memory is not None or other.r2l_memory is not None:
+            raise ValueError("contexts with a right-to-left memory cannot be joined")
+        s = max(self.memory.size(1), other.memory.size(1))
+        memory = torch.cat([F.pad(m, (0, 0, 0, s - m.size(1))) for m in (self.memory, other.memory)])
+        masks = [torch.ones(c.memory.shape[:2], dtype=torch.bool, device=c.memory.device)[:, None, None]
+                 if c.memory_mask is None else c.memory_mask.expand(c.memory.size(0), 1, 1, -1)
+                 for c in (self, other)]  # fmt: skip
+        return DecoderContext(memory, torch.cat([F.pad(m, (0, s - m.size(-1)), value=False) for m in masks]))
 
 
 def _slot(cache: dict | None, name: str):
