@@ -32,7 +32,7 @@ says otherwise.
 
 
 def add_parser(sub) -> None:
-    from aiayn.serve.settings import Settings, flag
+    from aiayn.serve.settings import SCHEDULINGS, Settings, flag
 
     d = Settings()
     p = sub.add_parser("serve", help="serve models over HTTP (API + web page)", description=DESCRIPTION,
@@ -54,9 +54,11 @@ def add_parser(sub) -> None:
     for f in dataclasses.fields(Settings):
         if f.name == "api_keys":
             continue
-        kind = float if isinstance(getattr(d, f.name), float) else int
-        limits.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind, default=getattr(d, f.name),
-                            help=f"default: {getattr(d, f.name)}")  # fmt: skip
+        value = getattr(d, f.name)
+        kind = float if isinstance(value, float) else str if isinstance(value, str) else int
+        choices = SCHEDULINGS if f.name == "scheduling" else None
+        limits.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind, default=value, choices=choices,
+                            help=f"default: {value}")  # fmt: skip
     p.set_defaults(run=run)
 
 

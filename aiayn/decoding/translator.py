@@ -150,21 +150,28 @@ class Translator:
             return results
         lengths = [len(sources[i]) for i in todo]  # the sampler adds eos
         sampler = TokenBatchSampler(lengths, lengths, max(max_tokens, max(lengths) + 1), shuffle=False)
-        c = self.model.config
         for batch in sampler.global_batches(0):
             index = [todo[j] for j in batch]
-            rows = [sources[i] + [c.eos_id] for i in index]
-            src = torch.full((len(rows), max(map(len, rows))), c.pad_id, dtype=torch.long)
-            for r, ids in enumerate(rows):
-                src[r, : len(ids)] = torch.tensor(ids)
-            limits = torch.tensor([config.output_limit(len(sources[i])) for i in index])
-            if self.max_tgt_len is not None:
-                limits = limits.clamp(max=self.max_tgt_len)
+            src, limits = self.batch([sources[i] for i in index], config)
             adapter = adapter_for_translation(self.model, config, limits)
-            hyps = search(adapter, src.to(self.device), config, limits)
+            hyps = search(adapter, src, config, limits)
             for i, h in zip(index, hyps):
                 results[i] = h
         return results
+
+    def batch(self, sources: Sequence[list[int]], config: SearchConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """Non-blank encoded sources as the model reads them, and each one's limit on output tokens.
+
+        Shape: B sources -> src (B, S) right-padded ids + eos, on the model's device; limits (B,)
+        """
+        c = self.model.config
+        src = torch.full((len(sources), max(map(len, sources)) + 1), c.pad_id, dtype=torch.long)
+        for r, ids in enumerate(sources):
+            src[r, : len(ids) + 1] = torch.tensor([*ids, c.eos_id])
+        limits = torch.tensor([config.output_limit(len(ids)) for ids in sources])
+        if self.max_tgt_len is not None:
+            limits = limits.clamp(max=self.max_tgt_len)
+        return src.to(self.device), limits
 
     def detokenize(self, hyp: Hypothesis) -> str:
         return self.tgt_tokenizer.decode(self.forward_order(hyp.tokens))

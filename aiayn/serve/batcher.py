@@ -14,6 +14,15 @@ decoding step (``aiayn.decoding.cancel``). ``busy()`` says how long each worker 
 batch. Jobs of other kinds wait, in order, for the next rounds. With ``workers`` > 1, as many
 batches run at once (each on its own thread; give torch one thread per worker), so that a request
 arriving while a batch runs need not wait for it to end.
+
+**Iteration-level scheduling.** A kind for which ``stepwise(kind)`` returns a running search (a
+translation decoded by beam search or greedily, ``serve/running.py``) is not run as one call: the
+worker keeps that search going and, between two of its decoding steps, takes the jobs that have
+arrived (their encoder pass and first step run then) as long as the texts in flight stay within
+``max_items``; every job is answered the moment its last text is done, and a job whose caller gave
+up leaves the search at the next step. So a request never waits for another request's whole
+search, only for one step of it. When nothing runs, the worker waits ``window`` for more jobs, as
+above, so that a burst starts as one batch.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiayn.decoding.cancel import SearchStopped, stop_when
+
+_STOP = object()  # what ``_next`` returns once ``close`` was called
 
 
 class QueueFull(Exception):
@@ -53,7 +64,10 @@ class Job:
 class Batcher:
     """Worker threads running ``run(kind, payloads) -> results`` on batches of jobs.
 
-    ``on_batch(n_jobs, n_items, seconds)`` is called after each batch (for metrics).
+    ``on_batch(n_jobs, n_items, seconds, tokens)`` is called after each batch and each step of a
+    running search (``tokens``: one per text of the step; None for a batch), ``on_wait(seconds)``
+    when a job starts, with the time it waited (for metrics). ``stepwise(kind)`` returns a running
+    search for a kind decoded step by step, or None (the default for every kind): run in batches.
     """
 
     def __init__(
@@ -62,11 +76,15 @@ class Batcher:
         max_queue: int,
         window: float,
         max_items: int,
-        on_batch: Callable[[int, int, float], None] | None = None,
+        on_batch: Callable[[int, int, float, int | None], None] | None = None,
         workers: int = 1,
+        stepwise: Callable[[Any], Any] | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ):
         self.run, self.window, self.max_items = run, window, max_items
         self.on_batch = on_batch or (lambda *_: None)
+        self.on_wait = on_wait or (lambda _: None)
+        self.stepwise = stepwise or (lambda _: None)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
         self.held_lock = threading.Lock()
@@ -101,65 +119,153 @@ class Batcher:
             thread.join(timeout=10)
 
     # -- the worker thread ----------------------------------------------------------------------
-    def _next(self, timeout: float | None) -> Job | None:
+    def _next(self, timeout: float | None) -> Job | object | None:
+        """The next job (held ones first); None if none came within ``timeout``; ``_STOP`` after ``close``."""
         with self.held_lock:
             if self.held:
                 return self.held.popleft()
         try:
-            return self.queue.get(timeout=timeout)
+            job = self.queue.get_nowait() if timeout == 0 else self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        return _STOP if job is None else job
 
     def _work(self) -> None:
-        while True:
-            first = self._next(None)
-            if first is None:
-                return  # close() was called
-            if first.future.cancelled():
+        running: list[tuple[Any, Any]] = []  # (kind, its running search): stepwise kinds, this worker's
+        jobs: dict[int, Job] = {}  # id(job) -> job, for the jobs in those searches
+        try:
+            while True:
+                busy = bool(jobs)
+                first = self._next(None if not busy else 0)
+                if first is _STOP:
+                    return
+                if first is not None and not first.future.cancelled():
+                    search = self._running_for(first.kind, running)
+                    if search is None:
+                        self._run(*self._gather(first, self.max_items, wait=True))
+                    elif busy and first.size > self._room(running):
+                        with self.held_lock:
+                            self.held.appendleft(first)  # it waits for texts to leave
+                    else:
+                        batch, _ = self._gather(first, max(self._room(running), first.size), wait=not busy)
+                        self._admit(search, batch, jobs)
+                self._step(running, jobs)
+        finally:
+            self._abandon(jobs)
+
+    def _running_for(self, kind: Any, running: list[tuple[Any, Any]]) -> Any:
+        """The running search of ``kind`` (started if need be), or None for a kind run in batches.
+        (Kinds are compared with ==: they need not be hashable.)"""
+        for other, search in running:
+            if other == kind:
+                return search
+        search = self.stepwise(kind)
+        if search is not None:
+            running.append((kind, search))
+        return search
+
+    def _room(self, running: list[tuple[Any, Any]]) -> int:
+        """How many more texts may join the running searches (``max_items``; at least one job when
+        ``max_items`` is 0 and nothing runs)."""
+        return max(self.max_items - sum(search.texts for _, search in running), 0)
+
+    def _gather(self, first: Job, limit: int, wait: bool) -> tuple[list[Job], int]:
+        """``first`` and the queued jobs that may join it, up to ``limit`` texts; waits up to
+        ``window`` for them when ``wait``. Jobs that do not join are held for the next rounds."""
+        batch, items = [first], first.size
+        deadline = time.perf_counter() + (self.window if wait else 0)
+        others: list[Job] = []
+        while limit and items < limit and not first.alone:
+            remaining = deadline - time.perf_counter()
+            try:
+                job = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self.queue.put(None)  # keep the stop signal for after this batch
+                break
+            if job.future.cancelled():
                 continue
-            batch, items = [first], first.size
-            deadline = time.perf_counter() + self.window
-            others: list[Job] = []
-            while self.max_items and items < self.max_items and not first.alone:
-                remaining = deadline - time.perf_counter()
-                try:
-                    job = (
-                        self.queue.get(timeout=max(remaining, 0))
-                        if remaining > 0
-                        else self.queue.get_nowait()
-                    )
-                except queue.Empty:
-                    break
-                if job is None:
-                    self.queue.put(None)  # keep the stop signal for after this batch
-                    break
-                if job.future.cancelled():
-                    continue
-                if job.joins(first) and items + job.size <= self.max_items:
-                    batch.append(job)
-                    items += job.size
-                else:
-                    others.append(job)
-            with self.held_lock:
-                self.held.extendleft(reversed(others))
-            self._run(batch, items)
+            if job.joins(first) and items + job.size <= limit:
+                batch.append(job)
+                items += job.size
+            else:
+                others.append(job)
+        with self.held_lock:
+            self.held.extendleft(reversed(others))
+        return batch, items
+
+    def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> None:
+        """Start ``batch``'s jobs in the running ``search`` (their first step runs now)."""
+        batch = [job for job in batch if not job.future.cancelled()]  # given up during the window
+        if not batch:
+            return
+        now = time.perf_counter()
+        for job in batch:
+            self.on_wait(now - job.queued)
+            jobs[id(job)] = job
+        try:
+            outcomes = self._timed(lambda: search.add([(id(job), job.payload) for job in batch]))
+        except Exception as e:  # noqa: BLE001 -- these jobs' callers get the error
+            outcomes = [(id(job), None, e) for job in batch]
+        self._settle_all(outcomes, jobs)
+
+    def _step(self, running: list[tuple[Any, Any]], jobs: dict[int, Job]) -> None:
+        """One decoding step of every running search; jobs whose callers gave up leave first."""
+        for entry in list(running):
+            kind, search = entry
+            gone = {key for key, job in jobs.items() if job.kind == kind and job.future.cancelled()}
+            if gone:
+                search.drop(gone)
+                for key in gone:
+                    del jobs[key]
+            if not len(search):
+                running.remove(entry)  # a new one starts with the next job of this kind
+                continue
+            texts, t0 = search.texts, time.perf_counter()
+            try:
+                outcomes = self._timed(search.step)
+            except Exception as e:  # noqa: BLE001 -- every job of the search gets the error
+                outcomes = [(key, None, e) for key, job in jobs.items() if job.kind == kind]
+                running.remove(entry)
+            self.on_batch(len(search), texts, time.perf_counter() - t0, texts)
+            self._settle_all(outcomes, jobs)
+
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        """``call()``, with this worker shown as busy while it runs (``busy``)."""
+        self.started[threading.current_thread().name] = time.perf_counter()
+        try:
+            return call()
+        finally:
+            del self.started[threading.current_thread().name]
+
+    def _settle_all(self, outcomes: list[tuple[int, Any, Exception | None]], jobs: dict[int, Job]) -> None:
+        for key, result, error in outcomes:
+            job = jobs.pop(key, None)
+            if job is not None:
+                _answer(job, result, error)
+
+    def _abandon(self, jobs: dict[int, Job]) -> None:
+        """The worker stops: the jobs still in its searches get an error instead of no answer."""
+        for job in jobs.values():
+            _answer(job, None, RuntimeError("the server is shutting down"))
 
     def _run(self, batch: list[Job], items: int) -> None:
         t0 = time.perf_counter()
-        self.started[threading.current_thread().name] = t0
-        try:
-            outcomes = self._outcomes(batch)
+        for job in batch:
+            self.on_wait(t0 - job.queued)
+
+        def outcomes() -> list[tuple[Job, Any, Exception | None]]:
+            out = self._outcomes(batch)
             if len(batch) > 1 and any(error is not None and not isinstance(error, SearchStopped)
-                                      for _, _, error in outcomes):  # fmt: skip
-                outcomes = [o for job in batch for o in self._outcomes([job])]  # each job on its own
-        finally:
-            del self.started[threading.current_thread().name]
-        self.on_batch(len(batch), items, time.perf_counter() - t0)
-        for job, result, error in outcomes:
-            if job.future.cancelled():
-                continue  # its caller is gone (and its event loop may be closed)
-            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: the worker goes on
-                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+                                      for _, _, error in out):  # fmt: skip
+                out = [o for job in batch for o in self._outcomes([job])]  # each job on its own
+            return out
+
+        done = self._timed(outcomes)
+        self.on_batch(len(batch), items, time.perf_counter() - t0, None)
+        for job, result, error in done:
+            _answer(job, result, error)
 
     def _outcomes(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
         """``(job, result, error)`` of running ``jobs`` as one batch; the search stops between two
@@ -173,6 +279,14 @@ class Batcher:
             return [(job, result, None) for job, result in zip(jobs, results, strict=True)]
         except Exception as e:  # noqa: BLE001 -- the batch's callers get the error
             return [(job, None, e) for job in jobs]
+
+
+def _answer(job: Job, result: Any, error: Exception | None) -> None:
+    """Hand ``job``'s outcome to its event loop (nothing if its caller is gone)."""
+    if job.future.cancelled():
+        return  # its caller is gone (and its event loop may be closed)
+    with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: the worker goes on
+        job.loop.call_soon_threadsafe(_settle, job.future, result, error)
 
 
 def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:

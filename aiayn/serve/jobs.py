@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aiayn.decoding.options import SearchConfig
+from aiayn.serve.running import RunningTranslations
 from aiayn.serve.services import EncoderService, LMService, TranslationService
 
 
@@ -30,6 +31,11 @@ class JobKind:
         """Tokens produced by a batch, for the throughput metrics (0 where not counted)."""
         return 0
 
+    def running(self, service: Any) -> Any:
+        """A running search that jobs of this kind join between decoding steps (iteration-level
+        batching, ``Batcher``), or None: they run in batches."""
+        return None
+
 
 @dataclass(frozen=True)
 class Translation(JobKind):
@@ -46,6 +52,11 @@ class Translation(JobKind):
     def output_tokens(self, results: list[list[dict]]) -> int:
         best = (x["hypotheses"][:1] for r in results for x in r)
         return sum(len(h["tokens"]) for hyps in best for h in hyps)
+
+    def running(self, service: TranslationService) -> RunningTranslations | None:
+        if not service.can_run_stepwise(self.config):
+            return None
+        return RunningTranslations(service, self.config, self.attention, self.max_attention_values)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,12 @@ class Metrics:
             "aiayn_tokens_per_second", "Output tokens per second, last batch", registry=r
         )
         Gauge("aiayn_queue_depth", "Requests waiting for the model", registry=r).set_function(depth)
+        self.in_flight = Gauge(
+            "aiayn_texts_in_flight", "Texts in the running searches, last step", registry=r
+        )
+        self.waiting = Histogram("aiayn_wait_seconds", "Time a request waited before decoding started",
+                                 registry=r, buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                      5, 10, 30, 60))  # fmt: skip
 
 
 class Server:
@@ -82,7 +88,8 @@ class Server:
         self.services, self.settings = {s.name: s for s in services}, settings
         self.metrics = Metrics(lambda: self.batcher.depth())
         self.batcher = Batcher(self._run, settings.queue_size, settings.batch_window_ms / 1000,
-                               settings.max_batch_texts, self._on_batch, settings.workers)  # fmt: skip
+                               settings.max_batch_texts, self._on_batch, settings.workers,
+                               self._stepwise, self.metrics.waiting.observe)  # fmt: skip
         self._batch = threading.local()  # each worker's last batch: output tokens, for the metrics
 
     # -- the worker side -------------------------------------------------------------------------
@@ -91,8 +98,16 @@ class Server:
         self._batch.tokens = kind.output_tokens(results)
         return results
 
-    def _on_batch(self, jobs: int, texts: int, seconds: float) -> None:
+    def _stepwise(self, kind: JobKind) -> Any:
+        if self.settings.scheduling != "step":
+            return None
+        return kind.running(self.services[kind.model])
+
+    def _on_batch(self, jobs: int, texts: int, seconds: float, step_tokens: int | None) -> None:
         self.metrics.batch.observe(texts)
+        if step_tokens is not None:  # a step of a running search: one token per text
+            self.metrics.in_flight.set(texts)
+            self._batch.tokens = step_tokens
         tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
         if tokens:
             self.metrics.tokens.inc(tokens)

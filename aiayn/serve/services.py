@@ -25,6 +25,7 @@ from aiayn.decoding.classifier import MaskFiller, TextClassifier
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import filter_logits
+from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.translator import Translator
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
@@ -94,24 +95,38 @@ class TranslationService:
         """One result list per request (its ``encode``d texts), one dict per text: translation,
         alternatives, scores, tokens; with ``attention``, up to ``max_attention_values`` weights per
         request (``OverLimit`` past it: the batcher then runs each request on its own)."""
-        sources = [src for r in requests for src in r]
-        t = self.translator
-        nbest = t.search(sources, config)
-        results = []
+        nbest = self.translator.search([src for r in requests for src in r], config)
+        return [self.answer(r, hyps, attention, max_attention_values)
+                for r, hyps in zip(requests, per_request(nbest, requests))]  # fmt: skip
+
+    def answer(
+        self,
+        sources: Sequence[list[int]],
+        nbest: Sequence[Sequence[Hypothesis]],
+        attention: bool,
+        max_attention_values: int = 0,
+    ) -> list[dict]:
+        """One request's result: for each source, its hypotheses (``nbest``) as text, score and tokens,
+        and with ``attention`` the best one's attention weights (``OverLimit`` past the limit)."""
+        t, answers = self.translator, []
         for hyps in nbest:
             items = [
                 {"text": t.detokenize(h), "score": round(h.score, 4), "tokens": t.forward_order(h.tokens)}
                 for h in hyps
             ]
-            results.append({"translation": items[0]["text"] if items else "", "hypotheses": items})
-        grouped = per_request(results, requests)
+            answers.append({"translation": items[0]["text"] if items else "", "hypotheses": items})
         if attention:
-            for request, answers in zip(requests, grouped):
-                self._check_attention_size(request, answers, max_attention_values)
-                for src, result in zip(request, answers):
-                    if result["hypotheses"]:
-                        result["attention"] = self._attention(src, result["hypotheses"][0]["tokens"])
-        return grouped
+            self._check_attention_size(sources, answers, max_attention_values)
+            for src, result in zip(sources, answers):
+                if result["hypotheses"]:
+                    result["attention"] = self._attention(src, result["hypotheses"][0]["tokens"])
+        return answers
+
+    def can_run_stepwise(self, config: SearchConfig) -> bool:
+        """Whether requests with these options can join a running search (``serve/running.py``):
+        a single plain model, decoded by beam search or greedily."""
+        return not (isinstance(self.model, Ensemble) or self.model.config.bidirectional or config.sample
+                    or config.mbr or config.r2l_beam is not None)  # fmt: skip
 
     def _check_attention_size(self, sources: Sequence[list[int]], answers: list[dict], limit: int) -> None:
         """``OverLimit`` if one request's attention weights would number more than ``limit``: per

@@ -10,6 +10,8 @@ from pathlib import Path
 from aiayn.errors import ConfigError
 from aiayn.textfiles import read_text
 
+SCHEDULINGS = ("step", "batch")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -20,6 +22,9 @@ class Settings:
     batch_window_ms: float = 5.0  # how long the worker waits for more requests to decode together
     max_batch_texts: int = 64  # texts decoded together at most (0 = one request at a time)
     workers: int = 1  # batches decoded at once, each on its own thread (with 2+, give --threads 1)
+    scheduling: str = (
+        "step"  # "step": requests join a running search between its steps; "batch": whole searches
+    )
     timeout_s: float = 60.0  # a request waiting longer is answered 503 and its slot freed
     max_new_tokens: int = 256  # /v1/generate: tokens per request at most
     max_beam: int = 16  # beam size, right-to-left beam and nbest (hypotheses or samples) at most
@@ -49,6 +54,10 @@ class Settings:
                 raise ConfigError(f"--{flag(name)}={value!r} must be a positive integer")
         if not isinstance(self.max_batch_texts, int) or self.max_batch_texts < 0:
             raise ConfigError(f"--max-batch-texts={self.max_batch_texts!r} must be ≥ 0 (0 = no batching)")
+        if self.scheduling not in SCHEDULINGS:
+            raise ConfigError(f"--scheduling={self.scheduling!r} is not one of {', '.join(SCHEDULINGS)} "
+                              "(step: requests join a running search between decoding steps; batch: one "
+                              "whole search per batch)")  # fmt: skip
         if not 0 <= self.batch_window_ms <= 1000:
             raise ConfigError(f"--batch-window-ms={self.batch_window_ms} must be in [0, 1000]")
         for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):

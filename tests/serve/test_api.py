@@ -162,7 +162,8 @@ def test_health_metrics_and_docs(client):
     }
     text = client.get("/metrics").text
     for name in ("aiayn_requests_total", "aiayn_request_seconds_bucket", "aiayn_batch_texts_bucket",
-                 "aiayn_queue_depth", "aiayn_tokens_per_second"):  # fmt: skip
+                 "aiayn_queue_depth", "aiayn_tokens_per_second", "aiayn_texts_in_flight",
+                 "aiayn_wait_seconds_bucket"):  # fmt: skip
         assert name in text
     assert client.get("/docs").status_code == 200 and "/v1/translate" in client.get("/openapi.json").text
 

@@ -167,3 +167,114 @@ def test_a_job_submitted_alone_is_never_batched():
     assert asyncio.run(go()) == ["g:0", "g:1", "g:2", "k:9"]
     b.close()
     assert sorted(len(p) for _, p in run.calls) == [1, 1, 1, 1]
+
+
+class FakeRunning:
+    """A running search whose jobs are numbers of steps; each step takes ``delay`` seconds.
+
+    Records the texts in flight at each step and the keys dropped."""
+
+    def __init__(self, delay=0.01, fail_at=None):
+        self.left, self.delay, self.fail_at = {}, delay, fail_at
+        self.sizes, self.in_flight, self.dropped, self.steps = {}, [], set(), 0
+
+    def __len__(self):
+        return len(self.left)
+
+    @property
+    def texts(self):
+        return sum(self.sizes.values())
+
+    def add(self, jobs):
+        for key, steps in jobs:
+            self.left[key], self.sizes[key] = steps, 2  # every job is 2 texts (submit(..., size=2))
+        return []
+
+    def step(self):
+        self.steps += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            raise RuntimeError("step failed")
+        self.in_flight.append(self.texts)
+        time.sleep(self.delay)
+        done = []
+        for key in list(self.left):
+            self.left[key] -= 1
+            if not self.left[key]:
+                done.append((key, f"done after {self.steps}", None))
+                del self.left[key], self.sizes[key]
+        return done
+
+    def drop(self, keys):
+        self.dropped |= keys
+        for key in keys:
+            self.left.pop(key, None), self.sizes.pop(key, None)
+
+
+def _stepwise(search, kind="steps"):
+    return lambda k: search if k == kind else None
+
+
+def test_a_job_arriving_during_a_running_search_is_answered_without_waiting_for_it():
+    search, run = FakeRunning(delay=0.01), Recorder()
+    b = Batcher(run, max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(search))
+
+    async def go():
+        long = asyncio.ensure_future(b.submit("steps", 60, size=2))  # ~0.6 s of steps
+        await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        short = await b.submit("steps", 3, size=2)
+        waited = time.perf_counter() - t0
+        batch = await b.submit("other", 1)  # a kind run in batches, between two steps
+        return short, waited, await long, batch, long.done()
+
+    short, waited, long, batch, _ = asyncio.run(go())
+    b.close()
+    assert short.startswith("done after") and waited < 0.3  # 3 steps, not the long job's 60
+    assert long == "done after 60" and batch == "other:1"
+    assert max(search.in_flight) == 4  # both jobs were in the search at once
+
+
+def test_texts_in_flight_stay_within_max_items_and_the_rest_wait():
+    search = FakeRunning(delay=0.002)
+    b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=4, stepwise=_stepwise(search))
+
+    async def go():
+        return await asyncio.gather(*(b.submit("steps", 5, size=2) for _ in range(5)))
+
+    assert all(r.startswith("done after") for r in asyncio.run(go()))
+    b.close()
+    assert max(search.in_flight) == 4 and search.steps >= 15  # two jobs at a time, five in all
+
+
+def test_a_caller_who_gives_up_leaves_the_running_search_at_the_next_step():
+    search = FakeRunning(delay=0.005)
+    b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(search))
+
+    async def go():
+        job = asyncio.ensure_future(b.submit("steps", 10_000, size=2))
+        await asyncio.sleep(0.1)
+        job.cancel()
+        await asyncio.sleep(0.1)
+        return await b.submit("steps", 2, size=2)
+
+    assert asyncio.run(go()).startswith("done after")
+    b.close()
+    assert len(search.dropped) == 1 and len(search) == 0 and search.steps < 200
+
+
+def test_a_failing_step_reaches_the_jobs_of_its_search_and_the_worker_goes_on():
+    failing, fresh = FakeRunning(fail_at=3), FakeRunning()
+    searches = iter([failing, fresh])
+    b = Batcher(Recorder(), max_queue=16, window=0.02, max_items=8,
+                stepwise=lambda k: next(searches) if k == "steps" else None)  # fmt: skip
+
+    async def go():
+        first = await asyncio.gather(
+            *(b.submit("steps", 10, size=2) for _ in range(2)), return_exceptions=True
+        )
+        return first, await b.submit("steps", 2, size=2)
+
+    first, later = asyncio.run(go())
+    b.close()
+    assert [str(e) for e in first] == ["step failed"] * 2
+    assert later == "done after 2"  # a new search for the next job

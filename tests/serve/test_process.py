@@ -33,15 +33,21 @@ def test_an_ensemble_answers_as_the_library_decodes_it(server, pair):
     assert all(expected != Translator.from_dir(d).translate(texts, search) for d in pair)  # both count
 
 
-def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server):
+def test_concurrent_clients_are_batched_and_bad_requests_leave_it_serving(server, served):
     url, _, _ = server
-    sentences = [f"Ein Mann {i}" for i in range(16)]
+    sentences = [f"Ein Mann {i}" + " fährt" * (i % 5) for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         answers = list(
             pool.map(lambda q: post(url + "v1/translate", {"q": q, "beam": 2, "model": "de-en"}), sentences)
         )
     assert all(status == 200 for status, _ in answers)
+    # requests joined and left one running search between steps; each decodes as it does alone
+    alone = Translator.from_dir(served["de-en"])
+    expected = [alone.translate([q], SearchConfig(beam=2))[0] for q in sentences]
+    assert [body["results"][0]["translation"] for _, body in answers] == expected
     metrics = urllib.request.urlopen(url + "metrics").read().decode()
+    waited = next(line for line in metrics.splitlines() if line.startswith("aiayn_wait_seconds_count"))
+    assert float(waited.split()[-1]) >= 16 and "aiayn_texts_in_flight" in metrics
     lines = dict(
         line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("aiayn_batch_texts_")
     )
