@@ -1,19 +1,29 @@
-"""Load on ``aiayn serve``: N concurrent clients on 127.0.0.1, dynamic batching on and off.
+"""Load on ``aiayn serve``: closed-loop clients and open-loop (Poisson) arrivals, per scheduling mode.
 
-Starts the server as its own process for each setting, sends the first ``--requests`` Multi30k test
-sources (one sentence per request, ``/v1/translate``, beam ``--beam``) from N client threads, and
-reports sentences/s, p50/p95/p99 latency, errors and the server's peak RSS; then the upper bound:
-the same sentences translated as one file, as ``aiayn translate`` does (model loading not counted).
-Bounded in requests and time; loopback only.
+Starts the server as its own process for each mode — ``one`` (one request at a time,
+``--max-batch-texts 0``), ``batch`` (dynamic batching of whole searches, ``--scheduling batch``),
+``step`` (requests join and leave a running search between decoding steps, ``--scheduling step``) —
+and sends Multi30k test sources, one sentence per request (``/v1/translate``, beam ``--beam``):
 
-    python benchmarks/serve_load.py --model runs/multi30k-de-en                  # 1, 4, 16, 64 clients
-    python benchmarks/serve_load.py --model runs/multi30k-de-en --clients 16 --requests 200
+* closed loop: N client threads, each sending its next request when the last is answered;
+  sentences/s and p50/p95/p99 latency;
+* open loop (``--rates``): requests arrive at exponential intervals (a Poisson process) of the given
+  mean rate, whether earlier ones were answered or not, as real traffic does; latency is counted from
+  each request's arrival time, so a server that falls behind shows it. p50/p99 against offered load
+  per mode, plotted to ``--plot``.
+
+Then the upper bound: the same sentences translated as one file, as ``aiayn translate`` does (model
+loading not counted). Bounded in requests and time; loopback only.
+
+    python benchmarks/serve_load.py --model runs/demo              # closed loop: 1, 4, 16, 64 clients
+    python benchmarks/serve_load.py --model runs/demo --clients 1 16 --rates 5 10 20 40 --plot load.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import signal
 import socket
 import statistics
@@ -50,13 +60,18 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+MODES = {"one": ["--max-batch-texts", "0", "--scheduling", "batch"],  # one request at a time
+         "batch": ["--max-batch-texts", "64", "--scheduling", "batch"],
+         "step": ["--max-batch-texts", "64", "--scheduling", "step"]}  # fmt: skip
+
+
 def start(
-    model: str, batching: bool, threads: int, window_ms: float, workers: int
+    model: str, mode: str, threads: int, window_ms: float, workers: int
 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--threads",
-            str(threads), "--max-batch-texts", "64" if batching else "0", "--queue-size", "256",
-            "--batch-window-ms", str(window_ms), "--workers", str(workers)]  # fmt: skip
+            str(threads), *MODES[mode], "--queue-size", "256", "--batch-window-ms", str(window_ms),
+            "--workers", str(workers)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     for _ in range(300):
@@ -82,16 +97,70 @@ def one(url: str, text: str, beam: int) -> tuple[float, bool]:
     return time.perf_counter() - t0, ok
 
 
+def summary(results: list[tuple[float, bool]], wall: float) -> dict:
+    latencies = sorted(s for s, _ in results)
+    q = statistics.quantiles(latencies, n=100)
+    return {"sentences_per_s": round(len(results) / wall, 2), "p50_ms": round(1000 * q[49], 1),
+            "p95_ms": round(1000 * q[94], 1), "p99_ms": round(1000 * q[98], 1),
+            "errors": sum(not ok for _, ok in results)}  # fmt: skip
+
+
 def load(url: str, texts: list[str], clients: int, beam: int) -> dict:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(lambda t: one(url, t, beam), texts))
-    wall = time.perf_counter() - t0
-    latencies = sorted(s for s, _ in results)
-    q = statistics.quantiles(latencies, n=100)
-    return {"sentences_per_s": round(len(texts) / wall, 2), "p50_ms": round(1000 * q[49], 1),
-            "p95_ms": round(1000 * q[94], 1), "p99_ms": round(1000 * q[98], 1),
-            "errors": sum(not ok for _, ok in results)}  # fmt: skip
+    return summary(results, time.perf_counter() - t0)
+
+
+def open_loop(url: str, texts: list[str], rate: float, beam: int, seed: int = 0) -> dict:
+    """Requests at Poisson arrivals of mean ``rate`` per second; latency from each arrival time."""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in texts:
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    t0 = time.perf_counter()
+
+    def send(i: int) -> tuple[float, bool]:
+        delay = t0 + arrivals[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        _, ok = one(url, texts[i], beam)
+        return time.perf_counter() - (t0 + arrivals[i]), ok
+
+    with ThreadPoolExecutor(len(texts)) as pool:  # a thread per request: nobody waits for a free client
+        results = list(pool.map(send, range(len(texts))))
+    return {"offered_per_s": rate, **summary(results, time.perf_counter() - t0)}
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for mode in MODES:
+        mine = sorted(
+            (r for r in rows if r["mode"] == mode and "offered_per_s" in r), key=lambda r: r["offered_per_s"]
+        )
+        if not mine:
+            continue
+        x = [r["offered_per_s"] for r in mine]
+        line = ax.plot(x, [r["p50_ms"] for r in mine], "o-", label=f"{mode}: p50")[0]
+        ax.plot(x, [r["p99_ms"] for r in mine], "s--", color=line.get_color(), label=f"{mode}: p99")
+    ax.set(
+        xlabel="offered load (sentences/s, Poisson arrivals)",
+        ylabel="latency (ms)",
+        yscale="log",
+        title=title,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)  # nothing half-written
 
 
 def main() -> int:
@@ -103,26 +172,38 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=None, help="the server's --batch-window-ms")
     ap.add_argument("--workers", type=int, default=1, help="the server's --workers (batches at once)")
-    ap.add_argument("--batching", nargs="+", default=["off", "on"], choices=["off", "on"])
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=list(MODES),
+        help="one: one request at a time; batch: whole searches batched; step: iteration-level",
+    )
+    ap.add_argument(
+        "--rates", type=float, nargs="*", default=[], help="open-loop arrival rates (sentences/s)"
+    )
+    ap.add_argument("--plot", help="with --rates: p50/p99 latency against offered load, as a PNG")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     texts = [src for src, _ in load_parallel("multi30k", "test", "de", "en")][: args.requests]
     rows = []
     window = Settings().batch_window_ms if args.window_ms is None else args.window_ms
-    for batching in (mode == "on" for mode in args.batching):
-        proc, url = start(args.model, batching, args.threads, window, args.workers)
+    for mode in args.modes:
+        proc, url = start(args.model, mode, args.threads, window, args.workers)
+        mine = []
         try:
             one(url, texts[0], args.beam)  # warm-up
             for n in args.clients:
-                row = {"batching": batching, "clients": n, **load(url, texts, n, args.beam)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                mine.append({"mode": mode, "clients": n, **load(url, texts, n, args.beam)})
+                print(json.dumps(mine[-1]), flush=True)
+            for rate in args.rates:
+                mine.append({"mode": mode, **open_loop(url, texts, rate, args.beam)})
+                print(json.dumps(mine[-1]), flush=True)
             peak = rss_mb(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-        for row in rows:
-            row.setdefault("server_peak_rss_mb", round(peak, 1))
+        rows += [{**row, "server_peak_rss_mb": round(peak, 1)} for row in mine]
     # the bound: what `aiayn translate` does with the same sentences as one file (model loaded first,
     # as in the server: start-up is not counted)
     torch.set_num_threads(args.threads)
@@ -130,10 +211,13 @@ def main() -> int:
     t0 = time.perf_counter()
     translator.translate(texts, SearchConfig(beam=args.beam))
     bound = len(texts) / (time.perf_counter() - t0)
-    out = {"machine": machine(), "beam": args.beam, "requests": len(texts), "batch_window_ms": window,
-           "workers": args.workers, "threads": args.threads,
-           "rows": rows, "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
+    out = {"machine": machine(), "model": args.model, "beam": args.beam, "requests": len(texts),
+           "batch_window_ms": window, "workers": args.workers, "threads": args.threads,
+           "command": "python " + " ".join(sys.argv), "rows": rows,
+           "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
+    if args.plot and args.rates:
+        plot(rows, args.plot, f"aiayn serve, beam {args.beam}, {out['machine']}")
     if args.json:
         write_json(args.json, out)  # temp file + rename: nothing half-written
     return 0
