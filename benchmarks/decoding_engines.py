@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -175,10 +176,34 @@ def prepare(model_dir: Path, work: Path, base: bool) -> tuple[Path, Path, Path]:
     return model_dir, work / f"ct2-{name}", work / f"hf-{name}"
 
 
+def variants(engine: str, ct2_env: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``(label, environment)`` runs of an engine: CTranslate2 once as it is and once per
+    ``--ct2-env NAME=VAR=VALUE[,VAR=VALUE]`` (its documented switches, e.g. CT2_USE_MKL=0)."""
+    runs = [(engine, {})]
+    if engine.startswith("ct2"):
+        for spec in ct2_env:
+            name, _, assignments = spec.partition("=")
+            env = dict(a.split("=", 1) for a in assignments.split(","))
+            runs.append((f"{engine}[{name}]", env))
+    return runs
+
+
+def run_worker(job_file: Path, env: dict[str, str]) -> list[str]:
+    """Run one engine's worker; CTranslate2's own log lines (CT2_VERBOSE=1: the CPU, the ISA and the
+    GEMM backend it chose) are returned."""
+    done = subprocess.run([sys.executable, __file__, "--worker", str(job_file)], check=True, text=True,
+                          stderr=subprocess.PIPE, env={**os.environ, "CT2_VERBOSE": "1", **env})  # fmt: skip
+    log = [line.split("] ", 3)[-1] for line in done.stderr.splitlines() if "[ctranslate2]" in line]
+    sys.stderr.write("".join(f"{line}\n" for line in done.stderr.splitlines() if "[ctranslate2]" not in line))
+    return log
+
+
 def run_engines(args, model_dir, ct2_dir, hf_dir, sources, latency, fixed, work: Path) -> list[dict]:
     reports = []
     for threads in args.threads:
-        for engine in args.engines:
+        for engine, label, env in (
+            (e, label, env) for e in args.engines for label, env in variants(e, args.ct2_env)
+        ):
             job = {
                 "engine": engine,
                 "threads": threads,
@@ -192,11 +217,13 @@ def run_engines(args, model_dir, ct2_dir, hf_dir, sources, latency, fixed, work:
                 "out": str(work / "report.json"),
             }
             (work / "job.json").write_text(json.dumps(job))
-            subprocess.run([sys.executable, __file__, "--worker", str(work / "job.json")], check=True)
-            reports.append(json.loads((work / "report.json").read_text()))
+            log = run_worker(work / "job.json", env)
+            reports.append({**json.loads((work / "report.json").read_text()), "engine": label})
             r = reports[-1]
+            if log:
+                r["ct2_log"], r["env"] = log, env
             print(
-                f"  {engine:10} {threads} thr  "
+                f"  {label:10} {threads} thr  "
                 + "  ".join(f"{k} {v['tokens_per_s']:8.1f} tok/s" for k, v in r["runs"].items())
                 + f"  rss {r['peak_rss_mb']:.0f} MB",
                 flush=True,
@@ -212,6 +239,7 @@ def summarise(reports: list[dict], detok, refs) -> list[dict]:
     for r in reports:
         ref = next(x for x in reports if x["engine"] == "aiayn-fp32" and x["threads"] == r["threads"])
         row = {"engine": r["engine"], "threads": r["threads"], "peak_rss_mb": r["peak_rss_mb"]}
+        row |= {k: r[k] for k in ("env", "ct2_log") if k in r}
         for setting, run in r["runs"].items():
             base = ref["runs"][setting]
             same = sum(a == b for a, b in zip(run["outputs"], base["outputs"])) / len(base["outputs"])
@@ -230,7 +258,7 @@ def summarise(reports: list[dict], detok, refs) -> list[dict]:
 
 def table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'engine':11} {'thr':>3} " + " ".join(f"{s:>24}" for s in SETTINGS) + "   RSS MB")
+    print(f"{'engine':16} {'thr':>3} " + " ".join(f"{s:>24}" for s in SETTINGS) + "   RSS MB")
     for row in rows:
         cells = []
         for s in SETTINGS:
@@ -238,7 +266,7 @@ def table(title: str, rows: list[dict]) -> None:
             extra = f" B{e['bleu']:.2f}" if "bleu" in e else f" ={e['same_output_as_aiayn_fp32']:.2f}"
             cells.append(f"{e['tokens_per_s']:7.0f} ({e['speed_vs_aiayn_fp32']:.2f}x){extra}")
         print(
-            f"{row['engine']:11} {row['threads']:3d} "
+            f"{row['engine']:16} {row['threads']:3d} "
             + " ".join(f"{c:>24}" for c in cells)
             + f" {row['peak_rss_mb']:8.0f}"
         )
@@ -256,6 +284,13 @@ def main() -> None:
     p.add_argument("--base-latency-sentences", type=int, default=16, help="batch-1 sentences, base model")
     p.add_argument("--repeats", type=int, default=2, help="rounds per setting; the fastest is reported")
     p.add_argument("--skip-base", action="store_true")
+    p.add_argument(
+        "--ct2-env",
+        nargs="*",
+        default=[],
+        metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+        help="also run CTranslate2 with these environment switches, e.g. dnnl=CT2_USE_MKL=0",
+    )
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()

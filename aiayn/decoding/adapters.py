@@ -80,26 +80,51 @@ class Seq2SeqAdapter(IncrementalDecoder):
 
     def start_from(self, context: DecoderContext, n: int = 1) -> Tensor:
         """``start`` for a decoder context already computed (the encoder memory, and the memory of
-        the right-to-left pass for a bidirectional model)."""
-        if n > 1:
-            context = context.select(torch.arange(context.memory.size(0), device=context.memory.device)
-                                     .repeat_interleave(n))  # fmt: skip
-        self.context = context
+        the right-to-left pass for a bidirectional model).
+
+        The ``n`` rows of a sentence share its memory: the context (and the cross-attention keys
+        and values projected from it) stay one row per sentence (``group`` = n rows each), and
+        attention serves a sentence's rows with one product (``attention._grouped``)."""
+        self.context, self.group = context, n
         self.cache = self._new_cache()
         memory = context.memory
-        return torch.full((memory.size(0), 1), self.bos_id, dtype=torch.long, device=memory.device)
+        return torch.full((memory.size(0) * n, 1), self.bos_id, dtype=torch.long, device=memory.device)
 
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.decode(new, self.context, cache=self.cache)
 
-    def _select_inputs(self, index: Tensor) -> None:
-        self.context = self.context.select(index)
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index``. Whole groups of rows of one sentence (what beam search keeps) keep
+        sharing their sentence's memory; any other choice (samples of one input that finish at
+        different steps) first gives every row its own copy."""
+        g = self.group
+        if g > 1 and not _whole_groups(index, g):
+            sentences = torch.arange(self.context.memory.size(0), device=index.device).repeat_interleave(g)
+            self.context = self.context.select(sentences)
+            if self.cache is not None:
+                self.cache.reorder_memory(sentences)
+            self.group = g = 1
+        sentences = index[::g] // g  # (rows of index) / g
+        if self.cache is not None:
+            self.cache.reorder(index, memory_index=sentences)
+        self.context = self.context.select(sentences)
+
+    def prime(self) -> None:
+        """Project the memory's cross-attention keys and values into the (empty) cache now, so that
+        these rows can join others (``join``) before their first step."""
+        rows = self.context.memory.size(0) * self.group
+        self.model.decoder.prime(self.context, self.cache, rows)
 
     def join(self, other: Seq2SeqAdapter) -> None:
         """Take ``other``'s rows after these (iteration-level batching, ``beam.Beams.join``): the
-        caches align on their last position (``DecoderCache.join``), the memories pad to the longer."""
-        if self.cache is None or other.cache is None:
-            raise ValueError("rows that started at different steps need a KV cache (use_cache=True)")
+        caches align on their last position (``DecoderCache.join``), the memories pad to the longer.
+        Both must have a cache holding their memory's keys and values (a step taken, or ``prime``)."""
+        if any(a.cache is None or a.cache.layers[0]["cross"].k is None for a in (self, other)):
+            raise ValueError(
+                "rows join others once their memory is in their KV cache (use_cache=True, prime())"
+            )
+        if other.group != self.group:
+            raise ValueError(f"rows per sentence differ ({self.group} and {other.group}): different searches")
         self.cache = self.cache.join(other.cache)
         self.context = self.context.join(other.context)
 
@@ -135,6 +160,14 @@ class LMAdapter(IncrementalDecoder):
 
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.hidden(new, cache=self.cache)[0]
+
+
+def _whole_groups(index: Tensor, g: int) -> bool:
+    """Whether ``index`` keeps rows in groups of ``g`` consecutive entries, each from one group."""
+    if index.numel() % g:
+        return False
+    owner = (index // g).view(-1, g)
+    return bool((owner == owner[:, :1]).all())
 
 
 def adapter_for(model: Transformer | LanguageModel, use_cache: bool = True) -> IncrementalDecoder:

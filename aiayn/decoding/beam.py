@@ -197,8 +197,6 @@ class Beams:
         if not len(self):
             self.__dict__.update(other.__dict__)
             return
-        if not (other.t.min() > 0 and self.t.min() > 0):
-            raise ValueError("sentences join a batch after their first step (their memory is then cached)")
         self.decoder.join(other.decoder)
         width = max(self.prefix.size(1), other.prefix.size(1))
         self.prefix = torch.cat([F.pad(x, (width - x.size(1), 0), value=self.decoder.pad_id)

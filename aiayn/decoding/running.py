@@ -2,10 +2,11 @@
 
 A server that decodes one batch at a time makes a request that arrives during a search wait for the
 whole search. ``RunningSearch`` instead keeps one batch of sentences (``beam.Beams``) going: ``add``
-encodes new sentences and takes their first step as a small batch of their own (the prefill), then
-merges their rows into the running batch; ``step`` advances every sentence by one token and returns
-each sentence that is done at once. A sentence decodes exactly as it would alone (tests): its
-positions, key mask, length limit and length penalty are its own.
+encodes new sentences, projects their memory's cross-attention keys and values into a cache (the
+prefill, no decoder step) and merges their rows into the running batch; ``step`` advances every
+sentence by one token — the new ones take their first — and returns each sentence that is done at
+once. A sentence decodes exactly as it would alone (tests): its positions, key mask, length limit
+and length penalty are its own.
 """
 
 from __future__ import annotations
@@ -43,17 +44,16 @@ class RunningSearch:
         return len(self) * self.config.beam
 
     @torch.inference_mode()
-    def add(self, src: Tensor, max_len: Tensor | int, tags: Sequence[Hashable]) -> Done:
-        """Start decoding ``src`` (B, S), one tag per row, and take its first step; returns the
-        sentences already done (a one-token limit), the others join the running batch."""
+    def add(self, src: Tensor, max_len: Tensor | int, tags: Sequence[Hashable]) -> None:
+        """Start decoding ``src`` (B, S), one tag per row: encode it, project its memory's keys and
+        values into a cache of its own (``prime``) and merge its rows into the running batch; its
+        first token comes with the next ``step``, computed with everyone else's."""
         new = Beams(Seq2SeqAdapter(self.model), src, max_len, self.config, list(tags))
-        done = new.step()
-        if len(new):
-            if not len(self):
-                self.beams = new
-            else:
-                self.beams.join(new)
-        return done
+        new.decoder.prime()
+        if not len(self):
+            self.beams = new
+        else:
+            self.beams.join(new)
 
     @torch.inference_mode()
     def step(self) -> Done:

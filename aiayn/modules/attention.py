@@ -202,6 +202,14 @@ class MultiHeadAttention(nn.Module):
             return q, k, v
         return q, self._project(key, "k"), self._project(value, "v")
 
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of a memory, split into heads, as cross-attention computes them at
+        its first step (what a ``KVCache(static=True)`` holds).
+
+        Shape: memory (B, S, d_model) -> k (B, h, S, d_k), v (B, h, S, d_v)"""
+        k, v = self._project(memory, "kv").split(self._split[1:], dim=-1)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
     def _heads(self, x: Tensor, d: int) -> Tensor:
         return x.view(x.size(0), x.size(1), self.n_heads, d).transpose(1, 2)  # (B, h, T, d)
 
@@ -224,6 +232,27 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, h, T_cached + T_k, d)
         p = self.dropout if self.training else 0.0
+        n = q.size(0) // k.size(0)  # query rows per memory row: the beams of a sentence share its memory
+        if n > 1:
+            q = _grouped(q, k.size(0), n)  # (B, h, n·T_q, d_k): one attention per sentence
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)  # (B,h,T_q,d_v)
+        if n > 1:
+            out = _ungrouped(out, n)
+            weights = None if weights is None else _ungrouped(weights, n)
         out = out.transpose(1, 2).reshape(query.size(0), query.size(1), -1)  # Concat(head_1..h)
         return self.w_o(out), weights
+
+
+def _grouped(q: Tensor, b: int, n: int) -> Tensor:
+    """Queries of n consecutive rows per key row stacked along the query axis (the rows attend to the
+    same keys with a key-only mask, so one product per key row serves them all).
+
+    Shape: (B·n, h, T, d) -> (B, h, n·T, d)"""
+    _, h, t, d = q.shape
+    return q.view(b, n, h, t, d).transpose(1, 2).reshape(b, h, n * t, d)
+
+
+def _ungrouped(x: Tensor, n: int) -> Tensor:
+    """``_grouped``'s inverse. Shape: (B, h, n·T, d) -> (B·n, h, T, d)"""
+    b, h, nt, d = x.shape
+    return x.view(b, h, n, nt // n, d).transpose(1, 2).reshape(b * n, h, nt // n, d)

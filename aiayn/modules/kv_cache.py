@@ -149,7 +149,14 @@ class DecoderCache:
         """Positions decoded so far (the position of the next token)."""
         return len(self.layers[0]["self"]) if self.layers else 0
 
-    def reorder(self, index: Tensor, static: bool = True) -> None:
+    def reorder_memory(self, index: Tensor) -> None:
+        """Rows ``index`` of the cross-attention (static) caches only."""
+        for layer in self.layers:
+            for cache in layer.values():
+                if cache.static:
+                    cache.reorder(index)
+
+    def reorder(self, index: Tensor, static: bool = True, memory_index: Tensor | None = None) -> None:
         """Keep batch rows ``index`` in every cache.
 
         ``static=False`` leaves the cross-attention caches as they are: right (and cheaper) when
@@ -162,8 +169,10 @@ class DecoderCache:
             self.offsets = self.offsets - first if bool((self.offsets > first).any()) else None
         for layer in self.layers:
             for cache in layer.values():
-                if static or not cache.static:
+                if not cache.static:
                     cache.reorder(index, first)
+                elif static:  # memory rows: one per sentence when its rows share it (``memory_index``)
+                    cache.reorder(index if memory_index is None else memory_index)
 
 
 def _offsets(cache: DecoderCache, length: int) -> Tensor:

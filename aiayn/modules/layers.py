@@ -221,6 +221,20 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, r2l) for _ in range(n_layers))
         self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm_first else None
 
+    def prime(self, context: DecoderContext, cache: DecoderCache, rows: int) -> None:
+        """Fill an empty ``cache`` for ``rows`` decoder rows before their first token: every layer's
+        cross-attention keys and values from the memory (as its first step would project them),
+        and empty self-attention buffers. Rows primed so join a running batch without a step of
+        their own (``decoding.running``)."""
+        for layer, slots in zip(self.layers, cache.layers, strict=True):
+            k, v = layer.cross_attn.project_memory(context.memory)
+            slots["cross"].update(k, v)
+            if layer.cross_attn_r2l is not None and context.r2l_memory is not None:
+                slots["cross_r2l"].update(*layer.cross_attn_r2l.project_memory(context.r2l_memory))
+            slots["self"].update(
+                k.new_empty(rows, k.size(1), 0, k.size(3)), v.new_empty(rows, v.size(1), 0, v.size(3))
+            )
+
     def forward(
         self,
         x: Tensor,

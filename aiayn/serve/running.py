@@ -48,8 +48,8 @@ class RunningTranslations:
         return sum(r.waiting for r in self.requests.values())
 
     def add(self, jobs: Sequence[tuple[Hashable, list[list[int]]]]) -> list[Outcome]:
-        """Start the requests ``(key, encoded sources)``; returns those already answered (blank or
-        one-token texts only), the others answer from later ``step``s."""
+        """Start the requests ``(key, encoded sources)``; returns those already answered (blank
+        texts only), the others answer from later ``step``s."""
         tags, sources = [], []
         for key, payload in jobs:
             request = _Request(list(payload), [[] for _ in payload])
@@ -59,15 +59,14 @@ class RunningTranslations:
                     sources.append(src)
                     request.waiting += 1
             self.requests[key] = request
-        done, keys = [], [key for key, _ in jobs]
+        keys = [key for key, _ in jobs]
         if sources:
             try:
-                src, limits = self.service.translator.batch(sources, self.config)
-                done = self.search.add(src, limits, tags)
+                self.search.add(*self.service.translator.batch(sources, self.config), tags)
             except Exception:
                 self.drop(set(keys))
                 raise
-        return self._answered(done, keys)
+        return self._answered([], keys)
 
     def step(self) -> list[Outcome]:
         return self._answered(self.search.step(), [])

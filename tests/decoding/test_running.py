@@ -43,15 +43,12 @@ def test_sentences_joining_and_leaving_a_running_search_decode_as_alone(name, po
     config, sentences = CONFIGS[name], _sentences()
     limits = [6 + i % 5 for i in range(len(sentences))]
     running, results, joined_at = RunningSearch(model, config), {}, {}
-    arrivals = {0: [0, 1], 2: [2], 3: [3, 4], 7: [5], 8: [6]}  # step -> sentences that arrive then
+    # step -> the groups of sentences that arrive then (two groups at once: two joins before a step)
+    arrivals = {0: [[0, 1]], 2: [[2]], 3: [[3], [4]], 7: [[5]], 8: [[6]]}
     step = 0
     while step <= max(arrivals) or len(running):
-        if step in arrivals:
-            tags = arrivals[step]
-            done = running.add(
-                _padded([sentences[i] for i in tags]), torch.tensor([limits[i] for i in tags]), tags
-            )
-            results.update(done)
+        for tags in arrivals.get(step, []):
+            running.add(_padded([sentences[i] for i in tags]), torch.tensor([limits[i] for i in tags]), tags)
             joined_at.update({i: step for i in tags})
         results.update(running.step())
         step += 1
@@ -75,6 +72,7 @@ def test_the_cache_forgets_positions_no_row_reads_and_realigns():
     running.add(_padded(sentences[1:2]), torch.tensor([12]), [1])
     cache = running.beams.decoder.cache
     assert cache.offsets is not None and cache.offsets.tolist() == [0, 0, 1, 1]  # joined one step later
+    assert cache.layers[0]["cross"].k.size(0) == 2  # one memory row per sentence
     done = []
     while 0 not in [tag for tag, _ in done]:
         done += running.step()
@@ -102,3 +100,16 @@ def test_dropped_sentences_leave_and_the_others_go_on():
 def test_only_plain_searches_run():
     with pytest.raises(ValueError, match="plain model"):
         RunningSearch(tiny_transformer(), SearchConfig(sample=True))
+
+
+def test_prime_caches_what_the_first_step_would():
+    model, src = tiny_transformer(), _padded(_sentences(3))
+    primed, stepped = Seq2SeqAdapter(model), Seq2SeqAdapter(model)
+    primed.start(src, 4)
+    primed.prime()
+    stepped.step(stepped.start(src, 4))
+    for a, b in zip(primed.cache.layers, stepped.cache.layers, strict=True):
+        assert a["cross"].k.shape == (3, 4, src.size(1), 8)  # per sentence, not per beam
+        torch.testing.assert_close(a["cross"].k, b["cross"].k)
+        torch.testing.assert_close(a["cross"].v, b["cross"].v)
+        assert len(a["self"]) == 0 and a["self"].k.size(0) == 12

@@ -98,5 +98,10 @@ def test_beam_reorder_leaves_cross_attention_caches_alone():
     cache.reorder(torch.tensor([1, 0, 3, 2]), static=False)
     assert cache.layers[0]["cross"].k is cross
     torch.testing.assert_close(cache.layers[0]["self"].k, own[[1, 0, 3, 2]])
-    cache.reorder(torch.tensor([3, 2]))
-    torch.testing.assert_close(cache.layers[0]["cross"].k, cross[[3, 2]])
+    assert cross.size(0) == 2  # one memory row per sentence: its two beams share it
+    adapter.select(torch.tensor([3, 2]))  # sentence 0 leaves
+    torch.testing.assert_close(cache.layers[0]["cross"].k, cross[[1]])
+    assert adapter.context.memory.size(0) == 1
+    adapter.select(torch.tensor([1]))  # one beam of a sentence alone (a sample): rows get their own copy
+    torch.testing.assert_close(cache.layers[0]["cross"].k, cross[[1]])
+    assert adapter.group == 1 and adapter.context.memory.size(0) == 1
