@@ -192,9 +192,10 @@ def _padded_cat(a: Tensor, b: Tensor) -> Tensor:
 def _right_aligned(a: Tensor, n_a: int, b: Tensor, n_b: int, length: int) -> Tensor:
     """One buffer of ``length`` positions (and room to grow) holding ``a``'s first ``n_a`` positions as
     its last ``n_a``, and likewise ``b``'s, rows of ``a`` first."""
-    out = a.new_zeros(a.size(0) + b.size(0), a.size(1), max(a.size(2), b.size(2), 2 * length), a.size(3))
-    out[: a.size(0), :, length - n_a : length] = a[:, :, :n_a]
-    out[a.size(0) :, :, length - n_b : length] = b[:, :, :n_b]
+    out = a.new_empty(a.size(0) + b.size(0), a.size(1), max(a.size(2), b.size(2), 2 * length), a.size(3))
+    for rows, x, n in ((slice(0, a.size(0)), a, n_a), (slice(a.size(0), None), b, n_b)):
+        out[rows, :, : length - n] = 0  # hidden by the key mask, but must be finite (0 · NaN is NaN)
+        out[rows, :, length - n : length] = x[:, :, :n]
     return out
 
 
