@@ -89,10 +89,15 @@ class Batcher:
         self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
         self.held_lock = threading.Lock()
         self.started: dict[str, float] = {}  # worker thread name -> when its current batch started
+        self.flight: dict[str, int] = {}  # worker thread name -> texts in its running searches
         self.threads = [threading.Thread(target=self._work, name=f"aiayn-model-{i}", daemon=True)
                         for i in range(workers)]  # fmt: skip
         for thread in self.threads:
             thread.start()
+
+    def in_flight(self) -> int:
+        """Texts in the workers' running searches now."""
+        return sum(self.flight.values())
 
     def depth(self) -> int:
         return self.queue.qsize() + len(self.held)
@@ -230,6 +235,7 @@ class Batcher:
                 running.remove(entry)
             self.on_batch(len(search), texts, time.perf_counter() - t0, texts)
             self._settle_all(outcomes, jobs)
+        self.flight[threading.current_thread().name] = sum(search.texts for _, search in running)
 
     def _timed(self, call: Callable[[], Any]) -> Any:
         """``call()``, with this worker shown as busy while it runs (``busy``)."""

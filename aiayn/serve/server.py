@@ -55,7 +55,7 @@ def text_problem(text: str) -> str | None:
 class Metrics:
     """Prometheus metrics of one app (its own registry, so that several apps can live in a process)."""
 
-    def __init__(self, depth):
+    def __init__(self, depth, in_flight):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "aiayn_requests", "Requests by route and status", ["route", "status"], registry=r
@@ -71,9 +71,8 @@ class Metrics:
             "aiayn_tokens_per_second", "Output tokens per second, last batch", registry=r
         )
         Gauge("aiayn_queue_depth", "Requests waiting for the model", registry=r).set_function(depth)
-        self.in_flight = Gauge(
-            "aiayn_texts_in_flight", "Texts in the running searches, last step", registry=r
-        )
+        Gauge("aiayn_texts_in_flight", "Texts in running searches (decoded step by step)",
+              registry=r).set_function(in_flight)  # fmt: skip
         self.waiting = Histogram("aiayn_wait_seconds", "Time a request waited before decoding started",
                                  registry=r, buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                                       5, 10, 30, 60))  # fmt: skip
@@ -86,7 +85,7 @@ class Server:
         if not services:
             raise AiaynError("give at least one --model")
         self.services, self.settings = {s.name: s for s in services}, settings
-        self.metrics = Metrics(lambda: self.batcher.depth())
+        self.metrics = Metrics(lambda: self.batcher.depth(), lambda: self.batcher.in_flight())
         self.batcher = Batcher(self._run, settings.queue_size, settings.batch_window_ms / 1000,
                                settings.max_batch_texts, self._on_batch, settings.workers,
                                self._stepwise, self.metrics.waiting.observe)  # fmt: skip
@@ -106,7 +105,6 @@ class Server:
     def _on_batch(self, jobs: int, texts: int, seconds: float, step_tokens: int | None) -> None:
         self.metrics.batch.observe(texts)
         if step_tokens is not None:  # a step of a running search: one token per text
-            self.metrics.in_flight.set(texts)
             self._batch.tokens = step_tokens
         tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
         if tokens:
