@@ -42,9 +42,6 @@ class IncrementalDecoder:
         """Decoder states (N, T, d_model) for the ``new`` tokens (all tokens when uncached)."""
         raise NotImplementedError
 
-    def _select_inputs(self, index: Tensor) -> None:
-        """Keep rows ``index`` of whatever ``start`` prepared besides the cache."""
-
     def step(self, prefix: Tensor) -> Tensor:
         new = prefix if self.cache is None else prefix[:, len(self.cache) :]
         h = self._hidden(new)[:, -1]  # (N, d_model): only the last position is projected
@@ -59,7 +56,6 @@ class IncrementalDecoder:
         """Keep rows ``index`` (any rows, e.g. those of unfinished inputs), in that order."""
         if self.cache is not None:
             self.cache.reorder(index)
-        self._select_inputs(index)
 
     def _new_cache(self) -> DecoderCache | None:
         return self.model.new_cache() if self.use_cache else None
