@@ -2,6 +2,7 @@
 
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb                # make reproduce-sst2 SST2=… IMDB=…
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 1 2 3  # more fine-tuning seeds
+    python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 2      # add seed 2 to results/sst2.json
 
 ``PATH/sst2`` holds GLUE's ``train.tsv`` (or ``.tsv.gz``) and ``dev.tsv``; ``PATH/imdb`` holds the
 Large Movie Review Dataset's unlabelled reviews (``unsup.txt.gz``) and ``dev.tsv.gz``. Neither is
@@ -42,6 +43,18 @@ from aiayn.atomic import write_json  # noqa: E402
 from aiayn.data.labelled import find_table  # noqa: E402
 
 
+def earlier_runs(pre: dict, seeds: list[int]) -> list[dict]:
+    """The runs of other seeds that results/sst2.json holds from the same pre-training (so that
+    ``--seeds 2`` after a run of seed 1 adds to it); none if it was made from another one."""
+    path = ROOT / "results" / "sst2.json"
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    if old.get("pretraining", {}).get("run_dir") != pre["run_dir"]:
+        return []
+    return [r for r in old.get("runs", []) if r.get("seed") not in seeds]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sst2", type=Path, help="folder with SST-2's train.tsv[.gz] and dev.tsv")
@@ -56,6 +69,7 @@ def main() -> int:
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     pre = out["pretraining"] = pretrain(args.imdb)
+    out["runs"] = earlier_runs(pre, args.seeds)
     data = [f"dataset={args.sst2.resolve()}"]
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, init in (("finetune", ROOT / pre["run_dir"]), ("scratch", "")):
