@@ -83,12 +83,12 @@ class _Finished:
         return self.scores.topk(n, dim=1).values[:, -1]
 
     def best(self, index: Tensor, nbest: int, lenpen: float, lenpen_kind: str) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each sentence in ``index``, best first."""
+        """The ``nbest`` best hypotheses of each sentence in ``index``, best first (sorted here)."""
         order = self.scores[index].argsort(dim=1, descending=True)[:, :nbest]  # (D, nbest)
         pick = index[:, None], order
         return to_hypotheses(self.tokens[pick].flatten(0, 1), self.lengths[pick].flatten(),
                              self.log_probs[pick].flatten(), nbest, lenpen, lenpen_kind,
-                             sort=False)  # already best first  # fmt: skip
+                             sort=False)  # fmt: skip
 
     def select(self, index: Tensor) -> None:
         for name in self.FIELDS:

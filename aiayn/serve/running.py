@@ -37,7 +37,6 @@ class RunningTranslations:
                  max_attention_values: int = 0):  # fmt: skip
         self.service, self.attention, self.max_attention_values = service, attention, max_attention_values
         self.search = RunningSearch(service.model, config)
-        self.config = config
         self.requests: dict[Hashable, _Request] = {}
 
     def __len__(self) -> int:
@@ -62,7 +61,7 @@ class RunningTranslations:
         keys = [key for key, _ in jobs]
         if sources:
             try:
-                self.search.add(*self.service.translator.batch(sources, self.config), tags)
+                self.search.add(*self.service.translator.batch(sources, self.search.config), tags)
             except Exception:
                 self.drop(set(keys))
                 raise
