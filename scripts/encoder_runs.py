@@ -32,8 +32,9 @@ RUNS = ROOT / "runs" / "reproduce-encoder"
 PRETRAINING_FILE = "pretraining.json"
 
 
-def train(recipe: str, run_dir: Path, overrides: list[str]) -> dict:
-    """Train one recipe into ``run_dir`` from nothing; its record for the results."""
+def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accuracy") -> dict:
+    """Train one recipe into ``run_dir`` from nothing; its record for the results (``metric``: the
+    validation figure that picks the best checkpoint)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.toml", [*overrides, f"out_dir={run_dir}"])
@@ -42,9 +43,9 @@ def train(recipe: str, run_dir: Path, overrides: list[str]) -> dict:
     if result["reason"] in ("SIGINT", "SIGTERM"):
         raise SystemExit(f"interrupted ({result['reason']}): no results written")
     valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
-    best = max(valid, key=lambda r: r["accuracy"])
+    best = max(valid, key=lambda r: r[metric])
     minutes = (time.time() - t0) / 60
-    keys = ("step", "elapsed", "accuracy", "macro_f1", "loss")
+    keys = ("step", "elapsed", "accuracy", "macro_f1", "f1", "loss")
     return {"name": run_dir.name, "recipe": f"recipes/{recipe}.toml", "overrides": overrides,
             "seed": cfg.seed, "updates": result["step"], "stopped_by": result["reason"],
             "minutes": round(minutes, 2),
@@ -53,24 +54,30 @@ def train(recipe: str, run_dir: Path, overrides: list[str]) -> dict:
             "valid_curve": [{k: r[k] for k in keys if k in r} for r in valid]}  # fmt: skip
 
 
-def pretrain(imdb: Path, overrides: list[str] = ()) -> dict:
-    """The IMDb masked-LM encoder's record (``reused``: trained by an earlier call)."""
+# what each pre-training objective's validation reports, and the figure its record keeps
+PRETRAINING_SCORE = {"mlm": ("accuracy", "masked_token_accuracy"), "rtd": ("f1", "detection_f1")}
+
+
+def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> dict:
+    """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml``: its record (``reused``:
+    trained by an earlier call with the same recipe and arguments)."""
     unsup, dev = imdb / "unsup.txt.gz", imdb / "dev.tsv.gz"
     for path in (unsup, dev):
         if not path.is_file():
             raise SystemExit(f"{path}: not found (IMDB: the folder holding unsup.txt.gz and dev.tsv.gz)")
     args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}", *overrides]
-    recipe = (ROOT / "recipes" / "imdb-mlm.toml").read_bytes()
+    recipe = (ROOT / "recipes" / f"imdb-{objective}.toml").read_bytes()
     key = hashlib.sha256(recipe + json.dumps(args).encode()).hexdigest()[:16]
-    run_dir = RUNS / "imdb-mlm"
+    run_dir = RUNS / f"imdb-{objective}"
     record_file = run_dir / PRETRAINING_FILE
     if record_file.is_file():
         record = json.loads(record_file.read_text(encoding="utf-8"))
         if record.get("key") == key:
             print(f"reusing the pre-trained encoder in {run_dir} ({record['minutes']} minutes)", flush=True)
             return {**record, "reused": True}
-    record = train("imdb-mlm", run_dir, args)
-    record.update(key=key, masked_token_accuracy=max(r["accuracy"] for r in record["valid_curve"]))
+    metric, name = PRETRAINING_SCORE[objective]
+    record = train(f"imdb-{objective}", run_dir, args, metric)
+    record.update(key=key, objective=objective, **{name: max(r[metric] for r in record["valid_curve"])})
     write_json(record_file, record)
     return {**record, "reused": False}
 

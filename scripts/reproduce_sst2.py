@@ -3,13 +3,15 @@
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb                # make reproduce-sst2 SST2=… IMDB=…
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 1 2 3  # more fine-tuning seeds
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 2      # add seed 2 to results/sst2.json
+    python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective rtd  # replaced-token detection
 
 ``PATH/sst2`` holds GLUE's ``train.tsv`` (or ``.tsv.gz``) and ``dev.tsv``; ``PATH/imdb`` holds the
 Large Movie Review Dataset's unlabelled reviews (``unsup.txt.gz``) and ``dev.tsv.gz``. Neither is
 bundled (their terms: research use). Steps, each a time-budgeted recipe (the learning-rate schedule
 spans its minutes on whatever machine runs it):
 
-1. ``recipes/imdb-mlm.toml`` pre-trains the encoder on the unlabelled reviews, once: a later run
+1. ``recipes/imdb-mlm.toml`` (``--objective rtd``: ``recipes/imdb-rtd.toml``, ELECTRA's replaced-token
+   detection) pre-trains the encoder on the unlabelled reviews, once: a later run
    (this script or ``reproduce_imdb.py``) with the same recipe and data reuses it
    (``encoder_runs.pretrain``);
 2. ``recipes/sst2-finetune.toml`` fine-tunes it on SST-2's labelled phrases, once per seed;
@@ -21,7 +23,9 @@ dev accuracy and macro-F1 are then recomputed from the saved best checkpoint. Th
 with the best dev accuracy labels the unlabelled test sentences (``--test``, default
 ``PATH/sst2/test-unlabelled.tsv`` when present) into ``results/sst2-test-predictions.txt`` for
 separate scoring. Writes ``results/sst2.json`` (every run: accuracy, macro-F1, minutes, updates,
-machine) and ``results/sst2-*.png`` learning curves.
+machine) and ``results/sst2-*.png`` learning curves; with ``--objective rtd`` the files and run
+directories are named ``sst2-rtd-*`` and both arms drop BERT's vocabulary-head transform, which the
+detection-trained encoder does not have (it shapes no tensor a classifier reads).
 """
 
 from __future__ import annotations
@@ -43,10 +47,9 @@ from aiayn.atomic import write_json  # noqa: E402
 from aiayn.data.labelled import find_table  # noqa: E402
 
 
-def earlier_runs(pre: dict, seeds: list[int]) -> list[dict]:
-    """The runs of other seeds that results/sst2.json holds from the same pre-training (so that
-    ``--seeds 2`` after a run of seed 1 adds to it); none if it was made from another one."""
-    path = ROOT / "results" / "sst2.json"
+def earlier_runs(pre: dict, seeds: list[int], path: Path) -> list[dict]:
+    """The runs of other seeds that ``path`` (results/sst2.json) holds from the same pre-training (so
+    that ``--seeds 2`` after a run of seed 1 adds to it); none if it was made from another one."""
     if not path.is_file():
         return []
     old = json.loads(path.read_text())
@@ -60,6 +63,12 @@ def main() -> int:
     ap.add_argument("sst2", type=Path, help="folder with SST-2's train.tsv[.gz] and dev.tsv")
     ap.add_argument("imdb", type=Path, help="folder with IMDb's unsup.txt.gz and dev.tsv.gz (pre-training)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--objective",
+        choices=("mlm", "rtd"),
+        default="mlm",
+        help="pre-training: masked-LM (recipes/imdb-mlm.toml) or replaced-token detection",
+    )
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()
     train_file, dev = find_table(args.sst2, "train"), find_table(args.sst2, "valid")
@@ -68,30 +77,34 @@ def main() -> int:
     test = args.test or args.sst2 / "test-unlabelled.tsv"
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
-    pre = out["pretraining"] = pretrain(args.imdb)
-    out["runs"] = earlier_runs(pre, args.seeds)
+    name = "sst2" if args.objective == "mlm" else f"sst2-{args.objective}"
+    results = ROOT / "results" / f"{name}.json"
+    pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
+    out["runs"] = earlier_runs(pre, args.seeds, results)
     data = [f"dataset={args.sst2.resolve()}"]
+    if args.objective == "rtd":
+        data += ["model.head_transform=false", "model.output_bias=false"]
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, init in (("finetune", ROOT / pre["run_dir"]), ("scratch", "")):
-            record = train("sst2-finetune", RUNS / f"sst2-{kind}-seed{seed}",
+            record = train("sst2-finetune", RUNS / f"{name}-{kind}-seed{seed}",
                            [*data, f"init_from={init}", f"seed={seed}"])  # fmt: skip
             record.update(kind=kind, dev=dev_scores(ROOT / record["run_dir"], dev))
             before = pre["minutes"] if kind == "finetune" else 0  # pre-training counted where it is used
             record["total_minutes"] = round(record["minutes"] + before, 2)
             out["runs"].append(record)
-            write_json(ROOT / "results" / "sst2.json", out)  # kept up to date as runs finish
+            write_json(results, out)  # kept up to date as runs finish
     for kind in ("finetune", "scratch"):
         accs = [r["dev"]["accuracy"] for r in out["runs"] if r["kind"] == kind]
         out[f"{kind}_mean_accuracy"] = round(sum(accs) / len(accs), 2)
     best = max((r for r in out["runs"] if r["kind"] == "finetune"), key=lambda r: r["dev"]["accuracy"])
     if test.is_file():
-        predictions = ROOT / "results" / "sst2-test-predictions.txt"
+        predictions = ROOT / "results" / f"{name}-test-predictions.txt"
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
-    curves(ROOT / pre["run_dir"], "imdb-mlm")
+    curves(ROOT / pre["run_dir"], f"imdb-{args.objective}")
     for kind in ("finetune", "scratch"):
-        curves(RUNS / f"sst2-{kind}-seed{args.seeds[0]}", f"sst2-{kind}-seed{args.seeds[0]}")
-    write_json(ROOT / "results" / "sst2.json", out)
+        curves(RUNS / f"{name}-{kind}-seed{args.seeds[0]}", f"{name}-{kind}-seed{args.seeds[0]}")
+    write_json(results, out)
     summary = {k: v for k, v in out.items() if k not in ("runs", "pretraining")}
     summary["runs"] = [(r["name"], r["dev"]["accuracy"], r["total_minutes"]) for r in out["runs"]]
     print(json.dumps(summary, indent=2))

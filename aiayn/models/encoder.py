@@ -5,6 +5,9 @@ pre-training predicts the tokens at chosen positions from the per-token states; 
 pools the states into one vector per sequence (the mean over real tokens, or the first token,
 which the data module makes ``bos``, BERT's [CLS]) and projects it to class logits.
 
+With ``detector`` the model also has ELECTRA's discriminator head (Clark et al. 2020): one logit
+per token, "this token was replaced", which replaced-token detection pre-trains (``task="rtd"``).
+
 With the BERT fields of ``EncoderConfig`` on, the model is BERT's layer for layer
 (``aiayn.interop.bert`` maps it to Hugging Face's ``BertForMaskedLM`` /
 ``BertForSequenceClassification``).
@@ -59,6 +62,23 @@ class Classifier(nn.Module):
         return self.out(self.dropout(pooled))
 
 
+class Detector(nn.Module):
+    """ELECTRA's discriminator head: a per-token logit w · act(W h + b) + b' (positive = replaced).
+
+    Shape:
+        h: (..., d_model) -> (...)
+    """
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.act = ACTIVATIONS[c.activation]
+        self.out = nn.Linear(c.d_model, 1)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.act(self.dense(h))).squeeze(-1)
+
+
 class EncoderModel(nn.Module):
     """Per-token logits = Project(Encoder(Embed(ids))); class logits = Classifier(Pool(states)).
 
@@ -73,6 +93,7 @@ class EncoderModel(nn.Module):
         self.encoder = Encoder(c, c.n_layers)
         self.classifier = Classifier(c) if c.n_classes else None
         self.transform = HeadTransform(c) if c.head_transform else None
+        self.detector = Detector(c) if c.detector else None
         init_weights(self, c.d_model)
         self.head = make_head(c, c.vocab_size, self.embed if c.tie_output else None, bias=c.output_bias)
         if not c.tie_output:
@@ -105,6 +126,12 @@ class EncoderModel(nn.Module):
         if self.classifier is None:
             raise ValueError("this model has no classification head: set n_classes > 0")
         return self.classifier(self.pool(ids, self.encode(ids)[0]))
+
+    def detect(self, ids: Tensor) -> Tensor:
+        """Replaced-token logits (positive = replaced). Shape: ids (B, T) -> (B, T)."""
+        if self.detector is None:
+            raise ValueError("this model has no replaced-token detection head: set detector=True")
+        return self.detector(self.encode(ids)[0])
 
     def attention_weights(self, ids: Tensor) -> dict[str, list[Tensor]]:
         """``{"encoder": [L × (B, h, T, T)]}``."""

@@ -17,7 +17,8 @@ Translation (no smoothing mass on padding):
   (``greedy_memory_input``, decoded in the step) or of the reversed reference.
 
 The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
-at the chosen positions only), ``classification_loss`` (the pooled classifier, class-weighted).
+at the chosen positions only), ``replaced_token_loss`` (ELECTRA's discriminator, every real
+position), ``classification_loss`` (the pooled classifier, class-weighted).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.data.batching import ClassifyBatch, LMBatch, MaskedBatch, TranslationBatch, reverse_targets
+from aiayn.data.batching import (
+    ClassifyBatch,
+    DetectionBatch,
+    LMBatch,
+    MaskedBatch,
+    TranslationBatch,
+    reverse_targets,
+)
 from aiayn.decoding.bidirectional import r2l_translation
 from aiayn.decoding.greedy import GREEDY
 from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, R2LMemory, Transformer
@@ -155,6 +163,18 @@ def masked_lm_loss(model: EncoderModel, batch: MaskedBatch, epsilon: float) -> L
     h = model.encode(batch.ids)[0]  # (B, T, d_model)
     chosen = batch.targets != model.config.pad_id  # (B, T)
     return LossSums(*model.head.loss(model.token_states(h[chosen]), batch.targets[chosen], epsilon))
+
+
+def replaced_token_loss(model: EncoderModel, batch: DetectionBatch, epsilon: float) -> LossSums:
+    """ELECTRA's discriminator loss: binary cross-entropy of "replaced" at every scored position
+    (labels ≥ 0), its targets smoothed towards 1/2 by ``epsilon``.
+    Shape: ids, labels (B, T) -> three scalars"""
+    scored = batch.labels >= 0  # (B, T)
+    logits = model.detect(batch.ids)[scored].float()  # (N,)
+    y = batch.labels[scored].to(logits.dtype)
+    loss = F.binary_cross_entropy_with_logits(logits, y * (1 - epsilon) + epsilon / 2, reduction="sum")
+    nll = F.binary_cross_entropy_with_logits(logits.detach(), y, reduction="sum")
+    return LossSums(loss, nll, scored.sum())
 
 
 def classification_loss(

@@ -3,6 +3,7 @@
 from aiayn.training.tasks.classify import ClassifyTask
 from aiayn.training.tasks.lm import LMTask
 from aiayn.training.tasks.mlm import MLMTask
+from aiayn.training.tasks.rtd import RTDTask
 from aiayn.training.tasks.translation import TranslationTask
 
-__all__ = ["ClassifyTask", "LMTask", "MLMTask", "TranslationTask"]
+__all__ = ["ClassifyTask", "LMTask", "MLMTask", "RTDTask", "TranslationTask"]

@@ -3,7 +3,7 @@
 Labelled TSV/CSV/JSONL files (``data/labelled.py``) -> label strings mapped to class ids (saved as
 ``labels`` in each checkpoint's ``config.json``) -> token-budget batches of ``ClassifyBatch`` ->
 cross-entropy of the pooled classifier, optionally class-weighted ("balanced": n / (k · count)).
-With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` run, any encoder model
+With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` or ``rtd`` run, any encoder model
 directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder and vocabulary
 head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
 (BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
@@ -141,9 +141,11 @@ class ClassifyTask(EncoderTask):
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
                     f"(init_from={self.opts.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
                 )
-        fields = {**base, **self.cfg.model, "n_classes": n, **self.special_ids}  # the batches' ids
+        # the batches' ids; a replaced-token detector (task=rtd) stays behind with its pre-training
+        fields = {**base, **self.cfg.model, "n_classes": n, "detector": False, **self.special_ids}
         model = EncoderModel(EncoderConfig.from_dict(fields))
-        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("classifier.")}
+        left = ("classifier.", "detector.")
+        state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(left)}
         missing, unexpected = model.load_state_dict(state, strict=False)
         new = [k for k in missing if not k.startswith("classifier.")]
         if new or unexpected:

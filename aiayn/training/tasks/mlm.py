@@ -44,11 +44,10 @@ PACKINGS = ("sentences", "blocks")
 
 
 @dataclass
-class MLMOptions(EncoderOptions):
+class PretrainOptions(EncoderOptions):
+    """What the pre-training tasks (``mlm``, ``rtd``) share: their text and how it is cut."""
+
     extra_text: list[str] = field(default_factory=list)  # more training text (names or files)
-    mask_prob: float = 0.15  # tokens chosen for prediction (BERT)
-    mask_token_prob: float = 0.8  # a chosen token becomes <mask> ...
-    random_token_prob: float = 0.1  # ... or a random token (else it stays)
     whole_word_mask: bool = False  # choose whole words rather than pieces
     # "sentences": a line or row per sequence, truncated to max_len; "blocks": documents packed into
     # full max_len blocks across their boundaries, separated by eos (BERT, RoBERTa; data/packing.py)
@@ -59,6 +58,20 @@ class MLMOptions(EncoderOptions):
         super().validate(cfg)
         if self.packing not in PACKINGS:
             fail(self, "packing", f"is not one of {PACKINGS} (one sequence per sentence, or full blocks)")
+        if self.eval_max_sentences < 0:
+            fail(self, "eval_max_sentences", "must be ≥ 0 (0 = every validation line or row)")
+        if not all(isinstance(x, str) and x for x in self.extra_text):
+            fail(self, "extra_text", "must be a list of dataset names or file paths")
+
+
+@dataclass
+class MLMOptions(PretrainOptions):
+    mask_prob: float = 0.15  # tokens chosen for prediction (BERT)
+    mask_token_prob: float = 0.8  # a chosen token becomes <mask> ...
+    random_token_prob: float = 0.1  # ... or a random token (else it stays)
+
+    def validate(self, cfg: TrainConfig) -> None:
+        super().validate(cfg)
         for name in ("mask_token_prob", "random_token_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 fail(self, name, "must be in [0, 1]")
@@ -66,10 +79,9 @@ class MLMOptions(EncoderOptions):
             fail(self, "mask_prob", "must be in (0, 1]: the share of tokens the model predicts (BERT: 0.15)")
         if self.mask_token_prob + self.random_token_prob > 1:
             fail(self, "random_token_prob", f"+ mask_token_prob={self.mask_token_prob} is more than 1")
-        if self.eval_max_sentences < 0:
-            fail(self, "eval_max_sentences", "must be ≥ 0 (0 = every validation line or row)")
-        if not all(isinstance(x, str) and x for x in self.extra_text):
-            fail(self, "extra_text", "must be a list of dataset names or file paths")
+
+    def masking(self) -> Masking:
+        return Masking(self.mask_prob, self.mask_token_prob, self.random_token_prob, self.whole_word_mask)
 
 
 @register_task("mlm")
@@ -87,7 +99,6 @@ class MLMTask(EncoderTask):
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
         o = cfg.options
-        self.masking = Masking(o.mask_prob, o.mask_token_prob, o.random_token_prob, o.whole_word_mask)
         separate = bool(cfg.valid_dataset)  # else validation is the dataset's own split (or last tenth)
         # more training text (extra_text): a file whole, a name or folder its train split
         train_parts = [(cfg.dataset, split_for(cfg.dataset, "train") if separate else "train")]
@@ -129,8 +140,8 @@ class MLMTask(EncoderTask):
     def _batch(self, rows: list[np.ndarray], rng: np.random.Generator) -> MaskedBatch:
         ids = self._collate(rows)
         assert self.tok is not None and self.tok.mask_id is not None
-        inputs, targets = mask_tokens(ids, self.masking, self.tok.mask_id, self.tok.vocab_size, rng,
-                                      self.word_starts)  # fmt: skip
+        tok, masking = self.tok, self.cfg.options.masking()
+        inputs, targets = mask_tokens(ids, masking, tok.mask_id, tok.vocab_size, rng, self.word_starts)
         return MaskedBatch(inputs, targets)
 
     def train_batches(self) -> Iterator[MaskedBatch]:
