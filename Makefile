@@ -71,11 +71,13 @@ reproduce-multi30k-en-de-bidirectional: $(STAMP)
 # folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,
 # train.tsv.gz, dev.tsv.gz). Both fine-tune one IMDb masked-LM encoder, pre-trained by whichever runs
 # first and reused by the other (scripts/encoder_runs.py).
+# OBJECTIVE=rtd pre-trains by replaced-token detection (recipes/imdb-rtd.toml) instead of masked-LM.
+OBJECTIVE ?= mlm
 .PHONY: reproduce-sst2 reproduce-imdb
 reproduce-sst2: $(STAMP)
 	@test -n "$(SST2)" -a -n "$(IMDB)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 IMDB=path/to/imdb"; exit 2; }
-	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB)
+	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB) --objective $(OBJECTIVE)
 
 reproduce-imdb: $(STAMP)
 	@test -n "$(IMDB)" || { echo "usage: make reproduce-imdb IMDB=path/to/imdb"; exit 2; }
-	$(PY) scripts/reproduce_imdb.py $(IMDB)
+	$(PY) scripts/reproduce_imdb.py $(IMDB) --objective $(OBJECTIVE)

@@ -55,18 +55,44 @@ def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accur
 
 
 # what each pre-training objective's validation reports, and the figure its record keeps
-PRETRAINING_SCORE = {"mlm": ("accuracy", "masked_token_accuracy"), "rtd": ("f1", "detection_f1")}
+PRETRAINING_SCORE = {"mlm": ("accuracy", "masked_token_accuracy"), "rtd": ("f1", "detection_f1"),
+                     "sentiment": ("accuracy", "imdb_dev_accuracy")}  # fmt: skip
+# "sentiment" is supervised intermediate training (STILTs, Phang et al. 2018): IMDb's 22,500 labelled
+# reviews, classified from scratch by recipes/imdb-finetune.toml for this many minutes
+SENTIMENT_MINUTES = 30
+# fine-tuning recipe fields for an encoder of each objective (and its from-scratch twin): the
+# detection-trained encoder has no BERT vocabulary-head transform (a classifier never reads it)
+FINETUNE_OVERRIDES = {
+    "mlm": [],
+    "rtd": ["model.head_transform=false", "model.output_bias=false"],
+    "sentiment": [],
+}
 
 
 def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> dict:
-    """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml``: its record (``reused``:
-    trained by an earlier call with the same recipe and arguments)."""
+    """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml`` on the unlabelled reviews (or,
+    ``"sentiment"``, by ``recipes/imdb-finetune.toml`` from scratch on the labelled ones): its record
+    (``reused``: trained by an earlier call with the same recipe and arguments)."""
     unsup, dev = imdb / "unsup.txt.gz", imdb / "dev.tsv.gz"
-    for path in (unsup, dev):
+    needs = (imdb / "train.tsv.gz", dev) if objective == "sentiment" else (unsup, dev)
+    for path in needs:
         if not path.is_file():
-            raise SystemExit(f"{path}: not found (IMDB: the folder holding unsup.txt.gz and dev.tsv.gz)")
-    args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}", *overrides]
-    recipe = (ROOT / "recipes" / f"imdb-{objective}.toml").read_bytes()
+            raise SystemExit(
+                f"{path}: not found (IMDB: the folder holding unsup.txt.gz, train.tsv.gz and dev.tsv.gz)"
+            )
+    if objective == "sentiment":
+        recipe_name = "imdb-finetune"
+        args = [
+            f"dataset={imdb.resolve()}",
+            "init_from=",
+            "lowercase=true",
+            f"max_minutes={SENTIMENT_MINUTES}",
+        ]
+    else:
+        recipe_name = f"imdb-{objective}"
+        args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}"]
+    args += overrides
+    recipe = (ROOT / "recipes" / f"{recipe_name}.toml").read_bytes()
     key = hashlib.sha256(recipe + json.dumps(args).encode()).hexdigest()[:16]
     run_dir = RUNS / f"imdb-{objective}"
     record_file = run_dir / PRETRAINING_FILE
@@ -76,7 +102,7 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> d
             print(f"reusing the pre-trained encoder in {run_dir} ({record['minutes']} minutes)", flush=True)
             return {**record, "reused": True}
     metric, name = PRETRAINING_SCORE[objective]
-    record = train(f"imdb-{objective}", run_dir, args, metric)
+    record = train(recipe_name, run_dir, args, metric)
     record.update(key=key, objective=objective, **{name: max(r[metric] for r in record["valid_curve"])})
     write_json(record_file, record)
     return {**record, "reused": False}

@@ -2,6 +2,7 @@
 
     python scripts/reproduce_imdb.py PATH/imdb                   # make reproduce-imdb IMDB=PATH/imdb
     python scripts/reproduce_imdb.py PATH/imdb max_minutes=30    # recipe fields override
+    python scripts/reproduce_imdb.py PATH/imdb --objective rtd   # on the replaced-token detector
 
 ``PATH/imdb`` holds the Large Movie Review Dataset (Maas et al. 2011) as ``unsup.txt.gz``
 (unlabelled reviews), ``train.tsv.gz`` and ``dev.tsv.gz`` (``label<TAB>text``); it is not bundled
@@ -16,7 +17,8 @@
 Dev accuracy and macro-F1 are recomputed from the saved best checkpoint, which then labels the
 official test reviews (``PATH/imdb/test-unlabelled.tsv.gz`` when present) into
 ``results/imdb-test-predictions.txt.gz`` for separate scoring. Writes ``results/imdb.json`` and
-``results/imdb-*.png`` learning curves.
+``results/imdb-*.png`` learning curves (``--objective rtd``: ``recipes/imdb-rtd.toml``'s encoder, files
+named ``imdb-rtd*``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from encoder_runs import RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
+from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
@@ -41,25 +43,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("imdb", type=Path, help="folder with unsup.txt.gz, train.tsv.gz and dev.tsv.gz")
     ap.add_argument("overrides", nargs="*", help="fine-tuning recipe fields (key=value), e.g. seed=2")
+    ap.add_argument(
+        "--objective",
+        choices=("mlm", "rtd"),
+        default="mlm",
+        help="pre-training: masked-LM (recipes/imdb-mlm.toml) or replaced-token detection",
+    )
     args = ap.parse_args()
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
     if not (args.imdb / "train.tsv.gz").is_file():
         ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
     started = time.time()
     out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
-    pre = out["pretraining"] = pretrain(args.imdb)
-    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}", *args.overrides]
-    run = train("imdb-finetune", RUNS / "imdb-finetune", overrides)
+    name = "imdb" if args.objective == "mlm" else f"imdb-{args.objective}"
+    pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
+    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
+                 *FINETUNE_OVERRIDES[args.objective], *args.overrides]  # fmt: skip
+    run = train("imdb-finetune", RUNS / f"{name}-finetune", overrides)
     run["dev"] = dev_scores(ROOT / run["run_dir"], dev)
     run["total_minutes"] = round(run["minutes"] + pre["minutes"], 2)  # pre-training counted
     out["finetune"] = run
-    write_json(ROOT / "results" / "imdb.json", out)
+    write_json(ROOT / "results" / f"{name}.json", out)
     if test.is_file():
-        predictions = ROOT / "results" / "imdb-test-predictions.txt.gz"
+        predictions = ROOT / "results" / f"{name}-test-predictions.txt.gz"
         out["test_predictions"] = publish_predictions(ROOT / run["run_dir"], test, predictions, "text")
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
-    curves(RUNS / "imdb-finetune", "imdb-finetune")
-    write_json(ROOT / "results" / "imdb.json", out)
+    curves(RUNS / f"{name}-finetune", f"{name}-finetune")
+    write_json(ROOT / "results" / f"{name}.json", out)
     print(json.dumps({"dev": run["dev"], "minutes": run["minutes"], "updates": run["updates"]}, indent=2))
     return 0
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from encoder_runs import RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
+from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
@@ -65,9 +65,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument(
         "--objective",
-        choices=("mlm", "rtd"),
+        choices=("mlm", "rtd", "sentiment"),
         default="mlm",
-        help="pre-training: masked-LM (recipes/imdb-mlm.toml) or replaced-token detection",
+        help="pre-training: masked-LM (recipes/imdb-mlm.toml), replaced-token detection (imdb-rtd.toml) "
+        "or supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml from scratch)",
     )
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()
@@ -82,8 +83,7 @@ def main() -> int:
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
     out["runs"] = earlier_runs(pre, args.seeds, results)
     data = [f"dataset={args.sst2.resolve()}"]
-    if args.objective == "rtd":
-        data += ["model.head_transform=false", "model.output_bias=false"]
+    data += FINETUNE_OVERRIDES[args.objective]
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, init in (("finetune", ROOT / pre["run_dir"]), ("scratch", "")):
             record = train("sst2-finetune", RUNS / f"{name}-{kind}-seed{seed}",

@@ -109,6 +109,8 @@ def test_classifier_logits_and_labels_equal_transformers(tmp_path):
         (dict(n_classes=2, pooling="mean", pooler=True), "pooling"),
         (dict(n_classes=2, pooling="first", pooler=False), "pooler"),
         (dict(n_heads=3, d_k=8, d_v=8), "d_model"),
+        (dict(detector=True), "detector"),
+        (dict(detector=True, **CLASSIFIER), "detector"),
     ],
 )
 def test_what_does_not_map_is_refused_by_name(kw, field, tmp_path):

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import EncoderConfig, EncoderModel
-from aiayn.data.batching import ClassifyBatch, MaskedBatch
-from aiayn.training.criteria import classification_loss, masked_lm_loss
+from aiayn.data.batching import ClassifyBatch, DetectionBatch, MaskedBatch
+from aiayn.training.criteria import classification_loss, masked_lm_loss, replaced_token_loss
 from tests.helpers import assert_close
 
 SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
@@ -101,3 +101,70 @@ def test_bert_layers_match_torch_layer_norm():
         t = m.transform
         ref = F.layer_norm(F.gelu(t.dense(h)), (32,), t.norm.weight, t.norm.bias, 1e-5)
         assert_close("BERT head transform", t(h), ref)
+
+
+def test_the_detector_is_electras_discriminator_head():
+    """ELECTRA = BERT's encoder + a per-token head; with BERT's fields and ``detector`` the model is
+    transformers' ``ElectraForPreTraining`` (random weights copied through the BERT export's names)."""
+    transformers = pytest.importorskip("transformers")
+    from aiayn.interop.bert.convert import TOKEN_TYPES, name_map
+
+    torch.manual_seed(0)
+    bert = dict(embed_norm=True, head_transform=True, output_bias=True, positional="learned",
+                activation="gelu", emb_scale="none", ln_eps=1e-12, d_model=32, n_heads=4, d_ff=64,
+                n_layers=2, max_len=40, dropout=0.0)  # fmt: skip
+    ours = EncoderModel(EncoderConfig(vocab_size=60, detector=True, **bert)).eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    hf_config = transformers.ElectraConfig(
+        vocab_size=60,
+        embedding_size=32,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+    )
+    theirs = transformers.ElectraForPreTraining(hf_config).eval()
+    state = ours.state_dict()
+    tensors = {k.replace("bert.", "electra.", 1): v for k, v in name_map(ours.config).to_hf(state).items()
+               if k.startswith("bert.")}  # fmt: skip
+    tensors[TOKEN_TYPES.replace("bert.", "electra.", 1)] = torch.zeros(2, 32)
+    for a, b in (("dense", "dense"), ("out", "dense_prediction")):
+        for p in ("weight", "bias"):
+            tensors[f"discriminator_predictions.{b}.{p}"] = state[f"detector.{a}.{p}"]
+    missing, unexpected = theirs.load_state_dict(tensors, strict=False)
+    assert not unexpected and all("position_ids" in k or "token_type_ids" in k for k in missing)
+    ids = torch.randint(5, 60, (3, 9))
+    ids[:, 0], ids[1, 6:], ids[1, 5] = 1, 0, 2
+    with torch.no_grad():
+        expected = theirs(input_ids=ids, attention_mask=(ids != 0).long()).logits
+        got = ours.detect(ids)
+    real = ids != 0
+    assert_close("EncoderModel detector vs ElectraForPreTraining", got[real], expected[real], atol=1e-5)
+    with pytest.raises(ValueError, match="no replaced-token detection head"):
+        EncoderModel(EncoderConfig(vocab_size=60, **bert)).detect(ids)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_replaced_token_loss_is_binary_cross_entropy_at_the_scored_positions(epsilon):
+    m = model(detector=True)
+    ids = torch.randint(5, 50, (3, 8))
+    labels = torch.randint(0, 2, (3, 8))
+    labels[:, 0] = labels[0, -2:] = -1  # bos, padding: not scored
+    loss, nll, n = replaced_token_loss(m, DetectionBatch(ids, labels), epsilon)
+    logits, y = m.detect(ids), labels.float()
+    scored = labels >= 0
+    per_token = F.binary_cross_entropy_with_logits(logits, y * (1 - epsilon) + epsilon / 2, reduction="none")
+    assert int(n) == int(scored.sum()) == 19
+    assert_close("EncoderModel RTD loss", loss, per_token[scored].sum(), atol=1e-4)
+    ref_nll = F.binary_cross_entropy_with_logits(logits, y, reduction="none")[scored].sum()
+    assert_close("EncoderModel RTD nll", nll, ref_nll, atol=1e-4)
+    loss.backward()
+    assert m.detector.out.weight.grad is not None

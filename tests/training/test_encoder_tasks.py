@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli.main import main
+from aiayn.decoding.classifier import MaskFiller
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.io import load_model
 from aiayn.training.recipe import load_recipe
@@ -124,9 +125,40 @@ def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_p
         train([*args, f"out_dir={tmp_path / 'b'}", f"init_from={tmp_path / 'lm'}"])
 
 
-def test_mlm_resume_continues_with_the_same_masks(rule_data, tmp_path):
+@pytest.fixture(scope="module")
+def rtd_run(rule_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("rtd") / "run"
+    train(["task=rtd", f"dataset={rule_data / 'train.tsv'}", f"out_dir={run}", "max_steps=60",
+           "eval_every=30", "whole_word_mask=true", *TINY])  # fmt: skip
+    return run
+
+
+def test_rtd_learns_to_detect_and_is_no_mask_filler(rtd_run):
+    valid = [m for m in metrics(rtd_run) if m["split"] == "valid"]
+    assert {"accuracy", "precision", "recall", "f1"} <= set(valid[-1])
+    assert valid[-1]["f1"] > 5 and valid[-1]["loss"] < valid[0]["loss"]
+    meta = json.loads((rtd_run / "best" / "config.json").read_text())
+    assert meta["objective"] == "rtd" and meta["replace_from"] == "unigram" and meta["config"]["detector"]
+    with pytest.raises(ModelDirError, match=r"objective 'rtd'.*fill-mask needs a model trained with task"):
+        MaskFiller.from_dir(rtd_run)
+
+
+def test_init_from_an_rtd_encoder_leaves_the_detector_behind(rtd_run, rule_data, tmp_path):
+    run = tmp_path / "ft"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", f"init_from={rtd_run}", "max_steps=1",
+           "eval_every=1", *TINY, "lr=1e-12"])  # fmt: skip
+    pre = load_file(rtd_run / "best" / "model.safetensors")
+    tuned = load_model(run / "step-000001")
+    state = tuned.state_dict()
+    shared = [k for k in pre if not k.startswith("detector.")]
+    assert shared and all(torch.allclose(state[k], pre[k], atol=1e-9) for k in shared)
+    assert not any(k.startswith("detector.") for k in state) and not tuned.config.detector
+
+
+@pytest.mark.parametrize("task", ["mlm", "rtd"])
+def test_pretraining_resume_continues_with_the_same_corruption(rule_data, tmp_path, task):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    base = ["task=mlm", f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
+    base = [f"task={task}", f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
     train([*base, f"out_dir={straight}", "max_steps=20"])
     train([*base, f"out_dir={split}", "max_steps=10"])
     train([*base, f"out_dir={split}", "max_steps=20"], resume=True)
@@ -159,6 +191,10 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("mlm", "random_token_prob=0.5", r"random_token_prob=0.5 \+ mask_token_prob=0.8 is more than 1"),
         ("mlm", "model.n_classes=3", r"model.n_classes is for task='classify'"),
         ("mlm", "eval_max_sentences=-1", r"eval_max_sentences=-1 must be ≥ 0"),
+        ("rtd", "replace_prob=0", r"replace_prob=0.0 must be in \(0, 1\)"),
+        ("rtd", "replace_from=bert", r"replace_from='bert' is not one of \('unigram', 'uniform'\)"),
+        ("rtd", "model.head_transform=true", r"model.head_transform=True shapes the vocabulary head"),
+        ("rtd", "mask_prob=0.2", r"mask_prob"),
         ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),

@@ -304,6 +304,7 @@ def check_exportable(model: EncoderModel) -> None:
         ("embed_norm", c.embed_norm, True, "BERT normalises embedding + position"),
         ("d_k", c.d_k or head, head, "BERT's heads are d_model/n_heads wide"),
         ("d_v", c.d_v or head, head, "BERT's heads are d_model/n_heads wide"),
+        ("detector", c.detector, False, "ELECTRA's replaced-token head; fine-tune the encoder, export that"),
     ]
     if c.n_classes:
         needs += [("pooling", c.pooling, "first", "BERT's classifier reads [CLS], the first token"),
