@@ -363,16 +363,6 @@ class MaskedBatch(NamedTuple):
         return MaskedBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
-class DetectionBatch(NamedTuple):
-    """Replaced-token detection inputs and labels (``replacing.replace_tokens``)."""
-
-    ids: Tensor  # (B, T) bos + tokens (some replaced by a generator's samples) + eos
-    labels: Tensor  # (B, T) 1 replaced, 0 original, -1 not scored (bos, eos, padding)
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> DetectionBatch:
-        return DetectionBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
-
-
 class ClassifyBatch(NamedTuple):
     """Sequences and their class ids."""
 

@@ -15,6 +15,8 @@ not (a sample that draws the original piece counts as original, as in ELECTRA), 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -25,6 +27,16 @@ from aiayn.errors import ConfigError
 
 GENERATORS = ("unigram", "uniform")
 NOT_SCORED = -1
+
+
+class DetectionBatch(NamedTuple):
+    """Replaced-token detection inputs and labels (``replace_tokens``)."""
+
+    ids: Tensor  # (B, T) bos + tokens (some replaced by a generator's samples) + eos
+    labels: Tensor  # (B, T) 1 replaced, 0 original, -1 not scored (bos, eos, padding)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> DetectionBatch:
+        return DetectionBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
 def piece_distribution(ids: np.ndarray, vocab_size: int, how: str, first_normal: int = 5) -> np.ndarray:

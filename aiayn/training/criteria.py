@@ -31,12 +31,12 @@ from torch import Tensor
 
 from aiayn.data.batching import (
     ClassifyBatch,
-    DetectionBatch,
     LMBatch,
     MaskedBatch,
     TranslationBatch,
     reverse_targets,
 )
+from aiayn.data.replacing import DetectionBatch
 from aiayn.decoding.bidirectional import r2l_translation
 from aiayn.decoding.greedy import GREEDY
 from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, R2LMemory, Transformer

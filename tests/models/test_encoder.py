@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import EncoderConfig, EncoderModel
-from aiayn.data.batching import ClassifyBatch, DetectionBatch, MaskedBatch
+from aiayn.data.batching import ClassifyBatch, MaskedBatch
+from aiayn.data.replacing import DetectionBatch
 from aiayn.training.criteria import classification_loss, masked_lm_loss, replaced_token_loss
 from tests.helpers import assert_close
 

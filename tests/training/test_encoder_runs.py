@@ -28,7 +28,7 @@ def imdb(tmp_path):
 def test_pretraining_is_reused_until_its_recipe_data_or_overrides_change(imdb, tmp_path, monkeypatch):
     calls = []
 
-    def fake_train(recipe, run_dir, overrides):
+    def fake_train(recipe, run_dir, overrides, metric="accuracy"):
         calls.append(overrides)
         run_dir.mkdir(parents=True, exist_ok=True)
         return {"minutes": 1.5, "valid_curve": [{"accuracy": 20.0}, {"accuracy": 30.0}]}
@@ -70,3 +70,25 @@ def test_published_predictions_are_the_models_labels_in_test_order(tmp_path, mon
         record = encoder_runs.publish_predictions(run, test, tmp_path / name, "text")
         assert read(tmp_path / name) == "1\n0\n1\n"
         assert record == {"file": name, "rows": 3, "model": "run"}
+
+
+def test_each_pretraining_objective_has_its_recipe_run_and_figure(imdb, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_train(recipe, run_dir, overrides, metric="accuracy"):
+        calls.append((recipe, run_dir.name, overrides, metric))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return {"minutes": 1.0, "valid_curve": [{metric: 40.0}]}
+
+    monkeypatch.setattr(encoder_runs, "train", fake_train)
+    monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
+    assert encoder_runs.pretrain(imdb, objective="rtd")["detection_f1"] == 40.0
+    assert calls[-1][:2] == ("imdb-rtd", "imdb-rtd") and calls[-1][3] == "f1"
+    with pytest.raises(SystemExit, match=r"train.tsv.gz: not found"):
+        encoder_runs.pretrain(imdb, objective="sentiment")  # supervised: needs the labelled reviews
+    (imdb / "train.tsv.gz").write_bytes(gzip.compress(b"label\ttext\n0\tbad\n"))
+    assert encoder_runs.pretrain(imdb, objective="sentiment")["imdb_dev_accuracy"] == 40.0
+    recipe, run, overrides, _ = calls[-1]
+    assert (recipe, run) == ("imdb-finetune", "imdb-sentiment")
+    assert overrides[:3] == [f"dataset={imdb.resolve()}", "init_from=", "lowercase=true"]
+    assert encoder_runs.pretrain(imdb, objective="sentiment")["reused"] and len(calls) == 2

@@ -194,7 +194,6 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("rtd", "replace_prob=0", r"replace_prob=0.0 must be in \(0, 1\)"),
         ("rtd", "replace_from=bert", r"replace_from='bert' is not one of \('unigram', 'uniform'\)"),
         ("rtd", "model.head_transform=true", r"model.head_transform=True shapes the vocabulary head"),
-        ("rtd", "mask_prob=0.2", r"mask_prob"),
         ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),

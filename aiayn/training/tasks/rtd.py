@@ -11,7 +11,7 @@ generator seeded by (seed, rank, epoch, batch), validation's are fixed (seed 0).
 
 Validation reports the detection loss, the accuracy over all scored positions, and the precision,
 recall and F1 of "replaced" (the F1 picks the best checkpoint: a detector that calls every token
-original is right 85% of the time and has learned nothing). A fine-tuning run reads the encoder
+original is mostly right and has learned nothing). A fine-tuning run reads the encoder
 with ``init_from`` as it reads a masked-LM one (the detector is left behind).
 """
 
@@ -25,8 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.data.batching import DetectionBatch
-from aiayn.data.replacing import GENERATORS, piece_distribution, replace_tokens
+from aiayn.data.replacing import GENERATORS, DetectionBatch, piece_distribution, replace_tokens
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
 from aiayn.training import criteria
