@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from aiayn.data.packing import PackedBlocks
 from aiayn.data.replacing import GENERATORS, DetectionBatch, piece_distribution, replace_tokens
 from aiayn.errors import ConfigError
 from aiayn.models import EncoderModel
@@ -72,7 +73,7 @@ class RTDTask(MLMTask):
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
         assert self.tok is not None
-        stream = self.train.stream if hasattr(self.train, "stream") else np.concatenate(self.train)
+        stream = self.train.stream if isinstance(self.train, PackedBlocks) else np.concatenate(self.train)
         self.probs = piece_distribution(stream, self.tok.vocab_size, cfg.options.replace_from)
 
     def build_model(self) -> EncoderModel:
