@@ -71,10 +71,9 @@ def replace_tokens(
     masking = Masking(p, 0.0, 0.0, whole_word=word_starts is not None)  # which positions, nothing else
     _, targets = mask_tokens(ids, masking, 0, len(probs), rng, word_starts)
     chosen = targets != PAD_ID  # (B, T)
-    cdf = np.cumsum(probs)
-    samples = np.searchsorted(cdf, rng.random(int(chosen.sum())) * cdf[-1], side="right")
+    samples = rng.choice(len(probs), size=int(chosen.sum()), p=probs)  # (N,) the generator's draws
     inputs = ids.clone()
-    inputs[chosen] = torch.from_numpy(np.minimum(samples, len(probs) - 1)).to(ids.dtype)
+    inputs[chosen] = torch.from_numpy(samples).to(ids.dtype)
     real = (ids != PAD_ID) & (ids != BOS_ID) & (ids != EOS_ID)  # (B, T) scored
     labels = torch.where(real, (inputs != ids).long(), torch.full_like(ids, NOT_SCORED, dtype=torch.long))
     return inputs, labels
