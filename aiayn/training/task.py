@@ -104,6 +104,11 @@ class Task:
         token-budget batches can."""
         raise NotImplementedError(f"task {self.cfg.task!r} has no token-budget batches to resize")
 
+    def lr_scale(self, model: nn.Module) -> Callable[[str], float] | None:
+        """The learning rate's factor for each parameter name of ``model`` (``make_optimizer``), e.g.
+        layer-wise decay when fine-tuning; ``None``: one rate for all."""
+        return None
+
     # -- the objective ----------------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: Batch, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
         """Summed training loss, summed NLL and the number of targets of ``batch``. ``model`` is the

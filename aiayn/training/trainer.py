@@ -105,7 +105,7 @@ class Trainer:
         self.model = self.task.build_model().to(self.device)
         self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
                                            self.model.config)  # fmt: skip
-        self.optimizer = make_optimizer(self.model, cfg)
+        self.optimizer = make_optimizer(self.model, cfg, self.task.lr_scale(self.model))
         self.schedule = make_schedule(cfg, self.model.config.d_model)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
@@ -204,7 +204,7 @@ class Trainer:
         objective.train()
         lr = self.schedule(self.step + 1, budget_used(cfg, self.elapsed))
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         batches = [b.to(self.device, non_blocking=True) for b in batches]
         n_tokens = sum(self.task.n_targets(b) for b in batches)
         total = all_reduce_sum(torch.tensor(float(n_tokens), device=self.device), self.dist).item()

@@ -126,6 +126,50 @@ def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_p
 
 
 @pytest.fixture(scope="module")
+def classify_run(rule_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("cls") / "run"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=20", "eval_every=20",
+           *TINY, "model.n_layers=2"])  # fmt: skip
+    return run
+
+
+def test_keep_classifier_and_reinit_layers(classify_run, mlm_run, rule_data, tmp_path):
+    """keep_classifier loads the head too; reinit_layers=1 leaves the top layer as initialised."""
+    run = tmp_path / "ft"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", f"init_from={classify_run}",
+           "keep_classifier=true", "reinit_layers=1", "max_steps=1", "eval_every=1", *TINY,
+           "model.n_layers=2", "lr=1e-12"])  # fmt: skip
+    pre = load_file(classify_run / "best" / "model.safetensors")
+    tuned = load_model(run / "step-000001").state_dict()
+    top = [k for k in pre if k.startswith("encoder.layers.1.") and k.endswith("weight") and pre[k].dim() == 2]
+    kept = [k for k in pre if not k.startswith("encoder.layers.1.")]
+    assert {k for k in kept if k.startswith("classifier.")} and len(top) == 4
+    assert all(torch.allclose(tuned[k], pre[k], atol=1e-9) for k in kept)
+    assert not any(torch.allclose(tuned[k], pre[k], atol=1e-3) for k in top)
+    with pytest.raises(ConfigError, match=r"keep_classifier=True needs init_from's labels None to be the "
+                       r"training labels \['neg', 'pos'\]"):  # fmt: skip
+        train(["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / 'b'}", "keep_classifier=true",
+               f"init_from={mlm_run}", *TINY])  # fmt: skip
+
+
+def test_layer_decay_scales_each_layers_learning_rate(rule_data, tmp_path):
+    """decay 0.5 over 2 layers: embeddings × 0.125, layer 0 × 0.25, layer 1 × 0.5, the heads × 1."""
+    args = ["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / 'r'}", "max_steps=2",
+            "eval_every=2", "layer_decay=0.5", "weight_decay=0.01", *TINY, "model.n_layers=2"]  # fmt: skip
+    trainer = Trainer(load_recipe(None, args))
+    trainer.fit()
+    lr_of = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    expected = {"embed.": 0.125, "encoder.layers.0.": 0.25, "encoder.layers.1.": 0.5, "classifier.": 1}
+    base = 0.003 * 2 / 5  # step 2 of the 5 warm-up steps
+    for name, p in trainer.model.named_parameters():
+        factor = next(f for prefix, f in expected.items() if name.startswith(prefix))
+        assert lr_of[id(p)] == pytest.approx(base * factor), name
+    groups = trainer.optimizer.param_groups  # a (scale, decay) pair each; the tied embedding has no bias
+    assert len(groups) == 7 and all(g["weight_decay"] == (0.01 if p.dim() >= 2 else 0.0)
+                                    for g in groups for p in g["params"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def rtd_run(rule_data, tmp_path_factory):
     run = tmp_path_factory.mktemp("rtd") / "run"
     train(["task=rtd", f"dataset={rule_data / 'train.tsv'}", f"out_dir={run}", "max_steps=60",
@@ -198,6 +242,9 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),
         ("classify", "model.pooling=max", r"EncoderConfig.pooling='max' is not one of \('mean', 'first'\)"),
+        ("classify", "keep_classifier=true", r"keep_classifier=True is for fine-tuning: set init_from"),
+        ("classify", "reinit_layers=1", r"reinit_layers=1 is for fine-tuning: set init_from"),
+        ("classify", "layer_decay=0", r"layer_decay=0.0 must be in \(0, 1\] \(1 = one learning rate"),
     ],
 )
 def test_bad_encoder_configs(task, override, match):

@@ -7,7 +7,10 @@ With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` or ``rt
 directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder and vocabulary
 head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
 (BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
-the pre-trained shapes is an error.
+the pre-trained shapes is an error. Three fine-tuning options, off by default: ``keep_classifier``
+keeps a classifier run's head when its labels are these (intermediate-task training, Phang et al.
+2018); ``reinit_layers`` starts the top encoder layers afresh (Zhang et al. 2021); ``layer_decay``
+scales layer l's learning rate by decay^(L + 1 − l), embeddings l = 0, the heads L + 1 (ELECTRA).
 A text longer than ``max_len`` is read as ``long_text`` says (``data/long_text.py``): its head (the
 default, BERT's truncation), its tail, head and tail, or overlapping windows of ``max_len`` every
 ``window_stride`` pieces, each window a training example with its text's label and, at validation
@@ -18,7 +21,8 @@ Validation reports accuracy and macro-F1 (per text); accuracy picks the best che
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +62,9 @@ class ClassifyOptions(EncoderOptions):
     # first pieces + the rest from the end), "windows" (each classified, logits averaged)
     long_text: str = "head"
     window_stride: int = 0  # windows: pieces between window starts; 0 = half a window
+    keep_classifier: bool = False  # init_from's classifier (and pooler), when its labels are these
+    reinit_layers: int = 0  # the top encoder layers of init_from not loaded: initialised afresh
+    layer_decay: float = 1.0  # layer-wise learning-rate decay (1 = one rate for all)
 
     def validate(self, cfg: TrainConfig) -> None:
         if self.class_weights not in ("none", "balanced"):
@@ -69,6 +76,13 @@ class ClassifyOptions(EncoderOptions):
                  "its own tokenizer (which lowercases if it was trained so): remove lowercase")  # fmt: skip
         if self.window_stride and self.long_text != "windows":
             fail(self, "window_stride", f"is for long_text='windows', not {self.long_text!r}; remove it")
+        for name in ("keep_classifier", "reinit_layers"):
+            if getattr(self, name) and not self.init_from:
+                fail(self, name, "is for fine-tuning: set init_from to the pre-trained run, or remove it")
+        if self.reinit_layers < 0:
+            fail(self, "reinit_layers", "must be ≥ 0")
+        if not 0 < self.layer_decay <= 1:
+            fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate; ELECTRA used 0.8)")
         super().validate(cfg)
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
@@ -133,27 +147,56 @@ class ClassifyTask(EncoderTask):
         n = len(self.labels)
         if self.pretrained is None:
             return EncoderModel(self.encoder_config(n_classes=n))
-        pretrained = from_pretrained(self.pretrained)
+        o, pretrained = self.opts, from_pretrained(self.pretrained)
         base = pretrained.config.to_dict()
+        may_change = HEAD_FIELDS - {"pooling", "pooler"} if o.keep_classifier else HEAD_FIELDS
         for key, value in self.cfg.model.items():
-            if key not in HEAD_FIELDS and base.get(key) != value:
+            if key not in may_change and base.get(key) != value:
                 raise ConfigError(
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
-                    f"(init_from={self.opts.init_from!r}); only {sorted(HEAD_FIELDS)} may change"
+                    f"(init_from={o.init_from!r}); only {sorted(may_change)} may change"
                 )
+        if o.keep_classifier:
+            self._check_pretrained_labels()
+        if o.reinit_layers > base["n_layers"]:
+            fail(o, "reinit_layers", f"is more than init_from's {base['n_layers']} layers")
         # the batches' ids; a replaced-token detector (task=rtd) stays behind with its pre-training
         fields = {**base, **self.cfg.model, "n_classes": n, "detector": False, **self.special_ids}
         model = EncoderModel(EncoderConfig.from_dict(fields))
-        left = ("classifier.", "detector.")
+        fresh = [f"encoder.layers.{i}." for i in range(base["n_layers"] - o.reinit_layers, base["n_layers"])]
+        left = ("detector.", *fresh, *(() if o.keep_classifier else ("classifier.",)))
         state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(left)}
         missing, unexpected = model.load_state_dict(state, strict=False)
-        new = [k for k in missing if not k.startswith("classifier.")]
+        new = [k for k in missing if not k.startswith(left)]
         if new or unexpected:
             raise ModelDirError(
                 f"init_from={self.opts.init_from!r}: the pre-trained weights do not fit (missing {new[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
         return model
+
+    def _check_pretrained_labels(self) -> None:
+        meta = json.loads((self.pretrained / "config.json").read_text(encoding="utf-8"))
+        theirs, ours = meta.get("labels"), self.labels.labels
+        if theirs != ours:
+            fail(self.opts, "keep_classifier", f"needs init_from's labels {theirs} to be the training "
+                 f"labels {ours}: remove keep_classifier for a new classifier")  # fmt: skip
+
+    def lr_scale(self, model: EncoderModel) -> Callable[[str], float] | None:
+        """Layer-wise decay: layer l of L trains at decay^(L + 1 − l) × lr (embeddings l = 0, the
+        final norm and the heads L + 1)."""
+        decay, top = self.opts.layer_decay, model.config.n_layers + 1
+        if decay == 1.0:
+            return None
+
+        def scale(name: str) -> float:
+            if name.startswith("embed."):
+                return decay**top
+            if name.startswith("encoder.layers."):
+                return decay ** (top - 1 - int(name.split(".")[2]))
+            return 1.0
+
+        return scale
 
     # -- batches and the objective -----------------------------------------------------------------
     def _batch(self, rows, labels) -> ClassifyBatch:
