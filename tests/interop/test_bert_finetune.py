@@ -4,6 +4,7 @@ are not aiayn's 0/1/2 takes the same steps as a plain PyTorch loop over the HF m
 same Adam, dropout off), and its export loads back into transformers, tokenizer included."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from aiayn.cli.main import main  # noqa: E402
+from aiayn.errors import ConfigError  # noqa: E402
 from aiayn.interop.model_dir import load_encoder_dir  # noqa: E402
 from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
@@ -125,3 +127,31 @@ def test_fine_tuning_an_imported_bert_equals_a_plain_loop_over_transformers(bert
     sentence = "the films is not great , a boring plot"
     assert auto(sentence)["input_ids"] == [tok.bos_id, *tok.encode(sentence), tok.eos_id]
     assert load_encoder_dir(out)[1].encode(sentence) == tok.encode(sentence)
+
+
+def test_keep_classifier_loads_a_bert_classifiers_head_when_its_labels_are_ours(bert_dir, tmp_path):
+    """``keep_classifier`` reads a HF classifier's labels from ``id2label``: LABEL_0/1 are refused for
+    neg/pos; named neg/pos, the run starts from HF's own pooler and classifier tensors."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        text = "label\ttext\n" + "".join(f"{y}\t{x}\n" for y, x in TRAIN)
+        (data / f"{split}.tsv").write_text(text, encoding="utf-8")
+    args = ["task=classify", f"dataset={data}", "keep_classifier=true", "max_steps=1", "max_tokens=4096",
+            "max_len=32", "model.pooling=first", "progress=false", "threads=1"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"init_from's labels \['LABEL_0', 'LABEL_1'\] to be the training "
+                       r"labels \['neg', 'pos'\]"):  # fmt: skip
+        Trainer(load_recipe(None, [*args, f"init_from={bert_dir}", f"out_dir={tmp_path / 'a'}"]))
+    named = tmp_path / "named"
+    shutil.copytree(bert_dir, named)
+    config = json.loads((named / "config.json").read_text())
+    config.update(id2label={"0": "neg", "1": "pos"}, label2id={"neg": 0, "pos": 1})
+    (named / "config.json").write_text(json.dumps(config))
+    trainer = Trainer(load_recipe(None, [*args, f"init_from={named}", f"out_dir={tmp_path / 'b'}"]))
+    hf = transformers.BertForSequenceClassification.from_pretrained(named)
+    ours = trainer.model.state_dict()
+    for mine, theirs in (("classifier.out", hf.classifier), ("classifier.pooler", hf.bert.pooler.dense)):
+        assert torch.equal(ours[f"{mine}.weight"], theirs.weight) and torch.equal(
+            ours[f"{mine}.bias"], theirs.bias
+        )
+    trainer.release()

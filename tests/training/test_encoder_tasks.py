@@ -146,26 +146,44 @@ def test_keep_classifier_and_reinit_layers(classify_run, mlm_run, rule_data, tmp
     assert {k for k in kept if k.startswith("classifier.")} and len(top) == 4
     assert all(torch.allclose(tuned[k], pre[k], atol=1e-9) for k in kept)
     assert not any(torch.allclose(tuned[k], pre[k], atol=1e-3) for k in top)
-    with pytest.raises(ConfigError, match=r"keep_classifier=True needs init_from's labels None to be the "
-                       r"training labels \['neg', 'pos'\]"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"keep_classifier=True needs a classifier in init_from=.*none"):
         train(["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / 'b'}", "keep_classifier=true",
                f"init_from={mlm_run}", *TINY])  # fmt: skip
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for split in ("train", "dev"):
+        text = (rule_data / f"{split}.tsv").read_text(encoding="utf-8")
+        (renamed / f"{split}.tsv").write_text(text.replace("\tneg", "\tzero"), encoding="utf-8")
+    keep = ["task=classify", f"init_from={classify_run}", "keep_classifier=true", *TINY, "model.n_layers=2"]
+    with pytest.raises(
+        ConfigError, match=r"labels \['neg', 'pos'\] to be the training labels \['pos', 'zero'\]"
+    ):
+        train([*keep, f"dataset={renamed}", f"out_dir={tmp_path / 'c'}"])
+    with pytest.raises(
+        ConfigError, match=r"model.pooling='first' differs .* \(keep_classifier keeps the pooling"
+    ):
+        train([*keep, f"dataset={rule_data}", f"out_dir={tmp_path / 'd'}", "model.pooling=first"])
 
 
 def test_layer_decay_scales_each_layers_learning_rate(rule_data, tmp_path):
-    """decay 0.5 over 2 layers: embeddings × 0.125, layer 0 × 0.25, layer 1 × 0.5, the heads × 1."""
-    args = ["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / 'r'}", "max_steps=2",
-            "eval_every=2", "layer_decay=0.5", "weight_decay=0.01", *TINY, "model.n_layers=2"]  # fmt: skip
-    trainer = Trainer(load_recipe(None, args))
-    trainer.fit()
-    lr_of = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
-    expected = {"embed.": 0.125, "encoder.layers.0.": 0.25, "encoder.layers.1.": 0.5, "classifier.": 1}
-    base = 0.003 * 2 / 5  # step 2 of the 5 warm-up steps
-    for name, p in trainer.model.named_parameters():
-        factor = next(f for prefix, f in expected.items() if name.startswith(prefix))
-        assert lr_of[id(p)] == pytest.approx(base * factor), name
+    """decay 0.5 over 2 layers: embeddings × 0.125, layer 0 × 0.25, layer 1 × 0.5, the final norm and
+    the heads × 1, after a step and after a resume (the groups keep their scales in the checkpoint)."""
+    args = ["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / 'r'}", "eval_every=2",
+            "layer_decay=0.5", "weight_decay=0.01", *TINY, "model.n_layers=2", "model.norm_first=true",
+            "model.embed_norm=true", "model.pooling=first", "model.pooler=true", "warmup=4"]  # fmt: skip
+    expected = {"embed.": 0.125, "encoder.layers.0.": 0.25, "encoder.layers.1.": 0.5, "encoder.norm.": 1,
+                "classifier.": 1}  # fmt: skip
+    for steps, resume in ((2, False), (4, True)):
+        trainer = Trainer(load_recipe(None, [*args, f"max_steps={steps}"]), resume=resume)
+        trainer.fit()
+        base = 0.003 * min(steps, 4) / 4  # the last step's rate: linear warm-up over 4 steps
+        lr_of = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+        for name, p in trainer.model.named_parameters():
+            factor = next((f for prefix, f in expected.items() if name.startswith(prefix)), None)
+            assert factor is not None, f"{name}: no expected scale"
+            assert lr_of[id(p)] == pytest.approx(base * factor), name
     groups = trainer.optimizer.param_groups  # a (scale, decay) pair each; the tied embedding has no bias
-    assert len(groups) == 7 and all(g["weight_decay"] == (0.01 if p.dim() >= 2 else 0.0)
+    assert len(groups) == 8 and all(g["weight_decay"] == (0.01 if p.dim() >= 2 else 0.0)
                                     for g in groups for p in g["params"])  # fmt: skip
 
 

@@ -8,9 +8,11 @@ directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder
 head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
 (BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
 the pre-trained shapes is an error. Three fine-tuning options, off by default: ``keep_classifier``
-keeps a classifier run's head when its labels are these (intermediate-task training, Phang et al.
-2018); ``reinit_layers`` starts the top encoder layers afresh (Zhang et al. 2021); ``layer_decay``
-scales layer l's learning rate by decay^(L + 1 − l), embeddings l = 0, the heads L + 1 (ELECTRA).
+keeps a classifier's head (an aiayn run or a HF BERT classifier) when its labels are these
+(intermediate-task training, Phang et al. 2018); ``reinit_layers`` starts the top encoder layers afresh
+(Zhang et al. 2021); ``layer_decay`` scales the learning rate of layer l = 1…L (``encoder.layers.{l-1}``)
+by decay^(L + 1 − l), the embeddings' by decay^(L + 1), the heads' by 1 (BEiT's exponents; ELECTRA
+counts the heads one layer higher).
 A text longer than ``max_len`` is read as ``long_text`` says (``data/long_text.py``): its head (the
 default, BERT's truncation), its tail, head and tail, or overlapping windows of ``max_len`` every
 ``window_stride`` pieces, each window a training example with its text's label and, at validation
@@ -21,7 +23,6 @@ Validation reports accuracy and macro-F1 (per text); accuracy picks the best che
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,10 @@ from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.interop.model_dir import check_kind, load_encoder_tokenizer
-from aiayn.interop.pretrained import from_pretrained
+from aiayn.interop.bert import bert_labels
+from aiayn.interop.hf import read_hf_config
+from aiayn.interop.model_dir import check_kind, load_encoder_tokenizer, model_meta
+from aiayn.interop.pretrained import from_pretrained, hf_model_type
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
 from aiayn.models.io import resolve_model_dir
@@ -76,13 +79,13 @@ class ClassifyOptions(EncoderOptions):
                  "its own tokenizer (which lowercases if it was trained so): remove lowercase")  # fmt: skip
         if self.window_stride and self.long_text != "windows":
             fail(self, "window_stride", f"is for long_text='windows', not {self.long_text!r}; remove it")
+        if self.reinit_layers < 0:
+            fail(self, "reinit_layers", "must be ≥ 0")
         for name in ("keep_classifier", "reinit_layers"):
             if getattr(self, name) and not self.init_from:
                 fail(self, name, "is for fine-tuning: set init_from to the pre-trained run, or remove it")
-        if self.reinit_layers < 0:
-            fail(self, "reinit_layers", "must be ≥ 0")
         if not 0 < self.layer_decay <= 1:
-            fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate; ELECTRA used 0.8)")
+            fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
@@ -152,12 +155,13 @@ class ClassifyTask(EncoderTask):
         may_change = HEAD_FIELDS - {"pooling", "pooler"} if o.keep_classifier else HEAD_FIELDS
         for key, value in self.cfg.model.items():
             if key not in may_change and base.get(key) != value:
+                kept = " (keep_classifier keeps the pooling too)" if key in HEAD_FIELDS else ""
                 raise ConfigError(
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
-                    f"(init_from={o.init_from!r}); only {sorted(may_change)} may change"
+                    f"(init_from={o.init_from!r}); only {sorted(may_change)} may change{kept}"
                 )
         if o.keep_classifier:
-            self._check_pretrained_labels()
+            self._check_kept_head(pretrained)
         if o.reinit_layers > base["n_layers"]:
             fail(o, "reinit_layers", f"is more than init_from's {base['n_layers']} layers")
         # the batches' ids; a replaced-token detector (task=rtd) stays behind with its pre-training
@@ -175,16 +179,22 @@ class ClassifyTask(EncoderTask):
             )
         return model
 
-    def _check_pretrained_labels(self) -> None:
-        meta = json.loads((self.pretrained / "config.json").read_text(encoding="utf-8"))
-        theirs, ours = meta.get("labels"), self.labels.labels
-        if theirs != ours:
+    def _check_kept_head(self, pretrained: EncoderModel) -> None:
+        """keep_classifier needs a classifier whose class ids name the training labels, in order."""
+        if pretrained.classifier is None:
+            fail(self.opts, "keep_classifier", f"needs a classifier in init_from={self.opts.init_from!r}, "
+                 "which has none: remove keep_classifier")  # fmt: skip
+        if hf_model_type(self.pretrained) == "bert":
+            theirs = bert_labels(read_hf_config(self.pretrained))
+        else:
+            theirs = model_meta(self.pretrained).get("labels")
+        if theirs != self.labels.labels:
             fail(self.opts, "keep_classifier", f"needs init_from's labels {theirs} to be the training "
-                 f"labels {ours}: remove keep_classifier for a new classifier")  # fmt: skip
+                 f"labels {self.labels.labels}: remove keep_classifier for a new classifier")  # fmt: skip
 
-    def lr_scale(self, model: EncoderModel) -> Callable[[str], float] | None:
-        """Layer-wise decay: layer l of L trains at decay^(L + 1 − l) × lr (embeddings l = 0, the
-        final norm and the heads L + 1)."""
+    def lr_scale(self, model: nn.Module) -> Callable[[str], float] | None:
+        """Layer-wise decay: layer l = 1…L trains at decay^(L + 1 − l) × lr, the embeddings at
+        decay^(L + 1), the final norm and the heads at lr. Scaled rates may go below ``min_lr``."""
         decay, top = self.opts.layer_decay, model.config.n_layers + 1
         if decay == 1.0:
             return None
