@@ -69,6 +69,12 @@ FINETUNE_OVERRIDES = {
 }
 
 
+def results_name(dataset: str, objective: str) -> str:
+    """The prefix of a dataset's results files and run directories: ``sst2`` for masked-LM
+    pre-training (the first objective, whose files keep their names), ``sst2-rtd`` and so on."""
+    return dataset if objective == "mlm" else f"{dataset}-{objective}"
+
+
 def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> dict:
     """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml`` on the unlabelled reviews (or,
     ``"sentiment"``, by ``recipes/imdb-finetune.toml`` from scratch on the labelled ones): its record

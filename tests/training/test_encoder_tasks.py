@@ -260,6 +260,17 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),
         ("classify", "model.pooling=max", r"EncoderConfig.pooling='max' is not one of \('mean', 'first'\)"),
+        (
+            "rtd",
+            "mask_prob=0.3",
+            r"mask_prob=0.3 is masked-LM's .* task='rtd' does not take it \(remove",
+        ),
+        ("mlm", "layer_decay=0.8", r"layer_decay=0.8 is fine-tuning's .* task='mlm' does not take it"),
+        (
+            "classify",
+            "replace_prob=0.2",
+            r"replace_prob=0.2 is replaced-token .* task='classify' does not",
+        ),
         ("classify", "keep_classifier=true", r"keep_classifier=True is for fine-tuning: set init_from"),
         ("classify", "reinit_layers=1", r"reinit_layers=1 is for fine-tuning: set init_from"),
         ("classify", "layer_decay=0", r"layer_decay=0.0 must be in \(0, 1\] \(1 = one learning rate"),

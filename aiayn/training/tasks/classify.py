@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -68,6 +68,15 @@ class ClassifyOptions(EncoderOptions):
     keep_classifier: bool = False  # init_from's classifier (and pooler), when its labels are these
     reinit_layers: int = 0  # the top encoder layers of init_from not loaded: initialised afresh
     layer_decay: float = 1.0  # layer-wise learning-rate decay (1 = one rate for all)
+
+    ABOUT: ClassVar[dict[str, str]] = {
+        "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
+        "keep_classifier": "keeps a pre-trained classifier's head (task='classify')",
+        "reinit_layers": "re-initialises a pre-trained encoder's top layers (task='classify')",
+        "layer_decay": "is fine-tuning's layer-wise learning-rate decay (task='classify')",
+        "class_weights": "weights a classifier's loss by class (task='classify')",
+        "long_text": "says how a classifier reads long texts (task='classify')",
+    }
 
     def validate(self, cfg: TrainConfig) -> None:
         if self.class_weights not in ("none", "balanced"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -69,6 +69,12 @@ class MLMOptions(PretrainOptions):
     mask_prob: float = 0.15  # tokens chosen for prediction (BERT)
     mask_token_prob: float = 0.8  # a chosen token becomes <mask> ...
     random_token_prob: float = 0.1  # ... or a random token (else it stays)
+
+    ABOUT: ClassVar[dict[str, str]] = {
+        "mask_prob": "is masked-LM's share of tokens to predict (task='mlm')",
+        "mask_token_prob": "is masked-LM's share of chosen tokens shown as <mask> (task='mlm')",
+        "random_token_prob": "is masked-LM's share of chosen tokens replaced at random (task='mlm')",
+    }
 
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -43,6 +43,11 @@ VOCABULARY_HEAD = {"head_transform": False, "output_bias": False, "tie_output": 
 class RTDOptions(PretrainOptions):
     replace_prob: float = 0.15  # tokens replaced by the generator's samples (ELECTRA: 15%)
     replace_from: str = "unigram"  # the generator: "unigram" piece frequencies or "uniform"
+
+    ABOUT: ClassVar[dict[str, str]] = {
+        "replace_prob": "is replaced-token detection's share of replaced tokens (task='rtd')",
+        "replace_from": "is replaced-token detection's generator (task='rtd')",
+    }
 
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)
