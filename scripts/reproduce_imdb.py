@@ -33,16 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from encoder_runs import (  # noqa: E402
-    FINETUNE_OVERRIDES,
-    RUNS,
-    curves,
-    dev_scores,
-    pretrain,
-    publish_predictions,
-    results_name,
-    train,
-)
+import encoder_runs  # noqa: E402
+from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
@@ -64,7 +56,7 @@ def main() -> int:
         ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
     started = time.time()
     out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
-    name = results_name("imdb", args.objective)
+    name = encoder_runs.results_name("imdb", args.objective)
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
     overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
                  *FINETUNE_OVERRIDES[args.objective], *args.overrides]  # fmt: skip

@@ -40,16 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from encoder_runs import (  # noqa: E402
-    FINETUNE_OVERRIDES,
-    RUNS,
-    curves,
-    dev_scores,
-    pretrain,
-    publish_predictions,
-    results_name,
-    train,
-)
+import encoder_runs  # noqa: E402
+from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
@@ -87,7 +79,7 @@ def main() -> int:
     test = args.test or args.sst2 / "test-unlabelled.tsv"
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
-    name = results_name("sst2", args.objective)
+    name = encoder_runs.results_name("sst2", args.objective)
     results = ROOT / "results" / f"{name}.json"
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
     out["runs"] = earlier_runs(pre, args.seeds, results)
