@@ -38,10 +38,7 @@ from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.interop.bert import bert_labels
-from aiayn.interop.hf import read_hf_config
-from aiayn.interop.model_dir import check_kind, load_encoder_tokenizer, model_meta
-from aiayn.interop.pretrained import from_pretrained, hf_model_type
+from aiayn.interop.model_dir import check_kind, load_encoder_dir, load_encoder_tokenizer
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
 from aiayn.models.io import resolve_model_dir
@@ -159,7 +156,7 @@ class ClassifyTask(EncoderTask):
         n = len(self.labels)
         if self.pretrained is None:
             return EncoderModel(self.encoder_config(n_classes=n))
-        o, pretrained = self.opts, from_pretrained(self.pretrained)
+        o, (pretrained, _, meta) = self.opts, load_encoder_dir(self.pretrained)
         base = pretrained.config.to_dict()
         may_change = HEAD_FIELDS - {"pooling", "pooler"} if o.keep_classifier else HEAD_FIELDS
         for key, value in self.cfg.model.items():
@@ -170,7 +167,7 @@ class ClassifyTask(EncoderTask):
                     f"(init_from={o.init_from!r}); only {sorted(may_change)} may change{kept}"
                 )
         if o.keep_classifier:
-            self._check_kept_head(pretrained)
+            self._check_kept_head(pretrained, meta.get("labels"))
         if o.reinit_layers > base["n_layers"]:
             fail(o, "reinit_layers", f"is more than init_from's {base['n_layers']} layers")
         # the batches' ids; a replaced-token detector (task=rtd) stays behind with its pre-training
@@ -188,15 +185,12 @@ class ClassifyTask(EncoderTask):
             )
         return model
 
-    def _check_kept_head(self, pretrained: EncoderModel) -> None:
-        """keep_classifier needs a classifier whose class ids name the training labels, in order."""
+    def _check_kept_head(self, pretrained: EncoderModel, theirs: list[str] | None) -> None:
+        """keep_classifier needs a classifier whose class ids name the training labels, in order
+        (``theirs``: the labels ``load_encoder_dir`` read, an aiayn run's or a HF ``id2label``)."""
         if pretrained.classifier is None:
             fail(self.opts, "keep_classifier", f"needs a classifier in init_from={self.opts.init_from!r}, "
                  "which has none: remove keep_classifier")  # fmt: skip
-        if hf_model_type(self.pretrained) == "bert":
-            theirs = bert_labels(read_hf_config(self.pretrained))
-        else:
-            theirs = model_meta(self.pretrained).get("labels")
         if theirs != self.labels.labels:
             fail(self.opts, "keep_classifier", f"needs init_from's labels {theirs} to be the training "
                  f"labels {self.labels.labels}: remove keep_classifier for a new classifier")  # fmt: skip
