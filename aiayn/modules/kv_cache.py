@@ -24,36 +24,47 @@ class KVCache:
     filled part. ``static=True`` (cross-attention): the first ``update`` stores the memory's keys
     and values, which later steps reuse without projecting the memory again.
 
+    Buffers keep room for rows too: rows that join a running batch (``joined``) are written after
+    the others in place, and rows that leave (``reorder``) leave their room free, so a server's
+    batch that gains and loses a sentence at every step does not copy the whole cache once more
+    for each arrival.
+
     Shape:
-        k: (B, h, T, d_k), v: (B, h, T, d_v)
+        k: (B, h, T, d_k), v: (B, h, T, d_v); buffers (≥ B rows, h, ≥ T positions, d)
     """
 
     def __init__(self, static: bool = False):
         self.static = static
-        self._k: Tensor | None = None  # (B, h, capacity, d_k); static: exactly the memory's
+        self._k: Tensor | None = None  # (row capacity, h, position capacity, d_k)
         self._v: Tensor | None = None
-        self._len = 0
+        self._len = 0  # positions filled (static: the memory's length)
+        self._rows = 0  # rows in use
 
     @property
     def k(self) -> Tensor | None:
-        return self._k if self._k is None or self.static else self._k[:, :, : self._len]
+        return self._filled(self._k)
 
     @property
     def v(self) -> Tensor | None:
-        return self._v if self._v is None or self.static else self._v[:, :, : self._len]
+        return self._filled(self._v)
+
+    def _filled(self, buf: Tensor | None) -> Tensor | None:
+        if buf is None or (buf.size(0) == self._rows and buf.size(2) == self._len):
+            return buf
+        return buf[: self._rows, :, : self._len]
 
     def __len__(self) -> int:
         return self._len
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if self.static or self._k is None:
-            self._k, self._v, self._len = k, v, k.size(2)
+            self._k, self._v, self._len, self._rows = k, v, k.size(2), k.size(0)
             return k, v
         n, t = self._len, k.size(2)
         if n + t > self._k.size(2):  # full: a buffer twice as long (amortised O(1) copies per step)
-            self._k, self._v = _grown(self._k, n, n + t), _grown(self._v, n, n + t)
-        self._k[:, :, n : n + t] = k
-        self._v[:, :, n : n + t] = v
+            self._k, self._v = (_grown(x, self._rows, n, n + t) for x in (self._k, self._v))
+        self._k[: self._rows, :, n : n + t] = k
+        self._v[: self._rows, :, n : n + t] = v
         self._len = n + t
         return self.k, self.v
 
@@ -64,35 +75,60 @@ class KVCache:
         Only the filled positions are copied, into a buffer of the same capacity."""
         if self._k is None:
             return
-        if self.static:
+        if self.static and self._k.size(0) == self._rows:  # no room kept: exactly the memory's rows
             self._k, self._v = self._k[index], self._v[index]
-            return
-        self._k, self._v = (_gathered(x, index, self._len, first) for x in (self._k, self._v))
-        self._len -= first
+        else:
+            self._k, self._v = (_gathered(x, index, self._rows, self._len, first) for x in (self._k, self._v))
+            self._len -= first
+        self._rows = index.numel()
 
     def joined(self, other: KVCache, length: int) -> KVCache:
-        """This cache's rows then ``other``'s, in one cache.
+        """This cache's rows then ``other``'s, in one cache: this one, grown in place when its
+        buffers can hold both (use neither afterwards, only what this returns).
 
         Appending caches are aligned on their last position: each one's positions become the last
         of ``length`` (earlier ones hold zeros, which the rows' key masks hide). Static caches are
         padded with zeros to the longer memory (hidden by the memory's padding mask)."""
-        out = KVCache(self.static)
         if self._k is None and other._k is None:
-            return out
+            return KVCache(self.static)
+        if self._k is None or len(other) > len(self):
+            return self._rebuilt(other, length)
+        a, b, n, m = self._rows, other._rows, len(self), len(other)
+        if a + b > self._k.size(0):  # room for twice the rows: most joins then copy no old row
+            self._k, self._v = (_with_rows(x, a, n, max(2 * x.size(0), a + b)) for x in (self._k, self._v))
+        for buf, x in ((self._k, other.k), (self._v, other.v)):
+            new = buf[a : a + b, :, :n]  # the joining rows, zero where they have nothing
+            if self.static:  # the memory's positions first, then padding
+                new[:, :, :m], new[:, :, m:] = x, 0
+            else:  # right-aligned; the zeros are hidden by the key mask, but must be finite (0 · NaN)
+                new[:, :, : n - m], new[:, :, n - m :] = 0, x
+        self._rows = a + b
+        return self
+
+    def _rebuilt(self, other: KVCache, length: int) -> KVCache:
+        """``joined`` into new buffers, for when ``other`` has more positions than this one."""
+        out = KVCache(self.static)
         if self.static:
-            out._k, out._v = _padded_cat(self._k, other._k), _padded_cat(self._v, other._v)
-            out._len = out._k.size(2)
-            return out
-        out._k, out._v = (_right_aligned(a, len(self), b, len(other), length)
-                          for a, b in ((self._k, other._k), (self._v, other._v)))  # fmt: skip
-        out._len = length
+            out._k, out._v = _padded_cat(self.k, other.k), _padded_cat(self.v, other.v)
+        else:
+            out._k, out._v = (_right_aligned(a, len(self), b, len(other), length)
+                              for a, b in ((self.k, other.k), (self.v, other.v)))  # fmt: skip
+        out._len, out._rows = (out._k.size(2) if self.static else length), out._k.size(0)
         return out
 
 
-def _grown(buf: Tensor, used: int, need: int) -> Tensor:
-    """A buffer of ≥ ``need`` positions (twice the old length, or more) holding ``buf``'s first ``used``."""
+def _grown(buf: Tensor, rows: int, used: int, need: int) -> Tensor:
+    """A buffer of ≥ ``need`` positions (twice the old length, or more) holding the first ``used``
+    positions of ``buf``'s first ``rows`` rows."""
     new = buf.new_empty(*buf.shape[:2], max(2 * buf.size(2), need), buf.size(3))
-    new[:, :, :used] = buf[:, :, :used]
+    new[:rows, :, :used] = buf[:rows, :, :used]
+    return new
+
+
+def _with_rows(buf: Tensor, rows: int, used: int, capacity: int) -> Tensor:
+    """A buffer of ``capacity`` rows holding the first ``used`` positions of ``buf``'s first ``rows``."""
+    new = buf.new_empty(capacity, *buf.shape[1:])
+    new[:rows, :, :used] = buf[:rows, :, :used]
     return new
 
 
@@ -177,9 +213,8 @@ class DecoderCache:
 
 def _offsets(cache: DecoderCache, length: int) -> Tensor:
     """The offsets of ``cache``'s rows once its positions are the last of ``length``."""
-    k = cache.layers[0]["self"]._k
-    rows = k.size(0)
-    own = torch.zeros(rows, dtype=torch.long, device=k.device) if cache.offsets is None else cache.offsets
+    slot = cache.layers[0]["self"]
+    own = slot._k.new_zeros(slot._rows, dtype=torch.long) if cache.offsets is None else cache.offsets
     return own + (length - len(cache))
 
 
@@ -199,11 +234,11 @@ def _right_aligned(a: Tensor, n_a: int, b: Tensor, n_b: int, length: int) -> Ten
     return out
 
 
-def _gathered(buf: Tensor, index: Tensor, used: int, first: int = 0) -> Tensor:
-    """Rows ``index`` of ``buf``'s positions ``first … used - 1``, moved to the start of a new
-    buffer of ``buf``'s capacity."""
+def _gathered(buf: Tensor, index: Tensor, rows: int, used: int, first: int = 0) -> Tensor:
+    """Rows ``index`` (of the first ``rows``) of ``buf``'s positions ``first … used - 1``, moved to
+    the start of a new buffer of ``buf``'s capacity (rows and positions)."""
     if buf.requires_grad:  # out= has no autograd: copy the whole buffer instead
-        return buf.index_select(0, index)[:, :, first:]
-    new = buf.new_empty(index.numel(), *buf.shape[1:])
-    torch.index_select(buf[:, :, first:used], 0, index, out=new[:, :, : used - first])
+        return buf[:rows].index_select(0, index)[:, :, first:]
+    new = buf.new_empty(max(buf.size(0), index.numel()), *buf.shape[1:])
+    torch.index_select(buf[:rows, :, first:used], 0, index, out=new[: index.numel(), :, : used - first])
     return new

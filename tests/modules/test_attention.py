@@ -236,3 +236,39 @@ def test_cache_buffer_grows_and_reorders_like_concatenation():
             rows = len(index)
             ref_k, ref_v = ref_k[index], ref_v[index]
             assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
+
+
+def test_rows_join_in_place_as_concatenation_would_align_them():
+    """Rows joining a cache (``KVCache.joined``) are written after the others into the buffers' spare
+    rows: the result equals concatenating the caches (appending ones right-aligned behind zeros,
+    static ones padded after), and a second join after rows left copies no old row."""
+    g = torch.Generator().manual_seed(0)
+
+    def filled(rows: int, n: int, static: bool = False) -> KVCache:
+        cache = KVCache(static)
+        if n or not static:
+            cache.update(torch.randn(rows, 2, n, 3, generator=g), torch.randn(rows, 2, n, 5, generator=g))
+        return cache
+
+    def aligned(x: torch.Tensor, n: int, static: bool) -> torch.Tensor:
+        pad = (0, 0, 0, n - x.size(2)) if static else (0, 0, n - x.size(2), 0)
+        return torch.nn.functional.pad(x, pad)
+
+    for static in (False, True):
+        cache = filled(4, 6, static)
+        ref_k, ref_v = cache.k.clone(), cache.v.clone()
+        for rows, n in [(2, 0 if not static else 4), (3, 6), (1, 2)]:
+            other = filled(rows, n, static)
+            cache = cache.joined(other, max(len(cache), n))
+            ref_k = torch.cat([ref_k, aligned(other.k, ref_k.size(2), static)])
+            ref_v = torch.cat([ref_v, aligned(other.v, ref_v.size(2), static)])
+            assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
+        index = torch.tensor([9, 0, 5, 2])  # rows leave; the buffers keep their room
+        cache.reorder(index)
+        ref_k, ref_v = ref_k[index], ref_v[index]
+        buffer = cache._k.data_ptr()
+        other = filled(3, 6, static)
+        cache = cache.joined(other, 6)
+        assert cache._k.data_ptr() == buffer  # written into the room left, no old row copied
+        assert torch.equal(cache.k, torch.cat([ref_k, other.k]))
+        assert torch.equal(cache.v, torch.cat([ref_v, other.v]))

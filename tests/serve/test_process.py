@@ -1,6 +1,8 @@
 """``aiayn serve`` as a real uvicorn process on 127.0.0.1, used by the real LibreTranslate client
 (libretranslatepy) and by concurrent plain HTTP clients."""
 
+import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -70,3 +72,23 @@ def test_it_binds_to_loopback_and_logs_one_line_per_request(server):
         and "POST /translate 200" in out
         and "Ein" not in out.split("POST", 1)[1]
     )
+
+
+def test_a_client_that_hangs_up_frees_the_search_at_once(server):
+    """A client closes its connection during a long search: the server notices at once (the ASGI
+    disconnect message, not a poll), answers the request 499 in its metrics and log, and the search
+    stops at its next step, so the next request is answered without waiting for it."""
+    url, _, log = server
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    body = json.dumps({"q": ["Ein Mann fährt mit dem Fahrrad."] * 32, "beam": 16, "min_len": 200,
+                       "max_len": 200, "model": "de-en"}).encode()  # fmt: skip
+    head = f"POST /v1/translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)  # the search is running: 200 steps of 512 rows take far longer than this
+    t0 = time.perf_counter()
+    assert post(url + "v1/translate", {"q": "Ein Mann", "model": "de-en"})[0] == 200
+    assert time.perf_counter() - t0 < 5
+    metrics = urllib.request.urlopen(url + "metrics").read().decode()
+    assert 'aiayn_requests_total{route="/v1/translate",status="499"} 1.0' in metrics
+    assert "POST /v1/translate 499" in log.read_text()
