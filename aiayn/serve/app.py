@@ -72,23 +72,47 @@ def create_app(services: list, settings: Settings | None = None) -> FastAPI:
     async def _refused(request: Request, e: AiaynError) -> JSONResponse:
         return JSONResponse({"error": f"Invalid request: {e}"}, status_code=getattr(e, "status", 400))
 
-    @app.middleware("http")
-    async def _observe(request: Request, call_next):
-        t0 = time.perf_counter()
-        try:
-            response = await call_next(request)
-        except Exception:  # a bug: logged, and answered 500 as JSON
-            log.exception("%s %s failed", request.method, request.url.path)
-            response = JSONResponse({"error": "internal error: the server failed on this request"}, 500)
-        route = request.url.path if request.url.path in ROUTES else "other"
-        seconds = time.perf_counter() - t0
-        server.metrics.requests.labels(route, str(response.status_code)).inc()
-        server.metrics.latency.labels(route).observe(seconds)
-        log.info("%s %s %d %.1f ms", request.method, request.url.path, response.status_code, 1000 * seconds)
-        return response
-
+    app.add_middleware(Observe, server=server)
     app.add_middleware(HeadAsGet)
     return app
+
+
+class Observe:
+    """One log line and the request metrics (count by route and status, latency) per request, and a
+    failure of the application (a bug) logged and answered 500 as JSON.
+
+    A plain ASGI middleware that watches the response's start for its status: Starlette's
+    ``BaseHTTPMiddleware`` (``@app.middleware("http")``) runs each request through memory streams and
+    task groups, CPU that the event loop shares with the model under load. Latency is counted to the
+    response's last byte (a streamed generation included)."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), None
+
+        async def send_watched(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_watched)
+        except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
+            log.exception("%s %s failed", scope["method"], scope["path"])
+            if status is None:
+                await JSONResponse({"error": "internal error: the server failed on this request"}, 500)(
+                    scope, receive, send_watched
+                )
+        path, seconds = scope["path"], time.perf_counter() - t0
+        route = path if path in ROUTES else "other"
+        self.server.metrics.requests.labels(route, str(status)).inc()
+        self.server.metrics.latency.labels(route).observe(seconds)
+        log.info("%s %s %s %.1f ms", scope["method"], path, status, 1000 * seconds)
 
 
 class HeadAsGet:
