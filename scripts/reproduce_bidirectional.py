@@ -82,6 +82,27 @@ def train_r2l(recipe: Path, overrides: list[str], minutes: float, out: Path, pro
     return dirs, time.time() - t0
 
 
+# A right-to-left model whose best validation BLEU is under this did not learn to translate: its cache
+# would teach the bidirectional model noise (a 12-minute stage at the recipe's peak learning rate, on a
+# machine slow enough to halve its batches, diverged so; docs/results.md, issue 58).
+MIN_R2L_BLEU = 1.0
+
+
+def check_r2l(dirs: list[Path]) -> None:
+    """Stop the pipeline when a right-to-left model's best validation BLEU is under ``MIN_R2L_BLEU``,
+    naming the run and what to change, instead of translating the corpus with it and training on that."""
+    for d in dirs:
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        scores = [(r["bleu"], r["step"]) for r in rows if r.get("split") == "valid" and "bleu" in r]
+        if scores and max(scores)[0] < MIN_R2L_BLEU:
+            bleu, step = max(scores)
+            raise SystemExit(
+                f"{d}: the right-to-left model did not learn (best validation BLEU {bleu:g}, at update "
+                f"{step}); its translations would be noise: give it more of the budget (--r2l-share), a "
+                "lower lr, or a longer budget (--minutes)"
+            )
+
+
 def r2l_overrides(dirs: list[Path]) -> list[str]:
     jack = [f"r2l_jackknife={dirs[1]}"] if len(dirs) == 2 else []
     return [f"r2l_model={dirs[0]}", *jack]
@@ -113,6 +134,7 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     budget = args.minutes or load_recipe(path, overrides).max_minutes
     r2l_dir = ROOT / "runs" / f"reproduce-{name}-r2l"
     dirs, r2l_s = train_r2l(path, overrides, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
+    check_r2l(dirs)
     reads = [*overrides, *final, *r2l_overrides(dirs)]
     cache_s = build_cache(path, reads)
     left = budget - (r2l_s + cache_s) / 60

@@ -106,7 +106,8 @@ class KVCache:
         return self
 
     def _rebuilt(self, other: KVCache, length: int) -> KVCache:
-        """``joined`` into new buffers, for when ``other`` has more positions than this one."""
+        """``joined`` into new buffers: for when ``other`` has more positions than this one, or this
+        one is empty."""
         out = KVCache(self.static)
         if self.static:
             out._k, out._v = _padded_cat(self.k, other.k), _padded_cat(self.v, other.v)

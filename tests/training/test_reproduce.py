@@ -157,3 +157,26 @@ def test_the_length_penalty_is_chosen_on_validation_for_the_chosen_pair_only(bet
     assert winner.searches == [(5, 0.6, None), (5, 1.0, None)]  # an ensemble: beam search only
     assert loser.searches == [(5, 0.6, None), (10, 0.6, "bleu")]
     assert choice["ensemble of best/beam lenpen=1.0"] != choice["ensemble of best/beam"]
+
+
+def test_the_bidirectional_pipeline_stops_on_a_right_to_left_model_that_did_not_learn(tmp_path):
+    """Stage 1 of ``reproduce_bidirectional.py`` must not hand a diverged right-to-left model to stage 2
+    (its cache would be noise): the run is named with its best validation BLEU; a model that learnt
+    passes."""
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_bidirectional", SCRIPT.with_name("reproduce_bidirectional.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d, bleus in ((good, [0.0, 3.5, 12.1]), (bad, [0.0, 0.01, 0.01])):
+        d.mkdir()
+        rows = [{"step": 250 * (i + 1), "split": "valid", "bleu": b} for i, b in enumerate(bleus)]
+        rows.insert(1, {"step": 300, "split": "train", "loss": 5.0})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    module.check_r2l([good])
+    with pytest.raises(
+        SystemExit,
+        match=r"bad: the right-to-left model did not learn \(best validation BLEU 0.01, at update 750\)",
+    ):
+        module.check_r2l([good, bad])
