@@ -190,7 +190,7 @@ class Server:
 
 async def _disconnected(request: Request) -> None:
     """Returns once the client has gone: the ASGI server's ``http.disconnect`` message, awaited
-    (the body is read already, so nothing else arrives), not polled: a poll per request every 50 ms
-    cost the event loop more CPU than the requests themselves under load."""
+    (the body is read already, so nothing else arrives), not polled: polling every request in flight
+    cost the event loop more CPU than the requests themselves under load (docs/serve.md, Load)."""
     while (await request.receive())["type"] != "http.disconnect":
         await asyncio.sleep(0.05)  # anything else (a pipelined request's bytes): look again later

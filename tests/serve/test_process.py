@@ -80,12 +80,12 @@ def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     stops at its next step, so the next request is answered without waiting for it."""
     url, _, log = server
     host, port = url.split("//")[1].rstrip("/").split(":")
-    body = json.dumps({"q": ["Ein Mann fährt mit dem Fahrrad."] * 32, "beam": 16, "min_len": 200,
-                       "max_len": 200, "model": "de-en"}).encode()  # fmt: skip
+    body = json.dumps({"q": ["Ein Mann fährt mit dem Fahrrad."] * 32, "beam": 16, "min_len": 1000,
+                       "max_len": 1000, "model": "de-en"}).encode()  # fmt: skip
     head = f"POST /v1/translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
     with socket.create_connection((host, int(port))) as s:
         s.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        time.sleep(0.3)  # the search is running: 200 steps of 512 rows take far longer than this
+        time.sleep(0.3)  # the search is running: 1,000 steps of 512 rows take far longer than this
     t0 = time.perf_counter()
     assert post(url + "v1/translate", {"q": "Ein Mann", "model": "de-en"})[0] == 200
     assert time.perf_counter() - t0 < 5
