@@ -39,6 +39,7 @@ from aiayn.atomic import write_json  # noqa: E402
 from aiayn.training.distributed import DistInfo  # noqa: E402
 from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.task import get_task  # noqa: E402
+from aiayn.viz.curves import read_metrics  # noqa: E402
 
 
 def launcher(processes: int) -> list[str]:
@@ -92,8 +93,8 @@ def check_r2l(dirs: list[Path]) -> None:
     """Stop the pipeline when a right-to-left model's best validation BLEU is under ``MIN_R2L_BLEU``,
     naming the run and what to change, instead of translating the corpus with it and training on that."""
     for d in dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        scores = [(r["bleu"], r["step"]) for r in rows if r.get("split") == "valid" and "bleu" in r]
+        valid = [r for r in read_metrics(d) if r.get("split") == "valid" and "bleu" in r]
+        scores = [(r["bleu"], r["step"]) for r in valid]
         if scores and max(scores)[0] < MIN_R2L_BLEU:
             bleu, step = max(scores)
             raise SystemExit(
