@@ -5,9 +5,9 @@
 
 The stages (Su et al. 2019, ABDNMT-Transformer's recipe, as ``make reproduce-multi30k-*-bidirectional``):
 
-1. a right-to-left model (``reverse_target=true``) trained for ``--r2l-share`` of ``--minutes``
-   (``horizon="budget"``: it ends annealed); with ``--jackknife`` two, one per half of the training
-   pairs, side by side (one process each);
+1. a right-to-left model (``reverse_target=true``, and ``--r2l``'s overrides) trained for
+   ``--r2l-share`` of ``--minutes`` (``horizon="budget"``: it ends annealed); with ``--jackknife``
+   two, one per half of the training pairs, side by side (one process each);
 2. its translations of every training and validation source, made once into the cache
    (``aiayn/training/pseudo.py``);
 3. the bidirectional model (``model.bidirectional=true r2l_memory_from=cache``) trained for what is
@@ -134,7 +134,8 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     path = ROOT / "recipes" / f"{recipe}.toml"
     budget = args.minutes or load_recipe(path, overrides).max_minutes
     r2l_dir = ROOT / "runs" / f"reproduce-{name}-r2l"
-    dirs, r2l_s = train_r2l(path, overrides, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
+    stage1 = [*overrides, *getattr(args, "r2l", [])]
+    dirs, r2l_s = train_r2l(path, stage1, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
     check_r2l(dirs)
     reads = [*overrides, *final, *r2l_overrides(dirs)]
     cache_s = build_cache(path, reads)
@@ -147,6 +148,7 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     out["stages"] = {"budget_minutes": budget, "r2l_minutes": round(r2l_s / 60, 2),
                      "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
                      "r2l_share": args.r2l_share, "jackknife": args.jackknife,
+                     "r2l_overrides": list(getattr(args, "r2l", [])),
                      "r2l_models": [str(d.relative_to(ROOT)) for d in dirs]}  # fmt: skip
     out["total_minutes"] = round((r2l_s + cache_s) / 60 + out["train_wall_minutes"], 2)
     write_json(ROOT / "results" / f"{name}.json", out)
@@ -167,6 +169,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--jackknife", action="store_true", help="two right-to-left models, one per half")
     ap.add_argument("--processes", type=int, default=1, help="DistributedDataParallel processes (default 1)")
+    ap.add_argument("--r2l", nargs="*", default=[], metavar="key=value",
+                    help="more overrides for stage 1 only (e.g. lr=0.0025)")  # fmt: skip
     ap.add_argument("--final", nargs="*", default=[], metavar="key=value",
                     help="more overrides for stage 3 only (e.g. r2l_memory_dropout=0.1)")  # fmt: skip
     ap.add_argument("--name", help="results/NAME.json (default: RECIPE-bidirectional[-jackknife])")

@@ -4,6 +4,7 @@ processes, and the candidates the validation set chooses among, their ensembles 
 import argparse
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,44 @@ def test_the_bidirectional_pipeline_stops_on_a_right_to_left_model_that_did_not_
         match=r"bad: the right-to-left model did not learn \(best validation BLEU 0.01, at update 750\)",
     ):
         module.check_r2l([good, bad])
+
+
+def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path, monkeypatch):
+    """``--r2l lr=…`` reaches the right-to-left model's training, after the shared overrides (so it
+    wins), and neither the cache nor the bidirectional model; the results record it."""
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_bidirectional", SCRIPT.with_name("reproduce_bidirectional.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = {}
+
+    def train_r2l(path, overrides, minutes, out, processes, jackknife):
+        seen["stage1"] = overrides
+        return [tmp_path / "r2l"], 60.0
+
+    def build_cache(path, overrides):
+        seen["cache"] = overrides
+        return 6.0
+
+    def train_final(recipe, overrides, minutes, name, processes, extra):
+        seen["final"] = overrides
+        return {"train_wall_minutes": minutes}
+
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "results").mkdir()
+    shutil.copy(SCRIPT.parents[1] / "recipes" / "multi30k-de-en.toml", tmp_path / "recipes")
+    for name, fake in (("train_r2l", train_r2l), ("build_cache", build_cache), ("train_final", train_final)):
+        monkeypatch.setattr(module, name, fake)
+    monkeypatch.setattr(module, "check_r2l", lambda dirs: None)
+    args = module.parser().parse_args(
+        ["multi30k-de-en", "lr=0.004", "--minutes", "10", "--r2l", "lr=0.0025", "warmup=100"]
+    )
+    out = module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
+    assert seen["stage1"] == ["lr=0.004", "lr=0.0025", "warmup=100"]
+    assert module.load_recipe(tmp_path / "recipes" / "multi30k-de-en.toml", seen["stage1"]).lr == 0.0025
+    assert "lr=0.0025" not in seen["cache"] and "lr=0.0025" not in seen["final"]
+    assert seen["final"][:2] == ["lr=0.004", "model.bidirectional=true"]
+    assert out["stages"]["r2l_overrides"] == ["lr=0.0025", "warmup=100"]
+    assert out["stages"]["final_max_minutes"] == 8.9
