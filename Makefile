@@ -74,7 +74,8 @@ reproduce-multi30k-en-de-bidirectional: $(STAMP)
 # folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,
 # train.tsv.gz, dev.tsv.gz). Both fine-tune one IMDb masked-LM encoder, pre-trained by whichever runs
 # first and reused by the other (scripts/encoder_runs.py).
-# OBJECTIVE=rtd pre-trains by replaced-token detection (recipes/imdb-rtd.toml) instead of masked-LM;
+# OBJECTIVE=rtd pre-trains by replaced-token detection (recipes/imdb-rtd.toml) instead of masked-LM,
+# OBJECTIVE=clm as a causal language model (recipes/imdb-clm.toml);
 # OBJECTIVE=sentiment (reproduce-sst2 only) on IMDb's labelled reviews, the one that paid (docs/results.md).
 OBJECTIVE ?= mlm
 .PHONY: reproduce-sst2 reproduce-imdb

@@ -56,6 +56,7 @@ def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accur
 
 # what each pre-training objective's validation reports, and the figure its record keeps
 PRETRAINING_SCORE = {"mlm": ("accuracy", "masked_token_accuracy"), "rtd": ("f1", "detection_f1"),
+                     "clm": ("accuracy", "next_piece_accuracy"),
                      "sentiment": ("accuracy", "imdb_dev_accuracy")}  # fmt: skip
 # "sentiment" is supervised intermediate training (STILTs, Phang et al. 2018): IMDb's 22,500 labelled
 # reviews, classified from scratch by recipes/imdb-finetune.toml for this many minutes
@@ -65,6 +66,7 @@ SENTIMENT_MINUTES = 30
 FINETUNE_OVERRIDES = {
     "mlm": [],
     "rtd": ["model.head_transform=false", "model.output_bias=false"],
+    "clm": [],
     "sentiment": [],
 }
 

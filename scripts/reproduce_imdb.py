@@ -46,9 +46,9 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="fine-tuning recipe fields (key=value), e.g. seed=2")
     ap.add_argument(
         "--objective",
-        choices=("mlm", "rtd"),
+        choices=("mlm", "rtd", "clm"),
         default="mlm",
-        help="pre-training: masked-LM (recipes/imdb-mlm.toml) or replaced-token detection",
+        help="pre-training: masked-LM (recipes/imdb-mlm.toml), replaced-token detection or causal LM",
     )
     args = ap.parse_args()
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"

@@ -66,10 +66,11 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument(
         "--objective",
-        choices=("mlm", "rtd", "sentiment"),
+        choices=("mlm", "rtd", "clm", "sentiment"),
         default="mlm",
-        help="pre-training: masked-LM (recipes/imdb-mlm.toml), replaced-token detection (imdb-rtd.toml) "
-        "or supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml from scratch)",
+        help="pre-training: masked-LM (recipes/imdb-mlm.toml), replaced-token detection (imdb-rtd.toml), "
+        "causal LM (imdb-clm.toml) or supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml "
+        "from scratch)",
     )
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()

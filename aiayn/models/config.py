@@ -85,13 +85,16 @@ class EncoderConfig(StackConfig):
     head_transform: bool = False  # LayerNorm(act(W · h + b)) before the vocabulary projection (BERT)
     output_bias: bool = False  # a bias on the vocabulary logits (BERT's cls.predictions.bias)
     detector: bool = False  # a per-token replaced-token detection head (ELECTRA's discriminator)
+    # each position attends to itself and earlier ones only (a GPT's look-ahead mask): what causal-LM
+    # pre-training (task="clm") trains; a classifier fine-tuned from it may keep it or see both ways
+    causal: bool = False
 
     def validate(self) -> None:
         super().validate()
         if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
         self._choice("pooling", POOLINGS)
-        self._flag("pooler", "embed_norm", "head_transform", "output_bias", "detector")
+        self._flag("pooler", "embed_norm", "head_transform", "output_bias", "detector", "causal")
 
 
 @dataclass

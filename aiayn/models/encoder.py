@@ -1,9 +1,10 @@
 """An encoder-only model: a vocabulary head on every position and a pooled classification head.
 
-The encoder sees the whole sequence (no look-ahead mask), as in BERT; padding is masked. Masked-LM
-pre-training predicts the tokens at chosen positions from the per-token states; classification
-pools the states into one vector per sequence (the mean over real tokens, or the first token,
-which the data module makes ``bos``, BERT's [CLS]) and projects it to class logits.
+The encoder sees the whole sequence (no look-ahead mask), as in BERT, unless ``causal`` (each
+position then sees itself and earlier ones, as a GPT; causal-LM pre-training trains it so); padding
+is masked. Masked-LM pre-training predicts the tokens at chosen positions from the per-token states;
+classification pools the states into one vector per sequence (the mean over real tokens, or the
+first token, which the data module makes ``bos``, BERT's [CLS]) and projects it to class logits.
 
 With ``detector`` the model also has ELECTRA's discriminator head (Clark et al. 2020): one logit
 per token, "this token was replaced", which replaced-token detection pre-trains (``task="rtd"``).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.masks import padding_mask
+from aiayn.masks import causal_mask, padding_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
 from aiayn.models.config import EncoderConfig
 from aiayn.modules.dropout import Dropout
@@ -101,7 +102,10 @@ class EncoderModel(nn.Module):
 
     def encode(self, ids: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Shape: ids (B, T) -> states (B, T, d_model), [L × (B, h, T, T)] if asked."""
-        return self.encoder(self.embed(ids), padding_mask(ids, self.config.pad_id), need_weights)
+        mask = padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
+        if self.config.causal:
+            mask = mask & causal_mask(ids.size(1), device=ids.device)  # (B, 1, T, T)
+        return self.encoder(self.embed(ids), mask, need_weights)
 
     def token_states(self, h: Tensor) -> Tensor:
         """What the vocabulary projection reads: the states, through BERT's transform if any."""

@@ -56,7 +56,7 @@ class TaskOptions:
 @dataclass
 class TrainConfig:
     # -- what to learn --------------------------------------------------------------------------
-    task: str = "translation"  # a registered Task: "translation", "lm", "mlm", "rtd", "classify"
+    task: str = "translation"  # a registered Task: "translation", "lm", "mlm", "rtd", "clm", "classify"
     dataset: str = "multi30k"  # bundled name ("multi30k", "shakespeare"), a folder, or a file prefix
     valid_dataset: str = ""  # a different source for validation; "" = same as dataset
     # -- tokenizer ------------------------------------------------------------------------------

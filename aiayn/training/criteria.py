@@ -160,9 +160,21 @@ def next_token_loss(model: LanguageModel, batch: LMBatch, epsilon: float) -> Los
 def masked_lm_loss(model: EncoderModel, batch: MaskedBatch, epsilon: float) -> LossSums:
     """BERT's loss: only the chosen positions (``targets`` not ``pad_id``) go through the vocabulary
     projection (after BERT's transform, if the model has one). Shape: ids, targets (B, T) -> three scalars"""
-    h = model.encode(batch.ids)[0]  # (B, T, d_model)
-    chosen = batch.targets != model.config.pad_id  # (B, T)
-    return LossSums(*model.head.loss(model.token_states(h[chosen]), batch.targets[chosen], epsilon))
+    return _encoder_loss(model, batch.ids, batch.targets, epsilon)
+
+
+def causal_encoder_loss(model: EncoderModel, batch: LMBatch, epsilon: float) -> LossSums:
+    """A causal encoder's next-piece loss at every position whose target is not padding (the
+    smoothing mass spread over the whole vocabulary). Shape: ids, targets (B, T) -> three scalars"""
+    return _encoder_loss(model, batch.ids, batch.targets, epsilon)
+
+
+def _encoder_loss(model: EncoderModel, ids: Tensor, targets: Tensor, epsilon: float) -> LossSums:
+    """The vocabulary loss at the positions whose target is not padding; only those states go through
+    the projection. Shape: ids, targets (B, T) -> three scalars"""
+    h = model.encode(ids)[0]  # (B, T, d_model)
+    chosen = targets != model.config.pad_id  # (B, T)
+    return LossSums(*model.head.loss(model.token_states(h[chosen]), targets[chosen], epsilon))
 
 
 def replaced_token_loss(model: EncoderModel, batch: DetectionBatch, epsilon: float) -> LossSums:

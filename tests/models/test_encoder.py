@@ -6,10 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn import EncoderConfig, EncoderModel
-from aiayn.data.batching import ClassifyBatch, MaskedBatch
+from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig
+from aiayn.data.batching import ClassifyBatch, LMBatch, MaskedBatch
 from aiayn.data.replacing import DetectionBatch
-from aiayn.training.criteria import classification_loss, masked_lm_loss, replaced_token_loss
+from aiayn.training.criteria import (
+    causal_encoder_loss,
+    classification_loss,
+    masked_lm_loss,
+    replaced_token_loss,
+)
 from tests.helpers import assert_close
 
 SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
@@ -169,3 +174,37 @@ def test_replaced_token_loss_is_binary_cross_entropy_at_the_scored_positions(eps
     assert_close("EncoderModel RTD nll", nll, ref_nll, atol=1e-4)
     loss.backward()
     assert m.detector.out.weight.grad is not None
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_causal_encoder_is_the_language_model_with_the_same_weights(norm_first):
+    """``causal=True``: each position sees itself and earlier ones only, so its states equal aiayn's
+    GPT-style ``LanguageModel`` (the same layers under the look-ahead mask, itself checked against
+    HF GPT-2 in tests/interop) with the same weights, and a later token changes no earlier state."""
+    m = model(causal=True, norm_first=norm_first)
+    lm = LanguageModel(LMConfig(vocab_size=50, n_layers=2, norm_first=norm_first, **SMALL)).eval()
+    state = {k.replace("encoder.", "layers.", 1): v for k, v in m.state_dict().items()}
+    lm.load_state_dict(state)
+    ids = torch.randint(5, 50, (2, 9))
+    with torch.no_grad():
+        assert_close("causal EncoderModel vs LanguageModel", m(ids), lm(ids), atol=1e-5)
+        changed = ids.clone()
+        changed[:, 6] = 4
+        assert_close("causal EncoderModel prefix", m(changed)[:, :6], m(ids)[:, :6], atol=1e-6)
+        assert not torch.allclose(m(changed)[:, 6:], m(ids)[:, 6:])
+        both_ways = model(causal=False, norm_first=norm_first)  # same seed, same weights
+        assert not torch.allclose(both_ways(ids)[:, :6], m(ids)[:, :6])
+
+
+def test_causal_encoder_loss_is_next_token_cross_entropy_without_padding():
+    m, ids = model(causal=True), padded_batch()
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    with torch.no_grad():
+        loss, nll, n = causal_encoder_loss(m, LMBatch(inputs, targets), 0.1)
+        logits = m(inputs)  # (B, T - 1, V)
+    real = targets != 0
+    ref = F.cross_entropy(logits[real], targets[real], reduction="sum", label_smoothing=0.1)
+    assert int(n) == int(real.sum()) == 8 + 5 + 3
+    assert_close("causal encoder loss", loss, ref, atol=1e-4)
+    assert_close("causal encoder nll", nll, F.cross_entropy(logits[real], targets[real], reduction="sum"),
+                 atol=1e-4)  # fmt: skip

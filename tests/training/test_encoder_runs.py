@@ -84,6 +84,8 @@ def test_each_pretraining_objective_has_its_recipe_run_and_figure(imdb, tmp_path
     monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
     assert encoder_runs.pretrain(imdb, objective="rtd")["detection_f1"] == 40.0
     assert calls[-1][:2] == ("imdb-rtd", "imdb-rtd") and calls[-1][3] == "f1"
+    assert encoder_runs.pretrain(imdb, objective="clm")["next_piece_accuracy"] == 40.0
+    assert calls[-1][:2] == ("imdb-clm", "imdb-clm") and calls[-1][3] == "accuracy"
     with pytest.raises(SystemExit, match=r"train.tsv.gz: not found"):
         encoder_runs.pretrain(imdb, objective="sentiment")  # supervised: needs the labelled reviews
     (imdb / "train.tsv.gz").write_bytes(gzip.compress(b"label\ttext\n0\tbad\n"))
@@ -91,4 +93,4 @@ def test_each_pretraining_objective_has_its_recipe_run_and_figure(imdb, tmp_path
     recipe, run, overrides, _ = calls[-1]
     assert (recipe, run) == ("imdb-finetune", "imdb-sentiment")
     assert overrides[:3] == [f"dataset={imdb.resolve()}", "init_from=", "lowercase=true"]
-    assert encoder_runs.pretrain(imdb, objective="sentiment")["reused"] and len(calls) == 2
+    assert encoder_runs.pretrain(imdb, objective="sentiment")["reused"] and len(calls) == 3

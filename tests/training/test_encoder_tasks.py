@@ -217,7 +217,35 @@ def test_init_from_an_rtd_encoder_leaves_the_detector_behind(rtd_run, rule_data,
     assert not any(k.startswith("detector.") for k in state) and not tuned.config.detector
 
 
-@pytest.mark.parametrize("task", ["mlm", "rtd"])
+@pytest.fixture(scope="module")
+def clm_run(rule_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("clm") / "run"
+    train(["task=clm", f"dataset={rule_data / 'train.tsv'}", f"out_dir={run}", "max_steps=60",
+           "eval_every=30", "packing=blocks", "max_len=32", *TINY])  # fmt: skip
+    return run
+
+
+def test_clm_learns_the_next_piece_and_is_no_mask_filler(clm_run):
+    valid = [m for m in metrics(clm_run) if m["split"] == "valid"]
+    assert valid[-1]["loss"] < valid[0]["loss"] and valid[-1]["accuracy"] > 10
+    meta = json.loads((clm_run / "best" / "config.json").read_text())
+    assert meta["objective"] == "clm" and meta["config"]["causal"] and meta["packing"] == "blocks"
+    with pytest.raises(ModelDirError, match=r"objective 'clm'.*fill-mask needs a model trained with task"):
+        MaskFiller.from_dir(clm_run)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_init_from_a_clm_encoder_keeps_or_drops_the_look_ahead_mask(clm_run, rule_data, tmp_path, causal):
+    run = tmp_path / "ft"
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", f"init_from={clm_run}", "max_steps=1",
+           "eval_every=1", f"model.causal={str(causal).lower()}", *TINY, "lr=1e-12"])  # fmt: skip
+    pre = load_file(clm_run / "best" / "model.safetensors")
+    tuned = load_model(run / "step-000001")
+    state = tuned.state_dict()
+    assert all(torch.allclose(state[k], pre[k], atol=1e-9) for k in pre) and tuned.config.causal is causal
+
+
+@pytest.mark.parametrize("task", ["mlm", "rtd", "clm"])
 def test_pretraining_resume_continues_with_the_same_corruption(rule_data, tmp_path, task):
     straight, split = tmp_path / "straight", tmp_path / "split"
     base = [f"task={task}", f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
@@ -256,6 +284,9 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("rtd", "replace_prob=0", r"replace_prob=0.0 must be in \(0, 1\)"),
         ("rtd", "replace_from=bert", r"replace_from='bert' is not one of \('unigram', 'uniform'\)"),
         ("rtd", "model.head_transform=true", r"model.head_transform=True shapes the vocabulary head"),
+        ("clm", "model.causal=false", r"model.causal=false: causal-LM pre-training needs the look-ahead"),
+        ("clm", "whole_word_mask=true", r"whole_word_mask=True chooses what masked-LM predicts"),
+        ("clm", "mask_prob=0.3", r"mask_prob=0.3 is masked-LM's .* task='clm' does not take it"),
         ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),

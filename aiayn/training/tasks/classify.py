@@ -49,8 +49,8 @@ from aiayn.training.task import TOKENIZER_DIR, register_task
 from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
 
 # [model] fields a fine-tuning run may set on top of a pre-trained encoder: they shape no tensor
-# that is loaded (the head is new), or only regularise
-HEAD_FIELDS = {"pooling", "pooler", "dropout", "attn_dropout", "ff_dropout"}
+# that is loaded (the head is new), only regularise, or (causal) let a causal encoder see both ways
+HEAD_FIELDS = {"pooling", "pooler", "dropout", "attn_dropout", "ff_dropout", "causal"}
 
 
 @dataclass

@@ -1,0 +1,92 @@
+"""Causal-LM pre-training of the encoder-only model: the next piece from the pieces before it.
+
+The text, vocabulary, packing and batches are masked-LM's (``mlm.py``); the model is the encoder with
+``causal=True`` (each position attends to itself and earlier ones, a GPT's look-ahead mask) and the
+objective a GPT's (Radford et al. 2018): every position predicts the piece after it, ``bos`` the
+first, the last piece ``eos``. Masked-LM learns from the 15% of positions it chose, and only once
+the encoder has learned where to look (until then it guesses frequent pieces whatever the context:
+docs/results.md); a next-piece predictor reads its neighbour from the first updates, every
+position a target. Nothing is drawn at random, so validation compares across evaluations as it is.
+
+Validation reports the loss, perplexity and next-piece accuracy (which picks the best checkpoint). A
+classifier fine-tuned from it (``task="classify" init_from=…``) keeps the look-ahead mask, or sees
+both ways with ``model.causal=false`` (GPT fine-tunes causally; its pooled state is then the mean
+over positions that each saw a prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.data.batching import LMBatch
+from aiayn.errors import ConfigError
+from aiayn.models import EncoderModel
+from aiayn.training import criteria
+from aiayn.training.config import TrainConfig, fail
+from aiayn.training.task import register_task
+from aiayn.training.tasks.mlm import MLMTask, PretrainOptions
+
+
+@dataclass
+class CLMOptions(PretrainOptions):
+    def validate(self, cfg: TrainConfig) -> None:
+        super().validate(cfg)
+        if self.whole_word_mask:
+            fail(self, "whole_word_mask", "chooses what masked-LM predicts; task='clm' predicts every piece")
+
+
+@register_task("clm")
+class CLMTask(MLMTask):
+    """Sentences or blocks -> ``LMBatch`` (ids, next ids) -> causal encoder, loss at every real position."""
+
+    options = CLMOptions
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if cfg.model.get("causal") is False:
+            raise ConfigError(
+                "model.causal=false: causal-LM pre-training needs the look-ahead mask; remove it"
+            )
+        super().check_config(cfg)
+
+    def build_model(self) -> EncoderModel:
+        return EncoderModel(self.encoder_config(causal=True))
+
+    def _batch(self, rows: list[np.ndarray], rng: np.random.Generator | None = None) -> LMBatch:
+        ids = self._collate(rows)  # (B, T): bos … eos pad …
+        return LMBatch(ids[:, :-1], ids[:, 1:])  # position i predicts ids[:, i + 1]; pad targets ignored
+
+    def train_batches(self) -> Iterator[LMBatch]:
+        while True:  # epoch after epoch, as the sampler's state says (resumable)
+            for idx in self.sampler:
+                yield self._batch([self.train[i] for i in idx])
+
+    def valid_batches(self) -> Iterator[LMBatch]:
+        for idx in self._valid_order(self.valid):
+            yield self._batch([self.valid[i] for i in idx])
+
+    def loss(self, model: nn.Module, batch: LMBatch, smoothing: float):
+        return criteria.causal_encoder_loss(model, batch, smoothing)
+
+    def n_targets(self, batch: LMBatch) -> int:
+        return int((batch.targets != self.special_ids["pad_id"]).sum())
+
+    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Next-piece accuracy: the share of real positions whose top prediction is the next piece."""
+        right = total = 0
+        for batch in self.valid_batches():
+            batch = batch.to(device)
+            real = batch.targets != model.config.pad_id
+            predicted = model.head(model.token_states(model.encode(batch.ids)[0][real])).argmax(-1)
+            right += int((predicted == batch.targets[real]).sum())
+            total += int(real.sum())
+        return {"accuracy": round(100 * right / max(total, 1), 2)}
+
+    def model_meta(self) -> dict[str, Any]:
+        return {**super().model_meta(), "objective": "clm"}
