@@ -59,7 +59,7 @@ reproduce-shakespeare-char: $(STAMP)
 # right-to-left model, its translations of the training set, the bidirectional model) inside the plain
 # target's 40-minute training budget: 30% of it for the right-to-left model, the rest after the cache
 # for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why). The
-# right-to-left model has half the recipe's peak lr: at the recipe's, its 12-minute run diverged on a
+# right-to-left model has half the target's peak lr: at the recipe's, its 12-minute run diverged on a
 # machine slow enough to halve its batches (docs/results.md, issue 58).
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
 reproduce-multi30k-de-en-bidirectional: $(STAMP)

@@ -25,7 +25,10 @@ with the best dev accuracy labels the unlabelled test sentences (``--test``, def
 separate scoring. Writes ``results/sst2.json`` (every run: accuracy, macro-F1, minutes, updates,
 machine) and ``results/sst2-*.png`` learning curves; with ``--objective rtd`` the files and run
 directories are named ``sst2-rtd-*`` and both arms drop BERT's vocabulary-head transform, which the
-detection-trained encoder does not have (it shapes no tensor a classifier reads).
+detection-trained encoder does not have (it shapes no tensor a classifier reads). With ``--objective
+clm`` (``recipes/imdb-clm.toml``, a causal language model) the fine-tuned arm keeps the pre-trained
+look-ahead mask, while the scratch arm is the default encoder, which sees both ways: the baseline a
+user has without pre-training.
 """
 
 from __future__ import annotations

@@ -95,6 +95,9 @@ class EncoderConfig(StackConfig):
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
         self._choice("pooling", POOLINGS)
         self._flag("pooler", "embed_norm", "head_transform", "output_bias", "detector", "causal")
+        if self.causal and self.n_classes and self.pooling == "first":
+            self._fail("pooling", "reads the first token, which in a causal encoder sees only itself "
+                       "(every text would pool alike)", "use pooling='mean' or causal=False")  # fmt: skip
 
 
 @dataclass

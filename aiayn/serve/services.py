@@ -218,7 +218,10 @@ class EncoderService:
         model, tok, meta = load_encoder_dir(directory, device)
         self.model = model
         self.classifier = TextClassifier.from_loaded(model, tok, meta) if model.config.n_classes else None
-        self.filler = MaskFiller(model, tok) if tok.mask_id is not None else None
+        # a masked LM only (an imported BERT records no objective): rtd and clm runs have <mask> in
+        # their vocabulary but never learnt to fill it, as MaskFiller.from_dir says for the CLI
+        masked_lm = meta.get("objective", "mlm") == "mlm"
+        self.filler = MaskFiller(model, tok) if tok.mask_id is not None and masked_lm else None
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:
         if self.classifier is None:

@@ -111,6 +111,7 @@ def test_classifier_logits_and_labels_equal_transformers(tmp_path):
         (dict(n_heads=3, d_k=8, d_v=8), "d_model"),
         (dict(detector=True), "detector"),
         (dict(detector=True, **CLASSIFIER), "detector"),
+        (dict(causal=True), "causal"),
     ],
 )
 def test_what_does_not_map_is_refused_by_name(kw, field, tmp_path):

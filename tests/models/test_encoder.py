@@ -9,6 +9,7 @@ from torch import nn
 from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig
 from aiayn.data.batching import ClassifyBatch, LMBatch, MaskedBatch
 from aiayn.data.replacing import DetectionBatch
+from aiayn.errors import ConfigError
 from aiayn.training.criteria import (
     causal_encoder_loss,
     classification_loss,
@@ -194,6 +195,14 @@ def test_a_causal_encoder_is_the_language_model_with_the_same_weights(norm_first
         assert not torch.allclose(m(changed)[:, 6:], m(ids)[:, 6:])
         both_ways = model(causal=False, norm_first=norm_first)  # same seed, same weights
         assert not torch.allclose(both_ways(ids)[:, :6], m(ids)[:, :6])
+
+
+def test_a_causal_classifier_cannot_pool_its_first_token():
+    """Under the look-ahead mask the first token sees only itself: its state is the same for every text."""
+    with pytest.raises(ConfigError, match=r"pooling='first' reads the first token, which in a causal"):
+        EncoderConfig(vocab_size=50, causal=True, n_classes=2, pooling="first")
+    EncoderConfig(vocab_size=50, causal=True, n_classes=2)  # the mean pools every prefix
+    EncoderConfig(vocab_size=50, causal=True, pooling="first")  # no classifier: nothing pools
 
 
 def test_causal_encoder_loss_is_next_token_cross_entropy_without_padding():

@@ -3,8 +3,8 @@
 Labelled TSV/CSV/JSONL files (``data/labelled.py``) -> label strings mapped to class ids (saved as
 ``labels`` in each checkpoint's ``config.json``) -> token-budget batches of ``ClassifyBatch`` ->
 cross-entropy of the pooled classifier, optionally class-weighted ("balanced": n / (k · count)).
-With ``init_from`` the run starts from a pre-trained encoder (an ``mlm`` or ``rtd`` run, any encoder model
-directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder and vocabulary
+With ``init_from`` the run starts from a pre-trained encoder (an ``mlm``, ``rtd`` or ``clm`` run, any
+encoder model directory, or a Hugging Face BERT directory): its tokenizer, embeddings, encoder and vocabulary
 head are loaded as they are, the classifier (pooler included) is new; the tokenizer's special ids
 (BERT's [PAD], [CLS], [SEP]) are the batches' and the model's; a ``[model]`` field that would change
 the pre-trained shapes is an error. Three fine-tuning options, off by default: ``keep_classifier``

@@ -2,11 +2,12 @@
 
 The text, vocabulary, packing and batches are masked-LM's (``mlm.py``); the model is the encoder with
 ``causal=True`` (each position attends to itself and earlier ones, a GPT's look-ahead mask) and the
-objective a GPT's (Radford et al. 2018): every position predicts the piece after it, ``bos`` the
-first, the last piece ``eos``. Masked-LM learns from the 15% of positions it chose, and only once
-the encoder has learned where to look (until then it guesses frequent pieces whatever the context:
-docs/results.md); a next-piece predictor reads its neighbour from the first updates, every
-position a target. Nothing is drawn at random, so validation compares across evaluations as it is.
+objective a GPT's (Radford et al. 2018): every position predicts the piece after it (``bos`` the
+first piece, a document's last piece its ``eos``). Masked-LM learns from the 15% of positions it
+chose, and only once the encoder has learned where to look (until then it guesses frequent pieces
+whatever the context: docs/results.md); a next-piece predictor reads its neighbour from the first
+updates, every position a target. Nothing is drawn at random, so validation compares across
+evaluations as it is.
 
 Validation reports the loss, perplexity and next-piece accuracy (which picks the best checkpoint). A
 classifier fine-tuned from it (``task="classify" init_from=…``) keeps the look-ahead mask, or sees
@@ -59,8 +60,15 @@ class CLMTask(MLMTask):
         return EncoderModel(self.encoder_config(causal=True))
 
     def _batch(self, rows: list[np.ndarray], rng: np.random.Generator | None = None) -> LMBatch:
+        """Position i predicts ids[:, i + 1]; padding is no target, nor, in packed blocks, the ``eos``
+        that closes a block (where the stream was cut, not where a document ended: the separators
+        between documents stay targets). Shape: -> ids, targets (B, T - 1)"""
         ids = self._collate(rows)  # (B, T): bos … eos pad …
-        return LMBatch(ids[:, :-1], ids[:, 1:])  # position i predicts ids[:, i + 1]; pad targets ignored
+        targets = ids[:, 1:].clone()
+        if self.cfg.options.packing == "blocks":
+            closing = torch.tensor([min(len(r), self.cfg.max_len - 2) for r in rows])  # eos's target index
+            targets[torch.arange(len(rows)), closing] = self.special_ids["pad_id"]
+        return LMBatch(ids[:, :-1], targets)
 
     def train_batches(self) -> Iterator[LMBatch]:
         while True:  # epoch after epoch, as the sampler's state says (resumable)

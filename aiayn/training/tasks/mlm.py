@@ -45,7 +45,7 @@ PACKINGS = ("sentences", "blocks")
 
 @dataclass
 class PretrainOptions(EncoderOptions):
-    """What the pre-training tasks (``mlm``, ``rtd``) share: their text and how it is cut."""
+    """What the pre-training tasks (``mlm``, ``rtd``, ``clm``) share: their text and how it is cut."""
 
     extra_text: list[str] = field(default_factory=list)  # more training text (names or files)
     whole_word_mask: bool = False  # choose whole words rather than pieces
@@ -99,7 +99,7 @@ class MLMTask(EncoderTask):
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
         if cfg.model.get("n_classes"):
-            raise ConfigError("model.n_classes is for task='classify'; masked-LM pre-training has no classes")
+            raise ConfigError("model.n_classes is for task='classify'; pre-training has no classes")
         super().check_config(cfg)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
