@@ -60,8 +60,8 @@ reproduce-shakespeare-char: $(STAMP)
 # target's 40-minute training budget: 30% of it for the right-to-left model, the rest after the cache
 # for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why). Every
 # stage has half the plain target's peak lr: at the full one, on a machine slow enough to halve the
-# batches, the right-to-left model diverged in one run and the bidirectional model in the next, where
-# half learns; the bidirectional model starts from the right-to-left model's encoder and decoder and keeps
+# batches, the right-to-left model diverged in one run and the bidirectional model did not learn in the
+# next, where half learns; the bidirectional model starts from the right-to-left model's encoder and decoder and keeps
 # that decoder frozen (r2l_init, r2l_freeze), the fastest learner at 1.25× a plain update's cost
 # (docs/results.md, issue 58; the whole pipeline with both, unmeasured).
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
