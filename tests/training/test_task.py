@@ -98,7 +98,7 @@ def test_a_task_defined_outside_the_package_trains_with_the_unchanged_trainer(co
 
 
 def test_an_unknown_task_names_the_registered_ones():
-    known = r"\('classify', 'lm', 'mlm', 'rtd', 'translation'\)"
+    known = r"\('classify', 'clm', 'lm', 'mlm', 'rtd', 'translation'\)"
     with pytest.raises(ValueError, match=rf"task='nope' is not one of {known}"):
         load_recipe(None, ["task=nope"])
 
