@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+def load_script(name: str = "reproduce"):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -164,11 +164,7 @@ def test_the_bidirectional_pipeline_stops_on_a_right_to_left_model_that_did_not_
     """Stage 1 of ``reproduce_bidirectional.py`` must not hand a diverged right-to-left model to stage 2
     (its cache would be noise): the run is named with its best validation BLEU; a model that learnt
     passes."""
-    spec = importlib.util.spec_from_file_location(
-        "reproduce_bidirectional", SCRIPT.with_name("reproduce_bidirectional.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("reproduce_bidirectional")
     good, bad = tmp_path / "good", tmp_path / "bad"
     for d, bleus in ((good, [0.0, 3.5, 12.1]), (bad, [0.0, 0.01, 0.01])):
         d.mkdir()
@@ -186,11 +182,7 @@ def test_the_bidirectional_pipeline_stops_on_a_right_to_left_model_that_did_not_
 def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path, monkeypatch):
     """``--r2l lr=…`` reaches the right-to-left model's training, after the shared overrides (so it
     wins), and neither the cache nor the bidirectional model; the results record it."""
-    spec = importlib.util.spec_from_file_location(
-        "reproduce_bidirectional", SCRIPT.with_name("reproduce_bidirectional.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("reproduce_bidirectional")
     seen = {}
 
     def train_r2l(path, overrides, minutes, out, processes, jackknife):

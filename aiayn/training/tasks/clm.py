@@ -9,7 +9,8 @@ whatever the context: docs/results.md); a next-piece predictor reads its neighbo
 updates, every position a target. Nothing is drawn at random, so validation compares across
 evaluations as it is.
 
-Validation reports the loss, perplexity and next-piece accuracy (which picks the best checkpoint). A
+The batch loops, target count and accuracy are masked-LM's: validation reports the loss, perplexity
+and next-piece accuracy (which picks the best checkpoint). A
 classifier fine-tuned from it (``task="classify" init_from=…``) keeps the look-ahead mask, or sees
 both ways with ``model.causal=false`` (GPT fine-tunes causally; its pooled state is then the mean
 over positions that each saw a prefix).
@@ -17,7 +18,6 @@ over positions that each saw a prefix).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,8 @@ class CLMTask(MLMTask):
     def _batch(self, rows: list[np.ndarray], rng: np.random.Generator | None = None) -> LMBatch:
         """Position i predicts ids[:, i + 1]; padding is no target, nor, in packed blocks, the ``eos``
         that closes a block (where the stream was cut, not where a document ended: the separators
-        between documents stay targets). Shape: -> ids, targets (B, T - 1)"""
+        between documents stay targets). ``rng`` (masked-LM's batch loops pass one) is not used.
+        Shape: -> ids, targets (B, T - 1)"""
         ids = self._collate(rows)  # (B, T): bos … eos pad …
         targets = ids[:, 1:].clone()
         if self.cfg.options.packing == "blocks":
@@ -70,31 +71,8 @@ class CLMTask(MLMTask):
             targets[torch.arange(len(rows)), closing] = self.special_ids["pad_id"]
         return LMBatch(ids[:, :-1], targets)
 
-    def train_batches(self) -> Iterator[LMBatch]:
-        while True:  # epoch after epoch, as the sampler's state says (resumable)
-            for idx in self.sampler:
-                yield self._batch([self.train[i] for i in idx])
-
-    def valid_batches(self) -> Iterator[LMBatch]:
-        for idx in self._valid_order(self.valid):
-            yield self._batch([self.valid[i] for i in idx])
-
     def loss(self, model: nn.Module, batch: LMBatch, smoothing: float):
         return criteria.causal_encoder_loss(model, batch, smoothing)
-
-    def n_targets(self, batch: LMBatch) -> int:
-        return int((batch.targets != self.special_ids["pad_id"]).sum())
-
-    def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        """Next-piece accuracy: the share of real positions whose top prediction is the next piece."""
-        right = total = 0
-        for batch in self.valid_batches():
-            batch = batch.to(device)
-            real = batch.targets != model.config.pad_id
-            predicted = model.head(model.token_states(model.encode(batch.ids)[0][real])).argmax(-1)
-            right += int((predicted == batch.targets[real]).sum())
-            total += int(real.sum())
-        return {"accuracy": round(100 * right / max(total, 1), 2)}
 
     def model_meta(self) -> dict[str, Any]:
         return {**super().model_meta(), "objective": "clm"}

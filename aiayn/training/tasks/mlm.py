@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.data import PAD_ID
 from aiayn.data.batching import MaskedBatch
 from aiayn.data.corpus import load_text
 from aiayn.data.masking import Masking, mask_tokens
@@ -165,14 +164,15 @@ class MLMTask(EncoderTask):
         return criteria.masked_lm_loss(model, batch, smoothing)
 
     def n_targets(self, batch: MaskedBatch) -> int:
-        return int((batch.targets != PAD_ID).sum())
+        return int((batch.targets != self.special_ids["pad_id"]).sum())
 
     def extra_metrics(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        """Masked-token accuracy: the share of chosen positions whose top prediction is right."""
+        """The share of scored positions (targets not padding) whose top prediction is right:
+        masked-token accuracy here, next-piece accuracy for ``clm``."""
         right = total = 0
         for batch in self.valid_batches():
             batch = batch.to(device)
-            chosen = batch.targets != PAD_ID
+            chosen = batch.targets != model.config.pad_id
             h = model.encode(batch.ids)[0][chosen]  # (N, d_model)
             predicted = model.head(model.token_states(h)).argmax(-1)
             right += int((predicted == batch.targets[chosen]).sum())
