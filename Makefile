@@ -58,20 +58,19 @@ reproduce-shakespeare-char: $(STAMP)
 # Issue 58: the bidirectional model on cached right-to-left translations, the whole pipeline (the
 # right-to-left model, its translations of the training set, the bidirectional model) inside the plain
 # target's 40-minute training budget: 30% of it for the right-to-left model, the rest after the cache
-# for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why). Every
-# stage has half the plain target's peak lr: at the full one, on a machine slow enough to halve the
-# batches, the right-to-left model diverged in one run and the bidirectional model did not learn in the
-# next, where half learns; the bidirectional model starts from the right-to-left model's encoder and decoder and keeps
-# that decoder frozen (r2l_init, r2l_freeze), the fastest learner at 1.25× a plain update's cost
-# (docs/results.md, issue 58; the whole pipeline with both, unmeasured).
+# for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why). The
+# right-to-left model trains at half the plain target's peak lr (--r2l: at the full one, on a machine
+# slow enough to halve the batches, it diverged); the bidirectional model starts from its encoder and
+# decoder and keeps that decoder frozen (r2l_init, r2l_freeze): unfrozen at the full lr it never left
+# the unigram plateau, frozen it learnt fastest, at 1.25x a plain update's cost (docs/results.md, issue 58).
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
 reproduce-multi30k-de-en-bidirectional: $(STAMP)
-	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 lr=0.0025 --processes 2 \
-	  --r2l-share 0.3 --final r2l_init=true r2l_freeze=true
+	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 --processes 2 \
+	  --r2l-share 0.3 --r2l lr=0.0025 --final r2l_init=true r2l_freeze=true
 
 reproduce-multi30k-en-de-bidirectional: $(STAMP)
-	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.00175 lowercase=true weight_decay=0.1 \
-	  --processes 2 --r2l-share 0.3 --final r2l_init=true r2l_freeze=true
+	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 \
+	  --processes 2 --r2l-share 0.3 --r2l lr=0.00175 --final r2l_init=true r2l_freeze=true
 
 # Issues 16 and 59: SST-2 and IMDb are not bundled (research use only); point SST2 at GLUE's SST-2
 # folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,
