@@ -57,12 +57,12 @@ reproduce-shakespeare-char: $(STAMP)
 
 # Issue 58: the bidirectional model on cached right-to-left translations, the whole pipeline (the
 # right-to-left model, its translations of the training set, the bidirectional model) inside the plain
-# target's 40-minute training budget: 30% of it for the right-to-left model, the rest after the cache
+# target's training budget (40 minutes de→en, 55 en→de): 30% of it for the right-to-left model, the rest after the cache
 # for the bidirectional one, both as two processes (scripts/reproduce_bidirectional.py says why). The
 # right-to-left model trains at half the plain target's peak lr (--r2l: at the full one, on a machine
 # slow enough to halve the batches, it diverged); the bidirectional model starts from its encoder and
 # decoder and keeps that decoder frozen (r2l_init, r2l_freeze): unfrozen at the full lr it never left
-# the unigram plateau, frozen it learnt fastest, at 1.25x a plain update's cost (docs/results.md, issue 58).
+# the unigram plateau, frozen it learnt fastest (both pipelines measured: docs/results.md, issue 58).
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
 reproduce-multi30k-de-en-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 --processes 2 \
