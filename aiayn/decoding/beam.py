@@ -157,7 +157,9 @@ class Beams:
             self.finished.add(finishing, cand, self.prefix, t, length_penalty(t + 1, c.lenpen, c.lenpen_kind))
         best_live = self.scores.amax(dim=1)  # (A,), -inf when nothing is live
         lp_bound = torch.maximum(self.lp_max, length_penalty(t + 2, c.lenpen, c.lenpen_kind))
-        done = best_live / lp_bound <= self.finished.nth_best(c.nbest)  # -inf <= -inf: no live left
+        # no live hypothesis left (at max_len at the latest) is done whatever the ratio: with an α whose
+        # lp overflows to inf, -inf / inf is NaN, and NaN <= x is never true
+        done = (best_live / lp_bound <= self.finished.nth_best(c.nbest)) | (best_live == NEG_INF)
         self.t = t + 1
         if not done.any():
             d.reorder(rows)

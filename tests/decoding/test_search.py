@@ -178,6 +178,23 @@ def test_the_stopping_rule_stops_as_soon_as_no_live_beam_can_win():
     assert best.tokens == [2] and fake.steps == 1  # raw -0.92 (live) can never beat -0.51
 
 
+def _never_past(limit):
+    def dist(generated):
+        assert len(generated) < limit, "the search went past max_len"
+        return {2: 0.1, 3: 0.9}
+
+    return dist
+
+
+@pytest.mark.parametrize("lenpen", [1e30, -1e30, 3.4e38])
+def test_the_search_ends_at_max_len_whatever_the_length_penalty(lenpen):
+    """An α so large that lp overflows to inf (or 0) makes the bound's ratio NaN (-inf / inf); a
+    sentence with no live hypothesis left is done all the same, at max_len at the latest."""
+    fake = FakeDecoder(_never_past(5))
+    hyps = beam_search(fake, torch.zeros(1, 1), 5, SearchConfig(beam=2, nbest=2, lenpen=lenpen))[0]
+    assert fake.steps <= 5 and len(hyps) == 2 and all(len(h.tokens) <= 5 for h in hyps)
+
+
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
     model = tiny_lm()
     prompt = torch.randint(4, 40, (2, 4), generator=torch.Generator().manual_seed(0))
