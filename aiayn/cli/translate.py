@@ -30,6 +30,7 @@ EXAMPLES = """examples:
   aiayn translate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l < test.de   # n-best reranking
   aiayn translate --model runs/de-en --beam 10 --mbr bleu < test.de   # minimum Bayes risk over the beam
   aiayn translate --model runs/de-en --ensemble-with runs/de-en-seed2 < test.de   # an ensemble of two
+  aiayn translate --model runs/de-en-bidir --show-r2l < test.de   # text TAB the right-to-left pass's text
 
 Output line i is the translation of input line i; a blank input line gives a blank output line.
 """
@@ -61,22 +62,34 @@ def add_parser(sub) -> None:
         metavar="DIR",
         help="re-sort the beam's n-best by this model's score too (e.g. a reverse_target=true model)",
     )
+    p.add_argument(
+        "--show-r2l",
+        action="store_true",
+        help="a bidirectional model: after each translation (a tab; with --nbest, one more ' ||| ' "
+        "field), the right-to-left decoder's translation whose states it read",
+    )
     add_search_arguments(p)
     p.set_defaults(run=run)
 
 
-def format_output(nbest: list[list], translator: Translator, n: int, start: int = 0) -> str:
+def format_output(
+    nbest: list[list], translator: Translator, n: int, start: int = 0, r2l: bool = False
+) -> str:
     """One line per input, or with ``n > 1`` Moses n-best lines ``i ||| text ||| score`` (``i``
-    counted from ``start``)."""
+    counted from ``start``); with ``r2l``, each followed by the right-to-left translation the
+    hypothesis read (after a tab, or as one more ``|||`` field)."""
     if n == 1:
-        lines = [translator.detokenize(h[0]) if h else "" for h in nbest]
+        rows = [(translator.detokenize(h[0]), h[0]) if h else ("", None) for h in nbest]
     else:
-        lines = [
-            f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}" if h else f"{i} |||  ||| 0"
+        rows = [
+            (f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}" if h else f"{i} |||  ||| 0", h)
             for i, hyps in enumerate(nbest, start)
             for h in (hyps or [None])
         ]
-    return "".join(line + "\n" for line in lines)
+    if not r2l:
+        return "".join(line + "\n" for line, _ in rows)
+    sep = "\t" if n == 1 else " ||| "
+    return "".join(f"{line}{sep}{translator.detokenize_r2l(h) if h else ''}\n" for line, h in rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,14 +104,17 @@ def run(args: argparse.Namespace) -> int:
             )
     translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
     translator = quantized(args, translator)
+    if args.show_r2l and not translator.model.config.bidirectional:
+        raise ConfigError(f"--show-r2l: {args.model} is not a bidirectional model "
+                          "(model.bidirectional=true); leave --show-r2l out")  # fmt: skip
     scorer = None
     if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for start, lines in read_chunks(args):
-            out.write(format_output(translate(args, config, translator, scorer, start, lines),
-                                    translator, config.nbest, start).encode("utf-8"))  # fmt: skip
+            nbest = translate(args, config, translator, scorer, start, lines)
+            out.write(format_output(nbest, translator, config.nbest, start, args.show_r2l).encode("utf-8"))
     return 0
 
 

@@ -12,7 +12,7 @@ monotone in L for every α, which is what beam search's stopping rule relies on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -36,11 +36,14 @@ def length_penalty(length: Tensor | int, alpha: float = 0.6, kind: str = "gnmt")
 
 @dataclass
 class Hypothesis:
-    """One output: its tokens (eos included when it was emitted), score and log-probability."""
+    """One output: its tokens (eos included when it was emitted), score and log-probability; for a
+    bidirectional model also the right-to-left hypothesis whose states it read (``r2l``, its tokens
+    right to left; not part of equality)."""
 
     tokens: list[int]
     score: float  # log_prob / lp(len(tokens))
     log_prob: float  # Σ log p(y_t | y_<t, X) under the model (temperature 1, no filtering)
+    r2l: Hypothesis | None = field(default=None, compare=False, repr=False)
 
 
 def to_hypotheses(

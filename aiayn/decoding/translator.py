@@ -155,7 +155,11 @@ class Translator:
             src, limits = self.batch([sources[i] for i in index], config)
             adapter = adapter_for_translation(self.model, config, limits)
             hyps = search(adapter, src, config, limits)
-            for i, h in zip(index, hyps):
+            backward = getattr(adapter, "r2l_hypotheses", None)  # a bidirectional model's memory
+            for row, (i, h) in enumerate(zip(index, hyps)):
+                if backward is not None:
+                    for hyp in h:
+                        hyp.r2l = backward[row][0]
                 results[i] = h
         return results
 
@@ -175,6 +179,13 @@ class Translator:
 
     def detokenize(self, hyp: Hypothesis) -> str:
         return self.tgt_tokenizer.decode(self.forward_order(hyp.tokens))
+
+    def detokenize_r2l(self, hyp: Hypothesis) -> str:
+        """A bidirectional model's right-to-left translation that ``hyp`` read, left to right; ""
+        for a hypothesis of any other model."""
+        if hyp.r2l is None:
+            return ""
+        return self.tgt_tokenizer.decode([t for t in hyp.r2l.tokens if t != self.model.config.eos_id][::-1])
 
     def forward_order(self, tokens: Sequence[int]) -> list[int]:
         """A hypothesis's tokens left to right, eos dropped (reversed for a right-to-left model)."""

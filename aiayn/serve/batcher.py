@@ -1,19 +1,20 @@
 """Dynamic batching: concurrent requests decoded together by one worker thread.
 
-The event loop never runs a model. ``Batcher.submit`` puts a job on a bounded queue and awaits its
-future; a full queue raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
-memory never grows with the number of waiting clients. A worker thread takes the oldest job, waits
-up to ``window`` seconds for more jobs of an equal *kind* (same model, same decoding options: they
-can share one search; ``jobs.py`` names the server's kinds), stops at ``max_items`` texts, and runs
-them as one call of ``run(kind, payloads)``; each job's result (or exception) goes back to its own
-future. A batch that raises is run again one job at a time, so that an error belongs to the job that
-caused it and the others still get their results. A job submitted ``alone`` (a streamed generation)
-is never batched with another. A job whose caller gave up (a timeout, a client that disconnected) is
-cancelled and skipped if it has not run; a batch whose callers have all given up stops at its next
-decoding step (``aiayn.decoding.cancel``). ``busy()`` says how long each worker has been on its
-batch. Jobs of other kinds wait, in order, for the next rounds. With ``workers`` > 1, as many
-batches run at once (each on its own thread; give torch one thread per worker), so that a request
-arriving while a batch runs need not wait for it to end.
+The event loop never runs a model. ``Batcher.submit`` puts a job on a queue and awaits its future.
+At most ``max_queue`` jobs wait (queued, held for a later round, or being gathered into a batch:
+everything submitted and not yet started); one more raises ``QueueFull`` at once (the route answers
+429 with ``Retry-After``), so memory never grows with the number of waiting clients. A worker thread
+takes the oldest job, waits up to ``window`` seconds for more jobs of an equal *kind* (same model,
+same decoding options: they can share one search; ``jobs.py`` names the server's kinds), stops at
+``max_items`` texts, and runs them as one call of ``run(kind, payloads)``; each job's result (or
+exception) goes back to its own future. A batch that raises is run again one job at a time, so that
+an error belongs to the job that caused it and the others still get their results. A job submitted
+``alone`` (a streamed generation) is never batched with another. A job whose caller gave up (a
+timeout, a client that disconnected) is cancelled and skipped if it has not run; a batch whose
+callers have all given up stops at its next decoding step (``aiayn.decoding.cancel``). ``busy()``
+says how long each worker has been on its batch. Jobs of other kinds wait, in order, for the next
+rounds. With ``workers`` > 1, as many batches run at once (each on its own thread; give torch one
+thread per worker), so that a request arriving while a batch runs need not wait for it to end.
 
 **Iteration-level scheduling.** A kind for which ``stepwise(kind)`` returns a running search (a
 translation decoded by beam search or greedily, ``serve/running.py``) is not run as one call: the
@@ -85,7 +86,10 @@ class Batcher:
         self.on_batch = on_batch or (lambda *_: None)
         self.on_wait = on_wait or (lambda _: None)
         self.stepwise = stepwise or (lambda _: None)
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self.queue: queue.Queue[Job | None] = queue.Queue()  # bounded by ``waiting``, not by itself
+        self.waiting = 0  # jobs submitted and not yet started or skipped: at most ``max_queue``
+        self.waiting_lock = threading.Lock()
         self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
         self.held_lock = threading.Lock()
         self.started: dict[str, float] = {}  # worker thread name -> when its current batch started
@@ -100,7 +104,8 @@ class Batcher:
         return sum(self.flight.values())
 
     def depth(self) -> int:
-        return self.queue.qsize() + len(self.held)
+        """Jobs waiting for the model (not yet started)."""
+        return self.waiting
 
     def busy(self) -> list[float]:
         """Seconds each busy worker has spent on its current batch (idle workers are not listed)."""
@@ -111,10 +116,11 @@ class Batcher:
         """``run(kind, [payload, …])``'s result for this payload; ``size`` is its number of texts."""
         loop = asyncio.get_running_loop()
         job = Job(kind, payload, size, loop.create_future(), loop, alone)
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        with self.waiting_lock:
+            if self.waiting >= self.max_queue:
+                raise QueueFull
+            self.waiting += 1
+        self.queue.put_nowait(job)
         return await job.future
 
     def close(self) -> None:
@@ -124,6 +130,11 @@ class Batcher:
             thread.join(timeout=10)
 
     # -- the worker thread ----------------------------------------------------------------------
+    def _leave(self, n: int) -> None:
+        """``n`` jobs stop waiting: they start, or are skipped because their callers gave up."""
+        with self.waiting_lock:
+            self.waiting -= n
+
     def _next(self, timeout: float | None) -> Job | object | None:
         """The next job (held ones first); None if none came within ``timeout``; ``_STOP`` after ``close``."""
         with self.held_lock:
@@ -144,7 +155,9 @@ class Batcher:
                 first = self._next(None if not busy else 0)
                 if first is _STOP:
                     return
-                if first is not None and not first.future.cancelled():
+                if first is not None and first.future.cancelled():
+                    self._leave(1)
+                elif first is not None:
                     search = self._running_for(first.kind, running)
                     if search is None:
                         self._run(*self._gather(first, self.max_items, wait=True))
@@ -190,6 +203,7 @@ class Batcher:
                 self.queue.put(None)  # keep the stop signal for after this batch
                 break
             if job.future.cancelled():
+                self._leave(1)
                 continue
             if job.joins(first) and items + job.size <= limit:
                 batch.append(job)
@@ -202,6 +216,7 @@ class Batcher:
 
     def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> None:
         """Start ``batch``'s jobs in the running ``search`` (their first step runs now)."""
+        self._leave(len(batch))
         batch = [job for job in batch if not job.future.cancelled()]  # given up during the window
         if not batch:
             return
@@ -257,6 +272,7 @@ class Batcher:
             _answer(job, None, RuntimeError("the server is shutting down"))
 
     def _run(self, batch: list[Job], items: int) -> None:
+        self._leave(len(batch))
         t0 = time.perf_counter()
         for job in batch:
             self.on_wait(t0 - job.queued)

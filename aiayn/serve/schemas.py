@@ -164,6 +164,9 @@ class TranslationResult(BaseModel):
     translation: str = Field(description="the best hypothesis' text")
     hypotheses: list[Hypothesis] = Field(description="nbest hypotheses, best first")
     attention: Attention | None = Field(None, description="with attention: true")
+    r2l: str | None = Field(
+        None, description="a bidirectional model's right-to-left translation, whose states the answer read"
+    )
 
 
 class NativeTranslateResponse(BaseModel):

@@ -115,6 +115,8 @@ class TranslationService:
                 for h in hyps
             ]
             answers.append({"translation": items[0]["text"] if items else "", "hypotheses": items})
+            if hyps and hyps[0].r2l is not None:  # a bidirectional model: the memory it read
+                answers[-1]["r2l"] = t.detokenize_r2l(hyps[0])
         if attention:
             self._check_attention_size(sources, answers, max_attention_values)
             for src, result in zip(sources, answers):

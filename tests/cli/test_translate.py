@@ -106,3 +106,48 @@ def test_mbr_from_the_command_line(model_dirs, monkeypatch, capsys):
     assert main(["translate", "--model", model, "--beam", "4", "--mbr", "bleu", "--rerank-with", model]) == 1
     err = capsys.readouterr().err
     assert "--rerank-with and --mbr both choose" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def bidir_dir(tmp_path_factory):
+    from tests.decoding.fixtures import translation_dir
+
+    return translation_dir(tmp_path_factory.mktemp("bidir") / "m", eos_bias=1.5, seed=1, bidirectional=True)
+
+
+LINES = ["Zwei Hunde spielen im Schnee", "Ein Mann", "A man rides a bike. Two dogs"]  # lengths unsorted
+
+
+def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(bidir_dir, tmp_path, capsys):
+    """Each hypothesis carries the right-to-left hypothesis of its own sentence (the search sorts a
+    batch by length: each line decoded alone gives the same), and ``--show-r2l`` prints it left to
+    right after a tab, or as one more n-best field; a plain model refuses the flag in one line."""
+    from aiayn.decoding.options import SearchConfig
+    from aiayn.decoding.translator import Translator
+
+    t = Translator.from_dir(bidir_dir)
+    config = SearchConfig(beam=3, nbest=2)
+    together = t.search(t.encode(LINES)[0], config)
+    alone = [t.search(t.encode([line])[0], config)[0] for line in LINES]
+    for hyps, single in zip(together, alone):
+        assert [h.r2l.tokens for h in hyps] == [single[0].r2l.tokens] * 2
+    texts = [t.detokenize_r2l(hyps[0]) for hyps in together]
+    assert all(texts) and len(set(texts)) == 3, texts
+    r2l = together[0][0].r2l
+    assert texts[0] == t.tgt_tokenizer.decode([x for x in r2l.tokens if x != 2][::-1])
+    src = tmp_path / "in.de"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    base = ["translate", "--model", str(bidir_dir), "--input", str(src), "--beam", "3"]
+    assert main([*base, "--show-r2l"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{t.detokenize(h[0])}\t{r}" for h, r in zip(together, texts)]
+    assert main([*base, "--nbest", "2", "--show-r2l"]) == 0
+    nbest = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    assert [(f[0], f[3]) for f in nbest] == [(str(i), r) for i, r in enumerate(texts) for _ in range(2)]
+    plain = tmp_path / "plain"
+    from tests.decoding.fixtures import translation_dir
+
+    translation_dir(plain)
+    assert main(["translate", "--model", str(plain), "--input", str(src), "--show-r2l"]) == 1
+    err = capsys.readouterr().err
+    assert "--show-r2l" in err and "not a bidirectional model" in err and len(err.strip().splitlines()) == 1

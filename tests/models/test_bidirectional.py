@@ -167,9 +167,10 @@ def greedy_two_pass(m):
 
 
 def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
-    """Each left-to-right step's log-probabilities equal the teacher-forced forward pass given the
-    right-to-left pass's own hypothesis as ``r2l_tgt``: decoding feeds the fourth sublayer exactly
-    the states that training computes for that sequence."""
+    """At every left-to-right step, the incremental decoder's whole next-token distribution equals
+    the teacher-forced forward pass's at that position, given the right-to-left pass's own
+    hypothesis as ``r2l_tgt``: decoding feeds the fourth sublayer exactly the states that training
+    computes for that sequence, step by step (and so the hypothesis' log-probability is their sum)."""
     m = model()
     src, hyps, adapter = greedy_two_pass(m)
     with torch.no_grad():
@@ -177,9 +178,16 @@ def test_the_search_reads_the_memory_training_builds_for_the_same_sequence():
         for i, h in enumerate(hyps):
             tokens = h[0].tokens
             tgt_in = torch.tensor([[1, *tokens[:-1]]])
-            logits = m(src[i : i + 1], tgt_in, r2l_tgt=r2l_in[i : i + 1]).l2r[0].log_softmax(-1)  # (T, V)
-            chosen = logits.gather(1, torch.tensor(tokens)[:, None]).sum()
+            forward = m(src[i : i + 1], tgt_in, r2l_tgt=r2l_in[i : i + 1]).l2r[0].log_softmax(-1)  # (T, V)
+            chosen = forward.gather(1, torch.tensor(tokens)[:, None]).sum()
             assert chosen.item() == pytest.approx(h[0].log_prob, abs=1e-4)
+            stepper = BidirectionalAdapter(m, SearchConfig(beam=1), torch.tensor([9]))
+            prefix = stepper.start(src[i : i + 1])  # (1, 1): bos
+            assert stepper.r2l_hypotheses[0][0].tokens == adapter.r2l_hypotheses[i][0].tokens
+            for t, token in enumerate(tokens):
+                assert_close(f"sentence {i}, step {t}", stepper.step(prefix)[0], forward[t], atol=1e-4)
+                prefix = torch.cat([prefix, torch.tensor([[token]])], 1)
+    assert any(len(h[0].tokens) > 2 for h in hyps), "outputs of one or two tokens prove little"
 
 
 def test_bidirectional_with_r2l_memory_is_a_config_error():
@@ -196,27 +204,33 @@ def cached_batch(pseudo_rows):
 def test_a_cached_step_equals_the_hand_computed_one():
     """``r2l_target="pseudo"``: one right-to-left pass, teacher-forced on ``[bos] + cached``, gives
     both the right-to-left loss (against ``cached + [eos]``) and the memory, under its padding mask;
-    computed here from the decoder stacks and ``F.cross_entropy``."""
+    computed here from the decoder stacks and ``F.cross_entropy``: the same losses and the same
+    gradient for every parameter (what the optimiser step then applies)."""
     m = model()
     pseudo = [[7, 9, 11, 5], [12], []]
     b = cached_batch(pseudo)
-    with torch.no_grad():
-        total, r2l = criteria.bidirectional_loss(m, b, 0.0, r2l_weight=0.5, r2l_target="pseudo")
-        r2l_in = torch.tensor([[1, 7, 9, 11, 5], [1, 12, 0, 0, 0], [1, 0, 0, 0, 0]])
-        r2l_out = torch.tensor([[7, 9, 11, 5, 2], [12, 2, 0, 0, 0], [2, 0, 0, 0, 0]])
-        assert torch.equal(criteria.cached_memory_input(b, m.config), r2l_in) and torch.equal(b.r2l, r2l_out)
-        context = m.context(b.src)
-        states = m.decode_r2l(r2l_in, context)
-        memory = dataclasses.replace(context, r2l_memory=states, r2l_mask=(r2l_in != 0)[:, None, None, :])
-        l2r_logits = m.head(m.decode(b.tgt_in, memory))
-        ref_l2r = F.cross_entropy(
-            l2r_logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=0, reduction="sum"
-        )
-        ref_r2l = F.cross_entropy(m.head(states).flatten(0, 1), r2l_out.flatten(), ignore_index=0,
-                                  reduction="sum")  # fmt: skip
+    total, r2l = criteria.bidirectional_loss(m, b, 0.0, r2l_weight=0.5, r2l_target="pseudo")
+    total.loss.backward()
+    grads = {name: p.grad.clone() for name, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad(set_to_none=True)
+    r2l_in = torch.tensor([[1, 7, 9, 11, 5], [1, 12, 0, 0, 0], [1, 0, 0, 0, 0]])
+    r2l_out = torch.tensor([[7, 9, 11, 5, 2], [12, 2, 0, 0, 0], [2, 0, 0, 0, 0]])
+    assert torch.equal(criteria.cached_memory_input(b, m.config), r2l_in) and torch.equal(b.r2l, r2l_out)
+    context = m.context(b.src)
+    states = m.decode_r2l(r2l_in, context)
+    memory = dataclasses.replace(context, r2l_memory=states, r2l_mask=(r2l_in != 0)[:, None, None, :])
+    l2r_logits = m.head(m.decode(b.tgt_in, memory))
+    ref_l2r = F.cross_entropy(l2r_logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=0, reduction="sum")
+    ref_r2l = F.cross_entropy(m.head(states).flatten(0, 1), r2l_out.flatten(), ignore_index=0,
+                              reduction="sum")  # fmt: skip
     assert_close("cached step: l2r NLL", total.nll, ref_l2r, atol=1e-4)
     assert_close("cached step: r2l NLL on the cached translation", r2l.nll, ref_r2l, atol=1e-4)
     assert_close("cached step: joint loss", total.loss, ref_l2r + 0.5 * ref_r2l, atol=1e-4)
+    (ref_l2r + 0.5 * ref_r2l).backward()
+    hand = {name: p.grad for name, p in m.named_parameters() if p.grad is not None}
+    assert hand.keys() == grads.keys() and any(name.startswith("r2l_decoder") for name in hand)
+    for name, grad in grads.items():
+        assert_close(f"cached step: gradient of {name}", grad, hand[name], atol=1e-4)
 
 
 def test_reference_target_reads_the_cache_as_memory_only():
@@ -266,6 +280,13 @@ def test_decoding_builds_the_memory_the_cached_training_step_reads():
         tgt_out = pad_rows(out, 0)
         tgt_in = criteria.shifted_input(tgt_out, 1, 2, 0)
         b = TranslationBatch(src, tgt_in, tgt_out, pad_rows(pseudo, 0, None, 2))
+        # the memory's input sequence, token for token: the cache's as training reads it, and the
+        # search's (whose states feed each decoding step: the test above, step by step)
+        searched = r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device)
+        cached = criteria.cached_memory_input(b, m.config)
+        assert (
+            torch.equal(cached[:, : searched.shape[1]], searched) and not cached[:, searched.shape[1] :].any()
+        )
         for i in range(3):
             row = TranslationBatch(*(t[i : i + 1] for t in b))
             trim = int((row.tgt_out != 0).sum()), int((row.r2l != 0).sum())

@@ -287,8 +287,9 @@ def test_docs_describe_every_body_and_answer(client):
     )
 
 
-def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(served):
-    """Before, /health said "ok" while the only worker decoded one request for minutes."""
+def blocking_kind():
+    """A job kind whose batch runs until its class's ``release`` event is set (at most 10 s), and a
+    function that submits one such job to a server's batcher from a thread of its own."""
     import asyncio
     import threading
     from dataclasses import dataclass
@@ -304,14 +305,24 @@ def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(s
             self.release.wait(10)
             return payloads
 
-    de_en_meta(served["de-en"])
-    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.3))
-    with TestClient(app) as c:
-        assert c.get("/health").json()["status"] == "ok"
+    def submit(app) -> threading.Thread:
         job = threading.Thread(
             target=lambda: asyncio.run(app.state.server.batcher.submit(Blocking("de-en"), 1))
         )
         job.start()
+        return job
+
+    return Blocking, submit
+
+
+def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(served):
+    """Before, /health said "ok" while the only worker decoded one request for minutes."""
+    Blocking, submit = blocking_kind()
+    de_en_meta(served["de-en"])
+    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.3))
+    with TestClient(app) as c:
+        assert c.get("/health").json()["status"] == "ok"
+        job = submit(app)
         time.sleep(0.6)
         r = c.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "stuck" and r.json()["busy_s"][0] > 0.3
@@ -319,6 +330,40 @@ def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(s
         job.join(5)
         r = c.get("/health")
         assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["busy_s"] == []
+
+
+def metric(text: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels, if any) in a /metrics page."""
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_the_gauges_say_so(served):
+    """With the worker on one job and ``queue_size`` jobs waiting, a request is answered 429 at once
+    (LibreTranslate's "Slowdown"), the queue-depth gauge reads the waiting jobs, and once the worker
+    is free the same request is served and every job's wait was observed."""
+    Blocking, submit = blocking_kind()
+    de_en_meta(served["de-en"])
+    app = create_app([load_service("de-en", served["de-en"])], Settings(queue_size=1, batch_window_ms=0))
+    with TestClient(app) as c:
+        jobs = [submit(app)]
+        time.sleep(0.3)  # the worker runs the first job
+        jobs.append(submit(app))  # the second waits: the queue is full
+        time.sleep(0.3)
+        metrics = c.get("/metrics").text
+        assert (
+            metric(metrics, "aiayn_queue_depth") == 1.0 and metric(metrics, "aiayn_wait_seconds_count") == 1.0
+        )
+        r = c.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and "Slowdown" in r.json()["error"]
+        Blocking.release.set()
+        for job in jobs:
+            job.join(5)
+        r = c.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en"})
+        assert r.status_code == 200
+        metrics = c.get("/metrics").text
+        assert metric(metrics, "aiayn_queue_depth") == 0.0 and metric(metrics, "aiayn_texts_in_flight") == 0.0
+        assert metric(metrics, "aiayn_wait_seconds_count") == 3.0
+        assert 'aiayn_requests_total{route="/translate",status="429"} 1.0' in metrics
 
 
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):
@@ -339,3 +384,21 @@ def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):
         metrics = c.get("/metrics").text
         assert 'aiayn_requests_total{route="/v1/translate",status="500"} 1.0' in metrics
         assert 'aiayn_requests_total{route="/v1/translate",status="200"} 1.0' in metrics
+
+
+def test_a_bidirectional_model_answers_with_its_right_to_left_translation(tmp_path):
+    """/v1/translate on a bidirectional model adds each text's right-to-left translation (what the
+    library's ``detokenize_r2l`` gives); a plain model's answer has no such field."""
+    from tests.decoding.fixtures import translation_dir
+
+    bidir = translation_dir(tmp_path / "bidir", eos_bias=1.5, seed=1, bidirectional=True)
+    plain = translation_dir(tmp_path / "plain", eos_bias=2.0)
+    texts = ["Zwei Hunde spielen im Schnee", "Ein Mann"]
+    t = Translator.from_dir(bidir)
+    expected = [t.detokenize_r2l(h[0]) for h in t.search(t.encode(texts)[0], SearchConfig(beam=2))]
+    assert all(expected)
+    with TestClient(create_app([load_service("bidir", bidir), load_service("plain", plain)])) as c:
+        r = c.post("/v1/translate", json={"q": texts, "beam": 2, "model": "bidir"})
+        assert r.status_code == 200 and [x["r2l"] for x in r.json()["results"]] == expected
+        r = c.post("/v1/translate", json={"q": texts, "beam": 2, "model": "plain"})
+        assert r.status_code == 200 and all("r2l" not in x for x in r.json()["results"])

@@ -71,6 +71,34 @@ def test_a_full_queue_refuses_at_once_and_cancelled_jobs_are_skipped():
     assert [p for _, p in run.calls] == [[1]]
 
 
+def test_jobs_held_for_a_later_round_count_against_the_queue_bound():
+    # While the worker gathers a batch of kind "a", jobs of kind "b" leave the queue for the held
+    # list; they still wait, so the bound counts them: at most max_queue jobs wait, one more is 429.
+    run = Recorder()
+    b = Batcher(run, max_queue=3, window=0.5, max_items=8)
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("a", 0))
+        await asyncio.sleep(0.05)  # the worker holds "a" and gathers for 0.5 s
+        accepted, refused = [first], 0
+        for i in range(1, 6):
+            try:
+                accepted.append(asyncio.ensure_future(b.submit("b", i)))
+                await asyncio.sleep(0.02)  # the worker moves it to the held list meanwhile
+                if accepted[-1].done() and isinstance(accepted[-1].exception(), QueueFull):
+                    accepted.pop()
+                    refused += 1
+            except QueueFull:
+                refused += 1
+        assert b.depth() <= 3
+        return refused, await asyncio.gather(*accepted)
+
+    refused, out = asyncio.run(go())
+    b.close()
+    assert refused == 3 and out == ["a:0", "b:1", "b:2"]
+    assert b.depth() == 0  # every accepted job ran: nothing is left counted as waiting
+
+
 def test_a_failure_reaches_every_caller_of_the_batch():
     b = Batcher(Recorder(fail=True), max_queue=4, window=0.05, max_items=4)
 

@@ -166,3 +166,35 @@ def test_a_classifier_reads_long_texts_in_windows_and_pools_their_logits(long_re
 def test_bad_long_document_options(task, overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_recipe(None, [f"task={task}", *overrides])
+
+
+def test_classification_batches_hold_a_token_budget_and_short_texts_are_not_padded_to_long_ones(tmp_path):
+    """Texts of 2–6 words beside texts of 60–90: each batch (training and validation) holds at most
+    ``max_tokens`` ids, padding included (rows × width), every text is in one batch an epoch, and
+    a batch of short texts is as wide as its longest text, not as the long ones."""
+    from aiayn.training.tasks.classify import ClassifyTask
+
+    rng = random.Random(2)
+    for split, n in (("train", 160), ("dev", 40)):
+        words = [rng.randint(2, 6) if i % 4 else rng.randint(60, 90) for i in range(n)]
+        rows = ["text\tlabel"] + [f"{review(rng, i % 2, w)}\t{i % 2}" for i, w in enumerate(words)]
+        (tmp_path / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = ["task=classify", f"dataset={tmp_path}", "max_len=128", "max_tokens=256",
+            f"out_dir={tmp_path / 'run'}", *TINY[:1]]  # fmt: skip
+    task = ClassifyTask(load_recipe(None, args), tmp_path / "run", DistInfo())
+    seen, real, padded, widths = [], 0, 0, []
+    batches = task.train_batches()
+    for idx in task.sampler.batches(0):
+        batch = next(batches)
+        lengths = [min(len(task.train_x[i]), 126) + 2 for i in idx]  # + bos and eos
+        assert batch.ids.shape == (len(idx), max(lengths)) and batch.ids.numel() <= 256
+        seen += idx.tolist()
+        real, padded = real + sum(lengths), padded + batch.ids.numel()
+        widths.append(batch.ids.shape[1])
+    assert sorted(seen) == list(range(len(task.train_x))) and len(seen) == 160
+    assert max(widths) > 60 and min(widths) <= 10, widths  # long and short texts both there
+    assert padded <= 1.25 * real, (padded, real)  # to the longest text of all: over 4×
+    valid = list(task.valid_batches())
+    assert sum(len(b.labels) for b in valid) == 40 and all(b.ids.numel() <= 256 for b in valid)
+    short = [b for b in valid if b.ids.shape[1] <= 10]
+    assert short and all(len(b.labels) > 10 for b in short)  # many short texts per batch

@@ -75,8 +75,9 @@ class TranslationOptions(TaskOptions):
     # model.bidirectional: the r2l states the l2r decoder reads in training: "cache" (a separate
     # right-to-left model's translations of the training sources, made once before training: r2l_model;
     # Su et al. 2019), "greedy" (the r2l decoder's own greedy translation, decoded inside every step, as
-    # decoding gives it) or "reference" (the reversed reference, which the l2r decoder learns to copy
-    # and will not have at decoding time: a documented negative result, docs/results.md)
+    # decoding gives it; Zhang et al. 2018: it lost to the plain model at equal time and at equal updates,
+    # a documented negative result) or "reference" (the reversed reference, which the l2r decoder learns
+    # to copy and will not have at decoding time: a documented negative result; docs/results.md)
     r2l_memory_from: str = "greedy"
     # a right-to-left model (a reverse_target=true run or model directory) that translates the training
     # and validation sources once for r2l_memory_from="cache" or r2l_distill; its vocabulary is this run's
