@@ -272,6 +272,56 @@ def table(title: str, rows: list[dict]) -> None:
         )
 
 
+def verdict(result: dict, tolerance: float = 0.3) -> dict:
+    """The goal's comparison, per model, thread count and setting: aiayn's fastest engine against
+    CTranslate2's fastest (its ``--ct2-env`` variants included), each among the engines whose BLEU on
+    the trained model is within ``tolerance`` of aiayn float32's in that setting (batch 1 has no
+    BLEU of its own: batch 32's, the same beam, stands for it; the base model, the trained one's).
+    At batch 1 the lower ms per sentence wins, elsewhere the higher target tokens/s;
+    ``aiayn_vs_ct2`` > 1 means aiayn is faster."""
+    trained = result["trained"]
+
+    def bleu(engine: str, threads: int, setting: str) -> float | None:
+        row = next((r for r in trained if r["engine"] == engine and r["threads"] == threads), None)
+        entry = None if row is None else row[setting] if "bleu" in row[setting] else row["b32-beam4"]
+        return None if entry is None else entry.get("bleu")
+
+    out: dict[str, list[dict]] = {}
+    for part in ("trained", "base"):
+        for threads in sorted({r["threads"] for r in result.get(part, [])}):
+            rows = [r for r in result[part] if r["threads"] == threads]
+            for setting in SETTINGS:
+                floor = bleu("aiayn-fp32", threads, setting)
+                if floor is None:
+                    continue
+                fit = [r for r in rows if (b := bleu(r["engine"], threads, setting)) is not None
+                       and b >= floor - tolerance]  # fmt: skip
+                latency = setting == "b1-beam4"
+
+                def speed(r: dict, latency: bool = latency, setting: str = setting) -> float:
+                    return -r[setting]["ms_per_sentence"] if latency else r[setting]["tokens_per_s"]
+
+                best = {side: max((r for r in fit if r["engine"].startswith(side)), key=speed, default=None)
+                        for side in ("aiayn", "ct2")}  # fmt: skip
+                if None in best.values():
+                    continue
+                a, c = speed(best["aiayn"]), speed(best["ct2"])
+                ratio = c / a if latency else a / c  # > 1: aiayn faster
+                out.setdefault(part, []).append({
+                    "threads": threads, "setting": setting, "aiayn": best["aiayn"]["engine"],
+                    "ct2": best["ct2"]["engine"], "aiayn_vs_ct2": round(ratio, 3), "met": ratio >= 1.0,
+                })  # fmt: skip
+    return out
+
+
+def print_verdict(goal: dict) -> None:
+    print("\naiayn's fastest vs CTranslate2's fastest at equal quality (> 1: aiayn faster)")
+    for part, rows in goal.items():
+        for v in rows:
+            print(f"  ({part}) {v['threads']} thr {v['setting']:10} {v['aiayn']:12} vs {v['ct2']:18} "
+                  f"{v['aiayn_vs_ct2']:.2f}x  {'met' if v['met'] else 'NOT met'}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a trained translation model directory (e.g. runs/demo)")
@@ -292,10 +342,15 @@ def main() -> None:
         help="also run CTranslate2 with these environment switches, e.g. dnnl=CT2_USE_MKL=0",
     )
     p.add_argument("--json", help="write the figures here")
+    p.add_argument(
+        "--verdict", metavar="JSON", help="print the goal's comparison of an earlier --json; run nothing"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.verdict:
+        return print_verdict(verdict(json.loads(Path(args.verdict).read_text())))
     if not args.model:
         p.error("--model DIR is required")
 
@@ -338,6 +393,8 @@ def main() -> None:
                 "(b) random base-size model: target tokens/s (× aiayn fp32), share of identical outputs",
                 result["base"],
             )
+    result["goal"] = verdict(result)
+    print_verdict(result["goal"])
     if args.json:
         for part in ("trained", "base"):
             for row in result.get(part, []):
