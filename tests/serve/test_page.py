@@ -13,7 +13,8 @@ import pytest
 from aiayn.cli.main import main
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
-from tests.serve.conftest import post
+from tests.decoding.fixtures import translation_dir
+from tests.serve.conftest import post, start_serve, stop
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -35,18 +36,23 @@ def _browser():
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     sync_playwright, chromium = _browser()
-    url = server[0]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        tab = browser.new_page(viewport={"width": 1000, "height": 900}, accept_downloads=True)
-        tab.requests = []
-        tab.on("request", lambda r: tab.requests.append(r.url))
-        tab.goto(url)
-        tab.wait_for_selector("#translator:not([hidden])")
-        yield tab
-        browser.close()
+    with sync_playwright() as p:  # one per thread: every page of this module opens in this browser
+        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def page(server, browser):
+    tab = browser.new_page(viewport={"width": 1000, "height": 900}, accept_downloads=True)
+    tab.requests = []
+    tab.on("request", lambda r: tab.requests.append(r.url))
+    tab.goto(server[0])
+    tab.wait_for_selector("#translator:not([hidden])")
+    yield tab
+    tab.close()
 
 
 def test_translate_like_the_cli_and_explore_attention(page, server, served, capsys, tmp_path):
@@ -65,6 +71,7 @@ def test_translate_like_the_cli_and_explore_attention(page, server, served, caps
     page.wait_for_selector("#explorer:not([hidden])")
     assert page.text_content("#t-out") == expected
     assert page.locator("#t-alts li").count() == 2
+    assert page.is_hidden("#t-r2l")  # a plain model has no right-to-left pass
     # heat map of the encoder (the source has several tokens whatever this random model outputs):
     # hovering query token 1 outlines its row, and only its row
     page.select_option("#a-kind", "encoder")
@@ -133,3 +140,26 @@ def test_language_model_streams(page, server):
 def test_no_request_leaves_the_server(page, server):
     assert page.requests and all(u.startswith(server[0]) or u.startswith("blob:") or u.startswith("data:")
                                  for u in page.requests)  # fmt: skip
+
+
+def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(browser, tmp_path):
+    """Served alone (its own process and page), a bidirectional model's answer shows, under the
+    translation, the right-to-left translation whose states it read: what the library gives."""
+    bidir = translation_dir(tmp_path / "bidir", eos_bias=1.5, seed=1, bidirectional=True)
+    t, src = Translator.from_dir(bidir), "Zwei Hunde spielen im Schnee"
+    hyp = t.search(t.encode([src])[0], SearchConfig(beam=4))[0][0]
+    assert t.detokenize_r2l(hyp)
+    url, proc = start_serve(["--model", f"bidir={bidir}"], tmp_path / "serve.log")
+    tab = browser.new_page()
+    try:
+        tab.goto(url)
+        tab.wait_for_selector("#translator:not([hidden])")
+        tab.fill("#t-src", src)
+        tab.click("#t-go")
+        tab.wait_for_selector("#t-r2l:not([hidden])")
+        assert tab.text_content("#t-out") == t.detokenize(hyp)
+        assert tab.text_content("#t-r2l-text") == t.detokenize_r2l(hyp)
+        assert tab.is_hidden("#explorer") and tab.text_content("#error") == ""
+    finally:
+        tab.close()
+        stop(proc)

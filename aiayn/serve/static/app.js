@@ -40,6 +40,8 @@ $("t-form").addEventListener("submit", async (event) => {
     const body = { model: $("t-model").value, q: [$("t-src").value], beam, nbest, attention: true };
     const result = (await (await api("/v1/translate", body)).json()).results[0];
     $("t-out").textContent = result.translation;
+    $("t-r2l").hidden = result.r2l === undefined; // a bidirectional model: the memory it read
+    $("t-r2l-text").textContent = result.r2l || "";
     $("t-alts").replaceChildren(...result.hypotheses.map((h) => {
       const li = document.createElement("li");
       const score = document.createElement("span");
