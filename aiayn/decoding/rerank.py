@@ -43,5 +43,5 @@ def rerank(
     out: list[list[Hypothesis]] = [[] for _ in nbest]
     for (i, h), other in zip(pairs, theirs, strict=True):
         lp = float(length_penalty(len(h.tokens), config.lenpen, config.lenpen_kind))
-        out[i].append(Hypothesis(h.tokens, (h.log_prob + other) / lp, h.log_prob))
+        out[i].append(Hypothesis(h.tokens, (h.log_prob + other) / lp, h.log_prob, h.r2l))
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
