@@ -296,22 +296,23 @@ def verdict(result: dict, tolerance: float = 0.3) -> dict:
                     continue
                 fit = [r for r in rows if (b := bleu(r["engine"], threads, setting)) is not None
                        and b >= floor - tolerance]  # fmt: skip
-                latency = setting == "b1-beam4"
-
-                def speed(r: dict, latency: bool = latency, setting: str = setting) -> float:
-                    return -r[setting]["ms_per_sentence"] if latency else r[setting]["tokens_per_s"]
-
-                best = {side: max((r for r in fit if r["engine"].startswith(side)), key=speed, default=None)
+                best = {side: max((r for r in fit if r["engine"].startswith(side)),
+                                  key=lambda r, s=setting: _speed(r, s), default=None)
                         for side in ("aiayn", "ct2")}  # fmt: skip
                 if None in best.values():
                     continue
-                a, c = speed(best["aiayn"]), speed(best["ct2"])
-                ratio = c / a if latency else a / c  # > 1: aiayn faster
+                a, c = _speed(best["aiayn"], setting), _speed(best["ct2"], setting)
+                ratio = c / a if setting == "b1-beam4" else a / c  # > 1: aiayn faster
                 out.setdefault(part, []).append({
                     "threads": threads, "setting": setting, "aiayn": best["aiayn"]["engine"],
                     "ct2": best["ct2"]["engine"], "aiayn_vs_ct2": round(ratio, 3), "met": ratio >= 1.0,
                 })  # fmt: skip
     return out
+
+
+def _speed(row: dict, setting: str) -> float:
+    """Higher is faster: target tokens/s, or at batch 1 minus the ms per sentence."""
+    return -row[setting]["ms_per_sentence"] if setting == "b1-beam4" else row[setting]["tokens_per_s"]
 
 
 def print_verdict(goal: dict) -> None:

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from decoding_engines import BASE  # noqa: E402  (the sibling benchmark's OPUS-MT sizes)
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
@@ -33,7 +34,6 @@ from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 
-BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.0)
 GROUPS = {  # operation -> what it is in a decoding step
     "aten::addmm": "Linear layers (addmm)",
     "aten::mm": "other products (output projection mm, attention)",
