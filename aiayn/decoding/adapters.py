@@ -35,6 +35,7 @@ class IncrementalDecoder:
         self.model = model
         self.use_cache = use_cache
         self.cache: DecoderCache | None = None
+        self.rows: Tensor | None = None  # the cache row of each search row, when not the same (N,)
         c = model.config
         self.bos_id, self.eos_id, self.pad_id = c.bos_id, c.eos_id, c.pad_id
 
@@ -44,16 +45,28 @@ class IncrementalDecoder:
 
     def step(self, prefix: Tensor) -> Tensor:
         new = prefix if self.cache is None else prefix[:, len(self.cache) :]
-        h = self._hidden(new)[:, -1]  # (N, d_model): only the last position is projected
+        if self.rows is None:
+            h = self._hidden(new)[:, -1]  # (N, d_model): only the last position is projected
+        else:  # the new tokens in the cache's row order, their states back in the search's
+            searched = torch.empty_like(self.rows)  # the search row each cache row holds
+            searched[self.rows] = torch.arange(self.rows.numel(), device=self.rows.device)
+            h = self._hidden(new[searched])[:, -1][self.rows]
         return self.model.head(h).float().log_softmax(dim=-1)  # (N, V)
 
     def reorder(self, index: Tensor) -> None:
-        """Row i continues row ``index[i]``, which read the same input (beam reordering)."""
+        """Row i continues row ``index[i]``, which read the same input (beam reordering). The cache
+        is not reordered: its rows fork (``DecoderCache.fork``), and ``rows`` says which of them
+        holds each of the search's rows."""
         if self.cache is not None:
-            self.cache.reorder(index, static=False)
+            self.rows = self.cache.fork(index if self.rows is None else self.rows[index])
 
     def select(self, index: Tensor) -> None:
         """Keep rows ``index`` (any rows, e.g. those of unfinished inputs), in that order."""
+        self._select(index if self.rows is None else self.rows[index])
+        self.rows = None
+
+    def _select(self, index: Tensor) -> None:
+        """``select`` for rows in the cache's order (not the search's)."""
         if self.cache is not None:
             self.cache.reorder(index)
 
@@ -82,14 +95,14 @@ class Seq2SeqAdapter(IncrementalDecoder):
         and values projected from it) stay one row per sentence (``group`` = n rows each), and
         attention serves a sentence's rows with one product (``attention._grouped``)."""
         self.context, self.group = context, n
-        self.cache = self._new_cache()
+        self.cache, self.rows = self._new_cache(), None
         memory = context.memory
         return torch.full((memory.size(0) * n, 1), self.bos_id, dtype=torch.long, device=memory.device)
 
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.decode(new, self.context, cache=self.cache)
 
-    def select(self, index: Tensor) -> None:
+    def _select(self, index: Tensor) -> None:
         """Keep rows ``index``. Whole groups of rows of one sentence (what beam search keeps) keep
         sharing their sentence's memory; any other choice (samples of one input that finish at
         different steps) first gives every row its own copy."""
@@ -121,6 +134,10 @@ class Seq2SeqAdapter(IncrementalDecoder):
             )
         if other.group != self.group:
             raise ValueError(f"rows per sentence differ ({self.group} and {other.group}): different searches")
+        for a in (self, other):  # the cache's rows in the search's order, once per join
+            if a.rows is not None:
+                a.cache.reorder(a.rows, static=False)
+                a.rows = None
         self.cache = self.cache.join(other.cache)
         self.context = self.context.join(other.context)
 
@@ -151,7 +168,7 @@ class LMAdapter(IncrementalDecoder):
             raise ValueError(
                 f"the prompt must be a non-empty (B, P) tensor of ids, got {tuple(prompt.shape)}"
             )
-        self.cache = self._new_cache()
+        self.cache, self.rows = self._new_cache(), None
         return prompt.repeat_interleave(n, 0) if n > 1 else prompt
 
     def _hidden(self, new: Tensor) -> Tensor:

@@ -82,6 +82,14 @@ class KVCache:
             self._len -= first
         self._rows = index.numel()
 
+    def copy_rows(self, sources: Tensor, targets: Tensor) -> None:
+        """Row ``targets[i]`` becomes a copy of row ``sources[i]`` (filled positions only), in place;
+        no target may be a source."""
+        if self._k is not None and targets.numel():
+            for buf in (self._k, self._v):
+                filled = buf[:, :, : self._len]
+                filled[targets] = filled.index_select(0, sources)
+
     def joined(self, other: KVCache, length: int) -> KVCache:
         """This cache's rows then ``other``'s, in one cache: this one, grown in place when its
         buffers can hold both (use neither afterwards, only what this returns).
@@ -192,6 +200,34 @@ class DecoderCache:
             for cache in layer.values():
                 if cache.static:
                     cache.reorder(index)
+
+    def fork(self, parents: Tensor) -> Tensor:
+        """Rows that continue rows ``parents`` (beam search: each new hypothesis its parent's), found
+        without reordering the cache: the first child of a row takes that row over, and every further
+        child takes a row that no child continues, into which its parent's self-attention keys and
+        values are copied. Returns each child's row; a beam step copies as many rows as it has
+        children beyond the first of their parent, instead of every row.
+
+        Children are listed sentence by sentence, each sentence's parents among its own rows (as in
+        a beam search): the i-th extra child and the i-th unclaimed row, both in ascending order, are
+        then in the same sentence, so a sentence keeps its rows (and its memory, its offset).
+
+        Shape: parents (N,) rows of this cache -> (N,) rows, a permutation of 0 … N − 1"""
+        n = parents.numel()
+        order = torch.arange(n, device=parents.device)
+        first = torch.full((n,), n, dtype=torch.long, device=parents.device)
+        first.scatter_reduce_(0, parents, order, "amin")  # each row's first child (n: none)
+        extra = (first[parents] != order).nonzero().squeeze(1)  # children after their parent's first
+        if not extra.numel():
+            return parents
+        free = (first == n).nonzero().squeeze(1)  # rows no child continues
+        for layer in self.layers:
+            for cache in layer.values():
+                if not cache.static:
+                    cache.copy_rows(parents[extra], free)
+        rows = parents.clone()
+        rows[extra] = free
+        return rows
 
     def reorder(self, index: Tensor, static: bool = True, memory_index: Tensor | None = None) -> None:
         """Keep batch rows ``index`` in every cache.

@@ -238,6 +238,36 @@ def test_cache_buffer_grows_and_reorders_like_concatenation():
             assert torch.equal(cache.k, ref_k) and torch.equal(cache.v, ref_v)
 
 
+def test_beam_rows_fork_in_place_and_read_as_a_reorder_would():
+    """``DecoderCache.fork``: a beam step's children keep their parent's row (the first child) or
+    take a row no child continues (the others, with the parent's keys and values copied in), so a
+    step copies only the extra children's rows. Read through the rows it returns, the cache equals
+    the concatenated keys and values reordered by the parents, step after step, and each sentence
+    keeps its own rows."""
+    from aiayn.modules.kv_cache import DecoderCache
+
+    g, k, sentences = torch.Generator().manual_seed(2), 4, 3
+    n = k * sentences
+    cache, rows, ref = DecoderCache(1), torch.arange(n), None
+    slot = cache.layers[0]["self"]
+    for step in range(6):
+        new = torch.randn(n, 2, 1, 3, generator=g)  # this step's keys, in the cache's row order
+        slot.update(new, new + 1)
+        ref = new[rows] if ref is None else torch.cat([ref, new[rows]], 2)  # in the search's row order
+        own = k * torch.arange(sentences)[:, None]  # each sentence's parents among its own rows
+        parents = (torch.randint(0, k, (sentences, k), generator=g) + own).view(-1)
+        if step == 0:
+            parents = torch.arange(n)  # no fork: nothing copied, the rows unchanged
+        buffer = slot._k.clone()
+        rows = cache.fork(rows[parents])
+        ref = ref[parents]
+        assert torch.equal(slot.k[rows], ref) and torch.equal(slot.v[rows], ref + 1)
+        assert torch.equal(rows.sort().values, torch.arange(n))  # a permutation
+        assert torch.equal(rows // k, torch.arange(n) // k)  # within each sentence
+        changed = (slot._k != buffer).flatten(1).any(1).sum()
+        assert changed <= n - len(set(parents.tolist())), (changed, parents)  # only the extra children
+
+
 def test_rows_join_in_place_as_concatenation_would_align_them():
     """Rows joining a cache (``KVCache.joined``) are written after the others into the buffers' spare
     rows: the result equals concatenating the caches (appending ones right-aligned behind zeros,
