@@ -47,10 +47,8 @@ class IncrementalDecoder:
         new = prefix if self.cache is None else prefix[:, len(self.cache) :]
         if self.rows is None:
             h = self._hidden(new)[:, -1]  # (N, d_model): only the last position is projected
-        else:  # the new tokens in the cache's row order, their states back in the search's
-            searched = torch.empty_like(self.rows)  # the search row each cache row holds
-            searched[self.rows] = torch.arange(self.rows.numel(), device=self.rows.device)
-            h = self._hidden(new[searched])[:, -1][self.rows]
+        else:  # the new tokens in the cache's row order (the inverse permutation), the states back
+            h = self._hidden(new[self.rows.argsort()])[:, -1][self.rows]
         return self.model.head(h).float().log_softmax(dim=-1)  # (N, V)
 
     def reorder(self, index: Tensor) -> None:
