@@ -28,7 +28,9 @@ directories are named ``sst2-rtd-*`` and both arms drop BERT's vocabulary-head t
 detection-trained encoder does not have (it shapes no tensor a classifier reads). With ``--objective
 clm`` (``recipes/imdb-clm.toml``, a causal language model) the fine-tuned arm keeps the pre-trained
 look-ahead mask, while the scratch arm is the default encoder, which sees both ways: the baseline a
-user has without pre-training.
+user has without pre-training. ``--objective clm-sentiment`` trains the causal LM (reused when present),
+then IMDb's labelled reviews from it (``encoder_runs.CLM_SENTIMENT_MINUTES``), and fine-tunes from that;
+the pre-training minutes counted are both stages'.
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument(
         "--objective",
-        choices=("mlm", "rtd", "clm", "sentiment"),
+        choices=("mlm", "rtd", "clm", "sentiment", "clm-sentiment"),
         default="mlm",
         help="pre-training: masked-LM (recipes/imdb-mlm.toml), replaced-token detection (imdb-rtd.toml), "
-        "causal LM (imdb-clm.toml) or supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml "
-        "from scratch)",
+        "causal LM (imdb-clm.toml), supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml "
+        "from scratch) or both (clm-sentiment: the causal LM, then imdb-finetune.toml from it)",
     )
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()

@@ -78,7 +78,7 @@ def test_each_pretraining_objective_has_its_recipe_run_and_figure(imdb, tmp_path
     def fake_train(recipe, run_dir, overrides, metric="accuracy"):
         calls.append((recipe, run_dir.name, overrides, metric))
         run_dir.mkdir(parents=True, exist_ok=True)
-        return {"minutes": 1.0, "valid_curve": [{metric: 40.0}]}
+        return {"minutes": 1.0, "valid_curve": [{metric: 40.0}], "run_dir": f"runs/{run_dir.name}"}
 
     monkeypatch.setattr(encoder_runs, "train", fake_train)
     monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
@@ -94,3 +94,33 @@ def test_each_pretraining_objective_has_its_recipe_run_and_figure(imdb, tmp_path
     assert (recipe, run) == ("imdb-finetune", "imdb-sentiment")
     assert overrides[:3] == [f"dataset={imdb.resolve()}", "init_from=", "lowercase=true"]
     assert encoder_runs.pretrain(imdb, objective="sentiment")["reused"] and len(calls) == 3
+
+
+def test_clm_then_sentiment_starts_from_the_causal_lm_and_counts_both_stages(imdb, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_train(recipe, run_dir, overrides, metric="accuracy"):
+        calls.append((recipe, run_dir.name, overrides))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return {"minutes": 2.0 if recipe == "imdb-clm" else 1.0, "valid_curve": [{metric: 40.0}],
+                "run_dir": f"runs/{run_dir.name}"}  # fmt: skip
+
+    monkeypatch.setattr(encoder_runs, "train", fake_train)
+    monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
+    (imdb / "train.tsv.gz").write_bytes(gzip.compress(b"label\ttext\n0\tbad\n"))
+    record = encoder_runs.pretrain(imdb, objective="clm-sentiment")
+    assert [c[:2] for c in calls] == [("imdb-clm", "imdb-clm"), ("imdb-finetune", "imdb-clm-sentiment")]
+    clm = encoder_runs.ROOT / "runs/imdb-clm"
+    minutes = encoder_runs.CLM_SENTIMENT_MINUTES
+    assert calls[1][2][:4] == [
+        f"dataset={imdb.resolve()}",
+        f"init_from={clm}",
+        "lowercase=true",
+        f"max_minutes={minutes}",
+    ]
+    assert (record["minutes"], record["stage_minutes"], record["first_stage"]) == (3.0, 1.0, "runs/imdb-clm")
+    assert encoder_runs.pretrain(imdb, objective="clm-sentiment")["reused"] and len(calls) == 2
+    # another first stage, then the recipe's again: the second stage is retrained as well
+    assert not encoder_runs.pretrain(imdb, ["max_minutes=5"], objective="clm")["reused"]
+    assert not encoder_runs.pretrain(imdb, objective="clm-sentiment")["reused"]
+    assert [c[1] for c in calls[2:]] == ["imdb-clm", "imdb-clm", "imdb-clm-sentiment"]
