@@ -82,7 +82,8 @@ reproduce-multi30k-en-de-bidirectional: $(STAMP)
 # first and reused by the other (scripts/encoder_runs.py).
 # OBJECTIVE=rtd pre-trains by replaced-token detection (recipes/imdb-rtd.toml) instead of masked-LM,
 # OBJECTIVE=clm as a causal language model (recipes/imdb-clm.toml);
-# OBJECTIVE=sentiment (reproduce-sst2 only) on IMDb's labelled reviews, the one that paid (docs/results.md).
+# OBJECTIVE=sentiment (reproduce-sst2 only) on IMDb's labelled reviews (docs/results.md);
+# OBJECTIVE=clm-sentiment (reproduce-sst2 only) the causal LM, then the labelled reviews from it.
 OBJECTIVE ?= mlm
 .PHONY: reproduce-sst2 reproduce-imdb
 reproduce-sst2: $(STAMP)

@@ -100,7 +100,8 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> d
         recipe_name = "imdb-finetune"
         init = ROOT / earlier["run_dir"] if earlier else ""
         minutes = CLM_SENTIMENT_MINUTES if earlier else SENTIMENT_MINUTES
-        args = [f"dataset={imdb.resolve()}", f"init_from={init}", "lowercase=true", f"max_minutes={minutes}"]
+        case = [] if earlier else ["lowercase=true"]  # from the causal LM: its own (lowercasing) tokenizer
+        args = [f"dataset={imdb.resolve()}", f"init_from={init}", *case, f"max_minutes={minutes}"]
     else:
         recipe_name = f"imdb-{objective}"
         args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}"]
