@@ -172,7 +172,7 @@ class MLMTask(EncoderTask):
         right = total = 0
         for batch in self.valid_batches():
             batch = batch.to(device)
-            chosen = batch.targets != model.config.pad_id
+            chosen = batch.targets != self.special_ids["pad_id"]  # the pad the targets were built with
             h = model.encode(batch.ids)[0][chosen]  # (N, d_model)
             predicted = model.head(model.token_states(h)).argmax(-1)
             right += int((predicted == batch.targets[chosen]).sum())
