@@ -95,13 +95,15 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> d
             raise SystemExit(
                 f"{path}: not found (IMDB: the folder holding unsup.txt.gz, train.tsv.gz and dev.tsv.gz)"
             )
-    earlier = pretrain(imdb, objective="clm") if objective == "clm-sentiment" else None
+    earlier = None  # the stage this one starts from
+    if objective == "clm-sentiment":  # the causal LM's own (lowercasing) tokenizer comes with it
+        earlier = pretrain(imdb, objective="clm")
+        start = [f"init_from={ROOT / earlier['run_dir']}", f"max_minutes={CLM_SENTIMENT_MINUTES}"]
+    elif objective == "sentiment":
+        start = ["init_from=", "lowercase=true", f"max_minutes={SENTIMENT_MINUTES}"]
     if supervised:
         recipe_name = "imdb-finetune"
-        init = ROOT / earlier["run_dir"] if earlier else ""
-        minutes = CLM_SENTIMENT_MINUTES if earlier else SENTIMENT_MINUTES
-        case = [] if earlier else ["lowercase=true"]  # from the causal LM: its own (lowercasing) tokenizer
-        args = [f"dataset={imdb.resolve()}", f"init_from={init}", *case, f"max_minutes={minutes}"]
+        args = [f"dataset={imdb.resolve()}", *start]
     else:
         recipe_name = f"imdb-{objective}"
         args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}"]
