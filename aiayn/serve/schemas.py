@@ -158,6 +158,19 @@ class Attention(BaseModel):
     encoder: list[list[list[list[float]]]] | None = Field(None, description="encoder self-attention")
     decoder_self: list[list[list[list[float]]]] | None = Field(None, description="decoder self-attention")
     cross: list[list[list[list[float]]]] | None = Field(None, description="decoder-encoder attention")
+    r2l_tokens: list[str] | None = Field(
+        None,
+        description="a bidirectional model's right-to-left decoder input: <s> and its translation, reversed",
+    )
+    r2l_self: list[list[list[list[float]]]] | None = Field(
+        None, description="right-to-left decoder self-attention"
+    )
+    r2l_cross: list[list[list[list[float]]]] | None = Field(
+        None, description="right-to-left decoder-encoder attention"
+    )
+    cross_r2l: list[list[list[list[float]]]] | None = Field(
+        None, description="the fourth sublayer: the decoder reading the right-to-left decoder's states"
+    )
 
 
 class TranslationResult(BaseModel):

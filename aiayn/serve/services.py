@@ -4,9 +4,10 @@ A service runs on the batcher's worker thread only, except ``TranslationService.
 route calls when the request arrives, so that a text the tokenizer refuses fails its own request
 before it joins a batch. ``TranslationService.run`` translates the encoded texts of several requests
 in one search (they share decoding options: the batcher groups by them) and splits the results back;
-with ``attention`` it adds each sentence's attention weights (encoder self, decoder self, cross: per
-layer and head) for the page, up to a number of weights per answer (``OverLimit``, 413, past it) —
-for a single model; an ensemble (several directories served as one) translates without them.
+with ``attention`` it adds each sentence's attention weights (encoder self, decoder self, cross, and a
+bidirectional model's right-to-left ones: per layer and head) for the page, up to a number of weights
+per answer (``OverLimit``, 413, past it) — for a single model; an ensemble (several directories
+served as one) translates without them.
 ``LMService.stream`` samples one token at a time and hands each to a callback (server-sent events).
 ``EncoderService`` classifies texts and fills masks.
 """
@@ -118,10 +119,10 @@ class TranslationService:
             if hyps and hyps[0].r2l is not None:  # a bidirectional model: the memory it read
                 answers[-1]["r2l"] = t.detokenize_r2l(hyps[0])
         if attention:
-            self._check_attention_size(sources, answers, max_attention_values)
-            for src, result in zip(sources, answers):
-                if result["hypotheses"]:
-                    result["attention"] = self._attention(src, result["hypotheses"][0]["tokens"])
+            self._check_attention_size(sources, nbest, max_attention_values)
+            for src, hyps, result in zip(sources, nbest, answers):
+                if hyps:
+                    result["attention"] = self._attention(src, hyps[0])
         return answers
 
     def can_run_stepwise(self, config: SearchConfig) -> bool:
@@ -130,37 +131,51 @@ class TranslationService:
         return not (isinstance(self.model, Ensemble) or self.model.config.bidirectional or config.sample
                     or config.mbr or config.r2l_beam is not None)  # fmt: skip
 
-    def _check_attention_size(self, sources: Sequence[list[int]], answers: list[dict], limit: int) -> None:
+    def _check_attention_size(
+        self, sources: Sequence[list[int]], nbest: Sequence[Sequence[Hypothesis]], limit: int
+    ) -> None:
         """``OverLimit`` if one request's attention weights would number more than ``limit``: per
-        text h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder positions."""
+        text h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder positions, and for a
+        bidirectional model h·L_dec·(R² + R·S + T·R) more for the R right-to-left positions."""
         c = self.model.config
-        if isinstance(self.model, Ensemble) or c.bidirectional:
+        if isinstance(self.model, Ensemble):
             return  # no attention is returned
         total = 0
-        for src, result in zip(sources, answers):
-            if result["hypotheses"]:
-                n_src, n_tgt = len(src) + 1, len(result["hypotheses"][0]["tokens"]) + 1
+        for src, hyps in zip(sources, nbest):
+            if hyps:
+                n_src, n_tgt = len(src) + 1, sum(i != c.eos_id for i in hyps[0].tokens) + 1
+                n_r2l = sum(i != c.eos_id for i in hyps[0].r2l.tokens) + 1 if c.bidirectional else 0
                 total += c.n_heads * (
-                    c.n_encoder_layers * n_src**2 + c.n_decoder_layers * (n_tgt**2 + n_tgt * n_src)
+                    c.n_encoder_layers * n_src**2
+                    + c.n_decoder_layers
+                    * (n_tgt**2 + n_tgt * n_src + n_r2l**2 + n_r2l * n_src + n_tgt * n_r2l)
                 )
         if total > limit:
             raise OverLimit(f"the attention weights of this request would be {total:,} numbers, over this "
                             f"server's limit of {limit:,} (--max-attention-values); send fewer or shorter "
                             "texts, a smaller max_len, or leave attention out")  # fmt: skip
 
-    def _attention(self, src: list[int], out: list[int]) -> dict:
+    def _attention(self, src: list[int], hyp: Hypothesis) -> dict:
+        """The maps of the decoder reading ``[bos] + hyp`` over ``src`` (in decoding order: a
+        right-to-left model's reversed), eos dropped; a bidirectional model's also of its
+        right-to-left decoder reading ``[bos] + hyp.r2l``, the memory decoding read
+        (``decoding.bidirectional.r2l_inputs``), and of the fourth sublayer reading those states."""
         t = self.translator
         if isinstance(t.model, Ensemble):
             return {}  # each member attends in its own way; there is no one map to show
         c = t.model.config
+        src_ids, tgt_in = src + [c.eos_id], [c.bos_id, *(i for i in hyp.tokens if i != c.eos_id)]
+        extra, pieces = {}, {}
         if c.bidirectional:
-            return {}  # the page shows plain models; aiayn attention plots the fourth sublayer
-        src_ids, tgt_in = src + [c.eos_id], [c.bos_id, *out]
+            r2l_in = [c.bos_id, *(i for i in hyp.r2l.tokens if i != c.eos_id)]
+            extra["r2l_tgt"] = torch.tensor([r2l_in], device=t.device)
+            pieces["r2l_tokens"] = [_piece(t.tgt_tokenizer, i, c) for i in r2l_in]
         with torch.inference_mode():
             maps = t.model.attention_weights(torch.tensor([src_ids], device=t.device),
-                                             torch.tensor([tgt_in], device=t.device))  # fmt: skip
-        return {"src_tokens": [_piece(t.src_tokenizer, i, c) for i in src_ids],
-                "tgt_tokens": [_piece(t.tgt_tokenizer, i, c) for i in tgt_in], **_weights(maps)}  # fmt: skip
+                                             torch.tensor([tgt_in], device=t.device), **extra)  # fmt: skip
+        pieces["src_tokens"] = [_piece(t.src_tokenizer, i, c) for i in src_ids]
+        pieces["tgt_tokens"] = [_piece(t.tgt_tokenizer, i, c) for i in tgt_in]
+        return {**pieces, **_weights(maps)}
 
 
 def _piece(tok, i: int, c) -> str:

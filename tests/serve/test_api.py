@@ -402,3 +402,47 @@ def test_a_bidirectional_model_answers_with_its_right_to_left_translation(tmp_pa
         assert r.status_code == 200 and [x["r2l"] for x in r.json()["results"]] == expected
         r = c.post("/v1/translate", json={"q": texts, "beam": 2, "model": "plain"})
         assert r.status_code == 200 and all("r2l" not in x for x in r.json()["results"])
+
+
+def test_a_bidirectional_models_attention_is_what_its_decoders_read(tmp_path):
+    """With attention, a bidirectional model's answer adds the right-to-left decoder's maps over
+    ``[bos] + its translation`` (the memory the search read) and the fourth sublayer's: the model's
+    own ``attention_weights`` for that input, rounded; a limit that counts those maps too answers 413."""
+    import torch
+
+    from tests.decoding.fixtures import translation_dir
+
+    bidir = translation_dir(tmp_path / "bidir", eos_bias=1.5, seed=1, bidirectional=True)
+    t, text = Translator.from_dir(bidir), "Zwei Hunde spielen im Schnee"
+    src = t.encode([text])[0][0]
+    hyp = t.search([src], SearchConfig(beam=2))[0][0]
+    c = t.model.config
+    r2l_in = [c.bos_id, *(i for i in hyp.r2l.tokens if i != c.eos_id)]
+    tgt_in = [c.bos_id, *(i for i in hyp.tokens if i != c.eos_id)]
+    with torch.inference_mode():
+        maps = t.model.attention_weights(torch.tensor([src + [c.eos_id]]), torch.tensor([tgt_in]),
+                                         torch.tensor([r2l_in]))  # fmt: skip
+    assert set(maps) == {"encoder", "decoder_self", "cross", "r2l_self", "r2l_cross", "cross_r2l"}
+    body = {"q": [text], "beam": 2, "attention": True}
+    with TestClient(create_app([load_service("bidir", bidir)])) as client:
+        att = client.post("/v1/translate", json=body).json()["results"][0]["attention"]
+    assert len(att["r2l_tokens"]) == len(r2l_in) and att["r2l_tokens"][0] == "<s>"
+    n_s, n_t, n_r = len(src) + 1, len(tgt_in), len(r2l_in)
+    shapes = {"encoder": (n_s, n_s), "decoder_self": (n_t, n_t), "cross": (n_t, n_s), "r2l_self": (n_r, n_r),
+              "r2l_cross": (n_r, n_s), "cross_r2l": (n_t, n_r)}  # fmt: skip
+    for kind, layers in maps.items():
+        expected = torch.stack(layers)[:, 0]  # (L, h, queries, keys)
+        assert expected.shape[-2:] == shapes[kind]
+        assert torch.allclose(torch.tensor(att[kind]), expected, atol=1e-4)
+    n = sum(
+        len(v) * len(v[0]) * len(v[0][0]) * len(v[0][0][0])
+        for k, v in att.items()
+        if not k.endswith("tokens")
+    )
+    settings = Settings(max_attention_values=n - 1)
+    with TestClient(create_app([load_service("bidir", bidir)], settings)) as client:
+        r = client.post("/v1/translate", json=body)
+        assert r.status_code == 413 and "max-attention-values" in r.json()["error"]
+        assert client.post("/v1/translate", json={**body, "attention": False}).status_code == 200
+    with TestClient(create_app([load_service("bidir", bidir)], Settings(max_attention_values=n))) as client:
+        assert client.post("/v1/translate", json=body).status_code == 200

@@ -71,7 +71,8 @@ def test_translate_like_the_cli_and_explore_attention(page, server, served, caps
     page.wait_for_selector("#explorer:not([hidden])")
     assert page.text_content("#t-out") == expected
     assert page.locator("#t-alts li").count() == 2
-    assert page.is_hidden("#t-r2l")  # a plain model has no right-to-left pass
+    assert page.is_hidden("#t-r2l")  # a plain model has no right-to-left pass, nor its maps
+    assert _kinds(page) == ["encoder", "decoder_self", "cross"]
     # heat map of the encoder (the source has several tokens whatever this random model outputs):
     # hovering query token 1 outlines its row, and only its row
     page.select_option("#a-kind", "encoder")
@@ -142,9 +143,10 @@ def test_no_request_leaves_the_server(page, server):
                                  for u in page.requests)  # fmt: skip
 
 
-def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(browser, tmp_path):
+def test_a_bidirectional_model_shows_the_right_to_left_translation_and_attention_it_read(browser, tmp_path):
     """Served alone (its own process and page), a bidirectional model's answer shows, under the
-    translation, the right-to-left translation whose states it read: what the library gives."""
+    translation, the right-to-left translation whose states it read (what the library gives), and
+    the explorer its right-to-left maps."""
     bidir = translation_dir(tmp_path / "bidir", eos_bias=1.5, seed=1, bidirectional=True)
     t, src = Translator.from_dir(bidir), "Zwei Hunde spielen im Schnee"
     hyp = t.search(t.encode([src])[0], SearchConfig(beam=4))[0][0]
@@ -159,7 +161,25 @@ def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(brows
         tab.wait_for_selector("#t-r2l:not([hidden])")
         assert tab.text_content("#t-out") == t.detokenize(hyp)
         assert tab.text_content("#t-r2l-text") == t.detokenize_r2l(hyp)
-        assert tab.is_hidden("#explorer") and tab.text_content("#error") == ""
+        assert tab.text_content("#error") == ""
+        # the explorer offers the right-to-left decoder's maps and the fourth sublayer's: decoder
+        # queries (<s> + the translation) over the right-to-left decoder's states (<s> + its output)
+        tab.wait_for_selector("#explorer:not([hidden])")
+        assert _kinds(tab) == ["encoder", "decoder_self", "cross", "r2l_self", "r2l_cross", "cross_r2l"]
+        tab.select_option("#a-kind", "cross_r2l")
+        rows = tab.eval_on_selector_all("#a-svg-view text[data-query]", "els => els.length")
+        cols = tab.eval_on_selector_all("#a-svg-view text[data-key]", "els => els.length")
+        c = t.model.config
+        assert (rows, cols) == (
+            1 + sum(i != c.eos_id for i in hyp.tokens),
+            1 + sum(i != c.eos_id for i in hyp.r2l.tokens),
+        )
+        assert tab.get_attribute("#a-svg-view", "aria-label").startswith("decoder → right-to-left states")
     finally:
         tab.close()
         stop(proc)
+
+
+def _kinds(tab) -> list[str]:
+    """The attention kinds the explorer offers (its visible options)."""
+    return tab.eval_on_selector_all("#a-kind option", "els => els.filter(e => !e.hidden).map(e => e.value)")

@@ -63,6 +63,8 @@ $("t-form").addEventListener("submit", async (event) => {
 function setupExplorer() {
   $("explorer").hidden = !(attention && attention.encoder);
   if ($("explorer").hidden) return;
+  for (const option of $("a-kind").options) option.hidden = !attention[option.value]; // r2l_*: bidirectional only
+  if ($("a-kind").selectedOptions[0].hidden) $("a-kind").value = "cross";
   const layers = attention.encoder.length, heads = attention.encoder[0].length;
   fill($("a-layer"), [...Array(layers).keys()].map((i) => [i, `layer ${i}`]));
   fill($("a-head"), [["all", "all heads"], ...[...Array(heads).keys()].map((i) => [i, `head ${i}`])]);
@@ -70,8 +72,9 @@ function setupExplorer() {
 }
 
 function tokens(kind) { // [query labels, key labels]
-  const s = attention.src_tokens, t = attention.tgt_tokens;
-  return kind === "encoder" ? [s, s] : kind === "decoder_self" ? [t, t] : [t, s];
+  const s = attention.src_tokens, t = attention.tgt_tokens, r = attention.r2l_tokens;
+  return { encoder: [s, s], decoder_self: [t, t], cross: [t, s], r2l_self: [r, r], r2l_cross: [r, s],
+    cross_r2l: [t, r] }[kind];
 }
 
 function headsOf(kind, layer, head) { // a list of (queries × keys) matrices
