@@ -29,8 +29,9 @@ detection-trained encoder does not have (it shapes no tensor a classifier reads)
 clm`` (``recipes/imdb-clm.toml``, a causal language model) the fine-tuned arm keeps the pre-trained
 look-ahead mask, while the scratch arm is the default encoder, which sees both ways: the baseline a
 user has without pre-training. ``--objective clm-sentiment`` trains the causal LM (reused when present),
-then IMDb's labelled reviews from it (``encoder_runs.CLM_SENTIMENT_MINUTES``), and fine-tunes from that;
-the pre-training minutes counted are both stages'.
+then IMDb's labelled reviews from it (``encoder_runs.CLM_SENTIMENT_MINUTES``), and fine-tunes from that
+at half the recipe's learning rate (``PRETRAINED_ARM``; run directories
+``sst2-clm-sentiment-finetune-lr1.5e-4-seed*``); the pre-training minutes counted are both stages'.
 """
 
 from __future__ import annotations
@@ -52,16 +53,38 @@ from reproduce import git_commit, machine  # noqa: E402
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.data.labelled import find_table  # noqa: E402
 
+# the fine-tuned arm's own recipe fields, by objective (the scratch arm keeps the recipe's): the encoder
+# that read IMDb's labels after the causal LM fine-tunes at half the recipe's learning rate, the one
+# variant tried on it (docs/results.md)
+PRETRAINED_ARM = {"clm-sentiment": ["lr=1.5e-4"]}
 
-def earlier_runs(pre: dict, seeds: list[int], path: Path) -> list[dict]:
-    """The runs of other seeds that ``path`` (results/sst2.json) holds from the same pre-training (so
-    that ``--seeds 2`` after a run of seed 1 adds to it); none if it was made from another one."""
+
+def arms(objective: str, pretrained: Path, sst2: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each arm's run-name infix and recipe overrides (without the seed): ``finetune`` from the
+    ``pretrained`` encoder (``-lr1.5e-4`` and so on when ``PRETRAINED_ARM`` changes its recipe),
+    ``scratch`` from nothing."""
+    data = [f"dataset={sst2.resolve()}", *FINETUNE_OVERRIDES[objective]]
+    extra = PRETRAINED_ARM.get(objective, [])
+    infix = "".join(f"-{o.replace('=', '')}" for o in extra)
+    return {"finetune": (f"finetune{infix}", [*data, f"init_from={pretrained}", *extra]),
+            "scratch": ("scratch", [*data, "init_from="])}  # fmt: skip
+
+
+def earlier_runs(pre: dict, seeds: list[int], path: Path, overrides: dict[str, list[str]]) -> list[dict]:
+    """The runs of other seeds that ``path`` (results/sst2.json) holds from the same pre-training and
+    with the same recipe overrides per kind (so that ``--seeds 2`` after a run of seed 1 adds to
+    it); none if it was made from another pre-training."""
     if not path.is_file():
         return []
     old = json.loads(path.read_text())
     if old.get("pretraining", {}).get("run_dir") != pre["run_dir"]:
         return []
-    return [r for r in old.get("runs", []) if r.get("seed") not in seeds]
+
+    def same_recipe(run: dict) -> bool:
+        unseeded = [o for o in run.get("overrides", []) if not o.startswith("seed=")]
+        return unseeded == overrides.get(run.get("kind"))
+
+    return [r for r in old.get("runs", []) if r.get("seed") not in seeds and same_recipe(r)]
 
 
 def main() -> int:
@@ -88,13 +111,11 @@ def main() -> int:
     name = encoder_runs.results_name("sst2", args.objective)
     results = ROOT / "results" / f"{name}.json"
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
-    out["runs"] = earlier_runs(pre, args.seeds, results)
-    data = [f"dataset={args.sst2.resolve()}"]
-    data += FINETUNE_OVERRIDES[args.objective]
+    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2)
+    out["runs"] = earlier_runs(pre, args.seeds, results, {kind: o for kind, (_, o) in runs.items()})
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
-        for kind, init in (("finetune", ROOT / pre["run_dir"]), ("scratch", "")):
-            record = train("sst2-finetune", RUNS / f"{name}-{kind}-seed{seed}",
-                           [*data, f"init_from={init}", f"seed={seed}"])  # fmt: skip
+        for kind, (infix, overrides) in runs.items():
+            record = train("sst2-finetune", RUNS / f"{name}-{infix}-seed{seed}", [*overrides, f"seed={seed}"])
             record.update(kind=kind, dev=dev_scores(ROOT / record["run_dir"], dev))
             before = pre["minutes"] if kind == "finetune" else 0  # pre-training counted where it is used
             record["total_minutes"] = round(record["minutes"] + before, 2)
@@ -109,8 +130,8 @@ def main() -> int:
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
     curves(ROOT / pre["run_dir"], f"imdb-{args.objective}")
-    for kind in ("finetune", "scratch"):
-        curves(RUNS / f"{name}-{kind}-seed{args.seeds[0]}", f"{name}-{kind}-seed{args.seeds[0]}")
+    for infix, _ in runs.values():
+        curves(RUNS / f"{name}-{infix}-seed{args.seeds[0]}", f"{name}-{infix}-seed{args.seeds[0]}")
     write_json(results, out)
     summary = {k: v for k, v in out.items() if k not in ("runs", "pretraining")}
     summary["runs"] = [(r["name"], r["dev"]["accuracy"], r["total_minutes"]) for r in out["runs"]]

@@ -120,3 +120,38 @@ def test_clm_then_sentiment_starts_from_the_causal_lm_and_counts_both_stages(imd
     assert not encoder_runs.pretrain(imdb, ["max_minutes=5"], objective="clm")["reused"]
     assert not encoder_runs.pretrain(imdb, objective="clm-sentiment")["reused"]
     assert [c[1] for c in calls[2:]] == ["imdb-clm", "imdb-clm", "imdb-clm-sentiment"]
+
+
+def test_sst2_arms_differ_only_where_the_pretrained_arm_says(tmp_path):
+    """reproduce_sst2's two arms: the clm-sentiment encoder is fine-tuned at half the recipe's
+    learning rate, in its own run directories; the scratch arm, and every other objective's
+    fine-tuned arm, keep the recipe's. Results of a seed run with other fields are not merged."""
+    import json
+
+    import reproduce_sst2
+
+    recipe = load_recipe(ROOT / "recipes/sst2-finetune.toml")
+    pretrained = tmp_path / "encoder"
+    for objective in ("mlm", "clm", "sentiment", "clm-sentiment"):
+        arms = reproduce_sst2.arms(objective, pretrained, tmp_path)
+        finetune = load_recipe(ROOT / "recipes/sst2-finetune.toml", arms["finetune"][1])
+        scratch = load_recipe(ROOT / "recipes/sst2-finetune.toml", arms["scratch"][1])
+        assert (finetune.options.init_from, scratch.options.init_from) == (str(pretrained), "")
+        assert scratch.lr == recipe.lr and arms["scratch"][0] == "scratch"
+        halved = objective == "clm-sentiment"
+        assert finetune.lr == (recipe.lr / 2 if halved else recipe.lr)
+        assert arms["finetune"][0] == ("finetune-lr1.5e-4" if halved else "finetune")
+    arms = {kind: o for kind, (_, o) in reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path).items()}
+    old = [{"kind": kind, "seed": 1, "overrides": [*o, "seed=1"]} for kind, o in arms.items()]
+    old.append(
+        {
+            "kind": "finetune",
+            "seed": 1,
+            "overrides": [*arms["scratch"][:-1], f"init_from={pretrained}", "seed=1"],
+        }
+    )
+    path = tmp_path / "sst2.json"
+    path.write_text(json.dumps({"pretraining": {"run_dir": "runs/x"}, "runs": old}))
+    assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [2], path, arms) == old[:2]
+    assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [1], path, arms) == []
+    assert reproduce_sst2.earlier_runs({"run_dir": "runs/y"}, [2], path, arms) == []
