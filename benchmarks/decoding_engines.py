@@ -1,5 +1,8 @@
 """Decoding engines on the same weights: aiayn float32 and int8, CTranslate2 float32 and int8, HF.
 
+aiayn float32 also runs with oneDNN kernels on prepacked weights (``aiayn-fp32-onednn``) and with the
+kernel chosen per weight shape by a timing at load (``aiayn-fp32-auto``): ``--gemm onednn|auto``.
+
 Two models: (a) a trained translation model directory (``--model``, e.g. ``make demo``'s
 runs/demo) over the 1,000 Multi30k test2016 sources, scored with sacreBLEU; (b) a random model of
 OPUS-MT's sizes (d_model 512, 6+6 layers, d_ff 2048, 8 heads; the vocabulary of (a)'s tokenizer,
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-ENGINES = ("aiayn-fp32", "aiayn-int8", "ct2-fp32", "ct2-int8", "hf")
+ENGINES = ("aiayn-fp32", "aiayn-int8", "aiayn-fp32-onednn", "aiayn-fp32-auto", "ct2-fp32", "ct2-int8", "hf")
 SETTINGS = {"b32-beam4": (32, 4), "b64-greedy": (64, 1), "b1-beam4": (1, 4)}
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.0)
 MAX_LEN = 100  # output limit of the trained model: above any Multi30k test translation
@@ -50,10 +53,12 @@ def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads
     if name.startswith("aiayn"):
         from aiayn.decoding.options import SearchConfig
         from aiayn.decoding.translator import Translator
+        from aiayn.models.prepack import prepack
         from aiayn.models.quantize import quantize
 
         t = Translator.from_dir(model_dir)
         quantize(t.model, "int8" if name.endswith("int8") else "none")
+        prepack(t.model, name.split("-")[2] if name.count("-") == 2 else "blas")
         eos = t.model.config.eos_id
 
         def decode(batch, beam, fixed):

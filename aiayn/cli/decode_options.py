@@ -25,6 +25,7 @@ from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
 from aiayn.errors import DataError, OutputError
 from aiayn.models.io import resolve_model_dir
+from aiayn.models.prepack import GEMMS, prepack
 from aiayn.models.quantize import QUANTIZATIONS, quantize
 
 T = TypeVar("T")
@@ -53,10 +54,19 @@ def add_quantize_argument(p: argparse.ArgumentParser) -> None:
         help="int8: dynamic int8 quantization of every linear layer; pays at larger sizes (default: none)",
     )  # fmt: skip
 
+    p.add_argument(
+        "--gemm", choices=GEMMS, default="blas",
+        help="float32 Linear kernels: blas (PyTorch's), onednn (weights prepacked for oneDNN: faster on "
+        "CPUs where the BLAS is slow at decoding's shapes), auto (per shape, whichever a "
+        "timing at load finds faster) (default: blas)",
+    )  # fmt: skip
+
 
 def quantized(args: argparse.Namespace, runner: T) -> T:
-    """``runner`` (a Translator, Generator, …) with its model quantized as ``--quantize`` asks."""
+    """``runner`` (a Translator, Generator, …) with its model quantized as ``--quantize`` asks and its
+    Linear kernels chosen as ``--gemm`` asks."""
     quantize(runner.model, args.quantize)
+    prepack(runner.model, args.gemm)
     return runner
 
 

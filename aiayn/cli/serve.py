@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     reserve_descriptors(settings.max_connections + 2 * backlog)
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
     sock = guard.listener(bind(args.host, args.port))  # before the models load and "on http://…" prints
-    services = [load_service(name, dirs, args.device, args.quantize) for name, dirs in models]
+    services = [load_service(name, dirs, args.device, args.quantize, args.gemm) for name, dirs in models]
     app = create_app(services, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = uvicorn.Config(

@@ -31,6 +31,7 @@ from aiayn.decoding.translator import Translator
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
 from aiayn.models.ensemble import Ensemble
+from aiayn.models.prepack import prepack
 from aiayn.models.quantize import quantize
 
 LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
@@ -263,10 +264,12 @@ def load_service(
     directory: str | os.PathLike | Sequence[str | os.PathLike],
     device: str | torch.device = "cpu",
     quantization: str = "none",
+    gemm: str = "blas",
 ):
     """The service for a model directory of any kind (``ModelDirError`` if it is not one), or for
     several translation model directories decoded as one ensemble, its model quantized as
-    ``quantization`` says (``aiayn.models.quantize``)."""
+    ``quantization`` says (``aiayn.models.quantize``) and its Linear kernels chosen as ``gemm`` says
+    (``aiayn.models.prepack``)."""
     directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
     kinds = [check_kind(d, tuple(SERVICES)) for d in directories]
     if len(directories) > 1 and set(kinds) != {"transformer"}:
@@ -277,4 +280,5 @@ def load_service(
     else:
         service = SERVICES[kinds[0]](name, directories[0], device)
     quantize(service.model, quantization)
+    prepack(service.model, gemm)
     return service

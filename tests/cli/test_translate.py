@@ -97,6 +97,22 @@ def test_quantize_int8_translates_and_unknown_precisions_are_refused(model_dirs,
     assert exit_info.value.code == 2 and "--quantize: invalid choice: 'int4'" in capsys.readouterr().err
 
 
+def test_gemm_onednn_translates_as_blas_does_and_mixing_it_with_int8_is_one_line(
+    model_dirs, monkeypatch, capsys
+):
+    args = ["translate", "--model", str(model_dirs["joint"]), "--beam", "2", "--nbest", "2"]
+    outputs = {}
+    for gemm in ("blas", "onednn", "auto"):
+        _stdin(monkeypatch, "Ein Mann fährt Fahrrad.\nZwei Hunde\n".encode())
+        assert main([*args, "--gemm", gemm]) == 0
+        outputs[gemm] = capsys.readouterr().out
+    assert outputs["onednn"] == outputs["blas"] == outputs["auto"] and len(outputs["blas"].splitlines()) == 4
+    _stdin(monkeypatch, b"Ein Mann\n")
+    assert main([*args, "--gemm", "onednn", "--quantize", "int8"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--quantize int8" in err
+
+
 def test_mbr_from_the_command_line(model_dirs, monkeypatch, capsys):
     model = str(model_dirs["joint"])
     _stdin(monkeypatch, b"Ein Mann\nZwei Hunde spielen\n")

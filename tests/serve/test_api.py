@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 
@@ -17,6 +18,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
+from tests.helpers import assert_close  # noqa: E402
 from tests.serve.conftest import de_en_meta  # noqa: E402
 
 
@@ -212,6 +214,37 @@ def test_quantized_services_answer_as_the_quantized_translator_does(served):
         r = c.post("/v1/translate", json={"q": ["Ein Mann", "Zwei Hunde"], "beam": 2})
         assert [x["translation"] for x in r.json()["results"]] == expected
         assert c.post("/v1/classify", json={"q": ["a great film"], "model": "sentiment"}).status_code == 200
+
+
+def test_packed_services_answer_as_the_plain_models_do(served):
+    from aiayn.models.prepack import is_packed
+
+    de_en_meta(served["de-en"])
+    body = {"q": ["Ein Mann", "Zwei Hunde"], "beam": 2, "attention": True}
+    answers = {}
+    for gemm in ("blas", "onednn"):
+        services = [load_service(name, path, gemm=gemm) for name, path in served.items()]
+        assert all(is_packed(s.model) == (gemm == "onednn") for s in services)
+        with TestClient(create_app(services, Settings())) as c:
+            answers[gemm] = [
+                c.post("/v1/translate", json=body).json()["results"],
+                c.post("/v1/classify", json={"q": ["a great film"], "model": "sentiment"}).json(),
+            ]
+    (plain, plain_classes), (packed, packed_classes) = answers["blas"], answers["onednn"]
+    assert [x["translation"] for x in packed] == [x["translation"] for x in plain]
+    for ours, ref in zip(packed, plain):  # the attention explorer reads the packed model's maps
+        assert {"encoder", "decoder_self", "cross"} <= set(ref["attention"])
+        for kind, value in ref["attention"].items():
+            if kind.endswith("_tokens"):
+                assert ours["attention"][kind] == value
+            elif value is not None:
+                assert_close(
+                    f"attention {kind}", torch.tensor(ours["attention"][kind]), torch.tensor(value), atol=2e-4
+                )  # rounded to 4 places
+    ours, ref = packed_classes["results"][0], plain_classes["results"][0]  # top_k labels of the one text
+    assert [x["label"] for x in ours] == [x["label"] for x in ref]
+    assert_close("classify", torch.tensor([x["probability"] for x in ours]),
+                 torch.tensor([x["probability"] for x in ref]), atol=1e-4)  # fmt: skip
 
 
 def test_an_ensemble_is_served_as_the_library_decodes_it(pair):

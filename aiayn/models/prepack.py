@@ -1,0 +1,137 @@
+"""oneDNN weight prepacking of a trained model's Linear layers, for faster float32 CPU inference.
+
+PyTorch's CPU ``nn.Linear`` hands its product to the BLAS its wheel ships (MKL). On some CPUs —
+those of other vendors, where MKL does not select its fastest kernels — the products decoding makes
+(a few rows against a wide weight: the output projection, the feed-forward layers) run far below
+what the memory allows. oneDNN's inner-product primitive, with the weight reordered once into its blocked
+layout, does not have that problem; CTranslate2 picks oneDNN on such CPUs for the same reason
+(docs/inference.md has the measurements). ``prepack(model, "onednn")`` replaces every Linear with a
+``PackedLinear`` holding the reordered weight; ``"auto"`` decides per weight shape by timing both
+kernels on it (``faster_kernels``), so a CPU where the BLAS is faster keeps the BLAS.
+
+Outputs stay float32; they differ from the BLAS's by summation order only (about 1e-6 relative).
+Packed models are for inference only, like quantized ones: the packed weight is an opaque oneDNN
+tensor that cannot be trained, moved or saved.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.errors import ConfigError
+from aiayn.models.quantize import is_quantized
+from aiayn.modules.attention import MultiHeadAttention
+from aiayn.modules.embedding import OutputProjection
+
+GEMMS = ("blas", "onednn", "auto")
+# oneDNN keeps a primitive (and ideep a computation) per input shape it has seen: with decoding's
+# ever-changing row counts both caches grow by their default 1,024 entries' worth of buffers. Bounded
+# here unless the user set them; read at oneDNN's first use, so ``prepack`` sets them before it.
+CACHE_ENTRIES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+TIMED_ROWS = (4, 128)  # auto times each shape at these rows: one sentence's beam, a batch's beams
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear``'s y = x Wᵀ + b through oneDNN's inner product on a prepacked W.
+
+    ``rows`` is the number of rows the layout is tuned for (None: oneDNN's choice for any number).
+
+    Shape: x (..., in_features) -> (..., out_features)"""
+
+    def __init__(self, linear: nn.Linear, rows: int | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)  # opaque: not a buffer
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+def available() -> bool:
+    """Whether this PyTorch build has oneDNN's CPU linear kernels."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
+    """Pack ``model``'s Linear layers in place for oneDNN (``gemm="onednn"``, or ``"auto"``: only the
+    shapes where a timing finds oneDNN faster) and return it in eval mode; ``"blas"`` does nothing."""
+    if gemm not in GEMMS:
+        raise ConfigError(f"--gemm={gemm!r} is not one of {GEMMS}")
+    model.eval()
+    if gemm == "blas":
+        return model
+    if is_quantized(model):
+        if gemm == "auto":
+            return model  # int8 Linears have kernels of their own
+        raise ConfigError(
+            "--gemm onednn packs float32 weights; with --quantize int8 leave --gemm at blas or auto"
+        )
+    if next(model.parameters()).device.type != "cpu":
+        raise ConfigError(f"--gemm {gemm} packs weights for the CPU: load the model with --device cpu")
+    if not available():
+        if gemm == "auto":
+            return model
+        raise ConfigError("--gemm onednn: this PyTorch build has no oneDNN (mkldnn); use --gemm blas")
+    for name, entries in CACHE_ENTRIES.items():
+        os.environ.setdefault(name, entries)
+    for path, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention) and not path.endswith("self_attn"):
+            m.split_row_blocks()  # cross-attention slices w_qkv's rows: give each block its own Linear
+        elif isinstance(m, OutputProjection):
+            m.split_pieces()  # an output_pieces head multiplies by W's piece rows: their own Linear
+    linears = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if type(child) is nn.Linear]  # fmt: skip
+    shapes = {_shape(child) for _, _, child in linears}
+    packed = shapes if gemm == "onednn" else faster_kernels(shapes)
+    with torch.no_grad():
+        for parent, name, child in linears:
+            if _shape(child) in packed:
+                setattr(parent, name, PackedLinear(child))
+    return model
+
+
+def _shape(linear: nn.Linear) -> tuple[int, int, bool]:
+    return linear.in_features, linear.out_features, linear.bias is not None
+
+
+def faster_kernels(shapes: set[tuple[int, int, bool]], repeats: int = 5) -> set[tuple[int, int, bool]]:
+    """The (in, out, bias) shapes whose product oneDNN computes faster than the BLAS: timed on random
+    weights at each of ``TIMED_ROWS`` rows (best of ``repeats``), oneDNN wins when the product of
+    its time ratios is below 1 (so a few rows weigh as much as many)."""
+    faster = set()
+    with torch.no_grad():
+        for d_in, d_out, bias in shapes:
+            linear = nn.Linear(d_in, d_out, bias=bias)
+            packed = PackedLinear(linear)
+            ratio = 1.0
+            for rows in TIMED_ROWS:
+                x = torch.randn(rows, d_in)
+                ratio *= _best_time(packed, x, repeats) / _best_time(linear, x, repeats)
+            if ratio < 1.0:
+                faster.add((d_in, d_out, bias))
+    return faster
+
+
+def _best_time(kernel: nn.Module, x: Tensor, repeats: int) -> float:
+    kernel(x)  # warm-up: oneDNN creates its primitive on the first call
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        kernel(x)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedLinear) for m in model.modules())
