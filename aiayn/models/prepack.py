@@ -23,9 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.errors import ConfigError
-from aiayn.models.quantize import is_quantized
-from aiayn.modules.attention import MultiHeadAttention
-from aiayn.modules.embedding import OutputProjection
+from aiayn.models.quantize import is_quantized, split_sliced_weights
 
 GEMMS = ("blas", "onednn", "auto")
 # oneDNN keeps a primitive (and ideep a computation) per input shape it has seen: with decoding's
@@ -85,11 +83,7 @@ def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
         raise ConfigError("--gemm onednn: this PyTorch build has no oneDNN (mkldnn); use --gemm blas")
     for name, entries in CACHE_ENTRIES.items():
         os.environ.setdefault(name, entries)
-    for path, m in model.named_modules():
-        if isinstance(m, MultiHeadAttention) and not path.endswith("self_attn"):
-            m.split_row_blocks()  # cross-attention slices w_qkv's rows: give each block its own Linear
-        elif isinstance(m, OutputProjection):
-            m.split_pieces()  # an output_pieces head multiplies by W's piece rows: their own Linear
+    split_sliced_weights(model, self_attention=False)
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]  # fmt: skip
     shapes = {_shape(child) for _, _, child in linears}

@@ -31,16 +31,24 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only: load the model with --device cpu")
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.split_row_blocks()  # cross-attention applies row blocks of w_qkv: give each its own Linear
-        elif isinstance(m, OutputProjection):
-            m.split_pieces()  # an output_pieces head multiplies by W's piece rows: their own Linear
+    split_sliced_weights(model)
     with warnings.catch_warnings():  # torch.ao's dynamic quantization warns of a future deprecation
         warnings.simplefilter("ignore")
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     return model
+
+
+def split_sliced_weights(model: nn.Module, self_attention: bool = True) -> None:
+    """Give every weight slice a module applies its own ``nn.Linear``, so that converting Linears
+    (int8, oneDNN packing) reaches them: cross-attention's row blocks of ``w_qkv`` and an
+    ``output_pieces`` head's piece rows. ``self_attention=False`` leaves self-attention whole (its
+    forward never slices ``w_qkv``). Outputs are unchanged."""
+    for path, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention) and (self_attention or not path.endswith("self_attn")):
+            m.split_row_blocks()
+        elif isinstance(m, OutputProjection):
+            m.split_pieces()
 
 
 def is_quantized(model: nn.Module) -> bool:
