@@ -1,7 +1,9 @@
 """Checkpoint averaging (paper §6.1: the base model averages the last 5 checkpoints).
 
 The average of K checkpoints' parameters, written as a new model directory (config and tokenizer
-files copied from the newest). Averaging is done in float64 to avoid rounding drift.
+files copied from the newest, and what its ``config.json`` says besides the model: the task, a
+classifier's labels and long-text policy, the languages). Averaging is done in float64 to avoid
+rounding drift.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
     """Average the weights of ``paths`` (same architecture) into ``out_dir``."""
     if not paths:
         raise ModelDirError("no checkpoints to average")
-    configs = [read_config(p)["config"] for p in paths]
+    metas = [read_config(p) for p in paths]
+    configs = [m["config"] for m in metas]
     if (other := next((p for p, c in zip(paths, configs) if c != configs[0]), None)) is not None:
         raise ModelDirError(f"{other} and {paths[0]} hold different model configs; average one model")
     total: dict[str, torch.Tensor] = {}
@@ -47,7 +50,10 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
     with atomic_dir(out_dir) as tmp:
         shutil.copytree(paths[-1], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
             CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS))  # fmt: skip
-        save_model(model, tmp, averaged=[str(p) for p in paths])
+        # the newest's fields besides the model's own (save_model writes those), e.g. a classifier's
+        # labels, without which the averaged model would not load as one
+        extra = {k: v for k, v in metas[-1].items() if k not in ("kind", "config", "aiayn_version")}
+        save_model(model, tmp, **{**extra, "averaged": [str(p) for p in paths]})
     return out_dir
 
 

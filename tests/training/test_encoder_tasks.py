@@ -63,9 +63,8 @@ def metrics(run):
 
 def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
     run = tmp_path / "cls"
-    train(
-        ["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=150", "eval_every=50", *TINY]
-    )
+    train(["task=classify", f"dataset={rule_data}", f"out_dir={run}", "max_steps=150", "eval_every=50", *TINY,
+           "keep_last=3"])  # fmt: skip
     valid = [m for m in metrics(run) if m["split"] == "valid"]
     assert valid[-1]["accuracy"] == 100.0 and valid[-1]["macro_f1"] == 100.0
     meta = json.loads((run / "best" / "config.json").read_text())
@@ -83,6 +82,12 @@ def test_classifier_learns_a_rule_to_100_percent(rule_data, tmp_path):
     )
     report = json.loads((tmp_path / "e.json").read_text())
     assert report["accuracy"] == 100.0 and report["confusion"] == [[40, 0], [0, 40]]
+    # an average of its checkpoints is a classifier too: the labels and the long-text policy come along
+    assert main(["average", str(run), "--last", "3"]) == 0
+    averaged = json.loads((run / "averaged" / "config.json").read_text())
+    newest = json.loads((run / "step-000150" / "config.json").read_text())
+    assert {k: v for k, v in averaged.items() if k != "averaged"} == newest and len(averaged["averaged"]) == 3
+    assert main(["evaluate", "--model", str(run / "averaged"), "--data", str(dev)]) == 0
 
 
 @pytest.fixture(scope="module")
