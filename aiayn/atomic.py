@@ -272,7 +272,7 @@ MODEL_ENTRIES = {
     "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "source.spm",
     "target.spm", "trainer_state.json", "trainer_state.safetensors", "metrics.jsonl", "best", "averaged",
     "tensorboard", "loss.png", "lr.png", "bleu.png", "accuracy.png", ".aiayn-demo", "shared_vocabulary.json",
-    "source_vocabulary.json", "target_vocabulary.json",
+    "source_vocabulary.json", "target_vocabulary.json", "vocab.txt", "aiayn_tokenizer",
 }  # fmt: skip
 
 

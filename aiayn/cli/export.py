@@ -24,8 +24,9 @@ EXAMPLES = """examples:
 
 A Transformer must be post-norm with sinusoidal positions (either layout) and LayerNorm ε 1e-5;
 a LanguageModel must be pre-norm; an EncoderModel needs BERT's fields (docs/interop.md).
-CTranslate2 takes any translation model but a bidirectional one. Anything else is refused with
-the reason.
+CTranslate2 takes any translation model but a bidirectional one; neither layout takes a model
+that writes its target right to left (reverse_target=true). Anything else is refused with the
+reason.
 
 OUT is written whole or not at all. It may not be the model being exported (nor contain it); a
 directory that already holds a model is replaced only with --force, and any other non-empty
@@ -49,6 +50,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_output(args.out, command_inputs(args), directory=True, force=args.force, option="OUT")
+    if model_meta(args.model).get("reverse_target") is True:  # other readers would write it backwards
+        raise ModelDirError(
+            f"{args.model} writes its target right to left (trained with reverse_target=true): "
+            "transformers and CTranslate2 would print reversed translations; export a left-to-right model"
+        )
     if args.to == "ctranslate2":
         model, src_tok, tgt_tok = load_translation_dir(args.model)
         check_exportable(model, src_tok, tgt_tok)  # before any work
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok, meta = load_encoder_dir(args.model)
         check_bert(model)
         with atomic_dir(out) as tmp:
-            export_bert(model, tmp, meta.get("labels"), tok)
+            export_bert(model, tmp, meta.get("labels"), tok, meta.get("long_text"))
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model = from_pretrained(args.model)

@@ -17,6 +17,7 @@ file that cannot be read, a ``DataError``) whose message names the path and says
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -41,11 +42,28 @@ HF_KINDS = {"marian": "transformer", "gpt2": "lm", "bert": "encoder"}  # HF mode
 
 def model_meta(directory: str | os.PathLike) -> dict:
     """``config.json`` of an aiayn directory (``kind``, ``config``, extras such as ``src_lang``), or
-    ``{"kind": ...}`` alone for a Hugging Face directory that aiayn can load."""
+    for a Hugging Face directory that aiayn can load its ``kind`` and, for a Marian model whose
+    ``tokenizer_config.json`` names them (OPUS-MT's, aiayn's exports), ``src_lang`` and ``tgt_lang``."""
     hf_type = hf_model_type(directory)
-    if hf_type in HF_KINDS:
-        return {"kind": HF_KINDS[hf_type]}
-    return read_config(directory)
+    if hf_type not in HF_KINDS:
+        return read_config(directory)
+    meta = {"kind": HF_KINDS[hf_type]}
+    if hf_type == "marian":
+        langs = _marian_languages(Path(directory) / "tokenizer_config.json")
+        meta.update({k: v for k, v in zip(("src_lang", "tgt_lang"), langs, strict=True) if v})
+    return meta
+
+
+def _marian_languages(path: Path) -> tuple[str | None, str | None]:
+    """``source_lang`` and ``target_lang`` of a MarianTokenizer's config (None where not a string)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no such file, or not JSON: the languages are unknown
+        return None, None
+    if not isinstance(config, dict):
+        return None, None
+    pick = lambda k: v if isinstance(v := config.get(k), str) and v else None  # noqa: E731
+    return pick("source_lang"), pick("target_lang")
 
 
 def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...]) -> str:

@@ -18,6 +18,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from aiayn import EncoderConfig, EncoderModel  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.data import SentencePieceTokenizer  # noqa: E402
+from aiayn.decoding.classifier import TextClassifier  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop import export_hf, from_pretrained  # noqa: E402
 from aiayn.interop.bert import WordPieceTokenizer, export_bert, load_bert, load_bert_tokenizer  # noqa: E402
@@ -443,6 +444,34 @@ def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsy
     assert main(["export", "--model", str(tmp_path / "mean"), "--to", "hf", str(tmp_path / "hf2")]) == 1
     assert "EncoderConfig.pooling='mean', BERT needs 'first'" in capsys.readouterr().err
     assert not (tmp_path / "hf2").exists()
+
+
+def test_export_keeps_how_a_classifier_reads_long_texts(tmp_path, capsys, sentencepiece):
+    """A classifier trained at max_len 16 reading head+tail: its export reads a long text the same
+    way (not the head over all 64 positions), and the fast tokenizer truncates at 16."""
+    torch.manual_seed(0)
+    m = EncoderModel(EncoderConfig(vocab_size=sentencepiece.vocab_size, n_classes=2, pooling="first",
+                                   pooler=True, **{**BERT, "max_len": 64}))  # fmt: skip
+    policy = {"how": "head+tail", "stride": 0, "max_len": 16}
+    save_model(m, tmp_path / "model", labels=["negative", "positive"], long_text=policy)
+    sentencepiece.save(tmp_path / "model")
+    assert main(["export", "--model", str(tmp_path / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    assert load_encoder_dir(tmp_path / "hf")[2]["long_text"] == policy
+    text = " ".join(["a good film", "the plot is dull", "a bad film"] * 8)  # far over 16 pieces
+    assert len(sentencepiece.encode(text)) > 40
+    (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
+    outputs = []
+    for name in ("model", "hf"):
+        capsys.readouterr()
+        assert main(["classify", "--model", str(tmp_path / name), "--input", str(tmp_path / "in.txt"),
+                     "--top-k", "2"]) == 0  # fmt: skip
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    head = TextClassifier(m.eval(), sentencepiece, ["negative", "positive"])  # what the export read before
+    exported = TextClassifier.from_dir(tmp_path / "hf")
+    assert not torch.allclose(head.probabilities([text]), exported.probabilities([text]))
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["model_max_length"] == 16
 
 
 def test_exported_masked_lm_fills_masks_as_the_original(tmp_path, capsys, sentencepiece):

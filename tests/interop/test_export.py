@@ -114,3 +114,10 @@ def test_cli_export_and_its_one_line_errors(tmp_path, capsys):
     assert main(["export", "--model", str(tmp_path / "pre"), str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("aiayn export: error: cannot export as MarianMT") and err.count("\n") == 1
+    # a right-to-left model would write reversed translations in any other reader: refused, nothing written
+    save_model(random_transformer(), tmp_path / "r2l", reverse_target=True)
+    for to in ("hf", "ctranslate2"):
+        assert main(["export", "--model", str(tmp_path / "r2l"), "--to", to, str(tmp_path / "y")]) == 1
+        err = capsys.readouterr().err
+        assert "right to left (trained with reverse_target=true)" in err and err.count("\n") == 1
+    assert not (tmp_path / "y").exists()

@@ -13,6 +13,7 @@ from aiayn.cli.main import main  # noqa: E402
 from aiayn.data import SentencePieceTokenizer, data_dir  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.interop.model_dir import model_meta  # noqa: E402
 from aiayn.models.io import save_model  # noqa: E402
 
 SENTENCES = ["Ein Mann fährt ein Fahrrad über die Straße.", "Zwei Hunde spielen im Schnee!", "東京 ist groß."]
@@ -38,6 +39,9 @@ def test_marian_tokenizer_and_generate_match_aiayn(joint, tmp_path):
         src.save(tmp_path / "model" / "src")
         tgt.save(tmp_path / "model" / "tgt")
     assert main(["export", "--model", str(tmp_path / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    # the languages come back from the tokenizer's config (evaluate and serve read them)
+    assert {k: model_meta(tmp_path / "hf").get(k) for k in ("src_lang", "tgt_lang")} == {"src_lang": "de",
+                                                                                      "tgt_lang": "en"}  # fmt: skip
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf_model = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
     ours = Translator(model, src, tgt)

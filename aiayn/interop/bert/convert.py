@@ -71,6 +71,7 @@ BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")  # 
 NOT_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")  # BertForPreTraining's pooler and NSP head
 OLD_NAMES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters in checkpoints converted from TF
 AIAYN_TOKENIZER = "aiayn_tokenizer"  # an export's folder for a tokenizer transformers cannot read
+LONG_TEXT = "aiayn_long_text"  # an export's config.json key: a classifier's long-text policy
 
 
 def name_map(c: EncoderConfig, tie: bool | None = None) -> hf.NameMap:
@@ -266,7 +267,7 @@ def load_bert_dir(
 ) -> tuple[EncoderModel, Tokenizer, dict]:
     """``(model, tokenizer, meta)`` of a BERT directory, in eval mode, as ``aiayn classify`` and
     ``aiayn fill-mask`` run it; ``meta`` is ``{"kind": "encoder"}`` plus, for a classifier, its
-    ``labels`` (``id2label`` in id order)."""
+    ``labels`` (``id2label`` in id order) and, for an aiayn export, its ``long_text`` policy."""
     directory = Path(directory)
     tok = bert_tokenizer(directory)
     if tok is None:
@@ -282,7 +283,10 @@ def load_bert_dir(
         )
     meta: dict = {"kind": "encoder"}
     if model.config.n_classes:
-        meta["labels"] = bert_labels(hf.read_hf_config(directory))  # checked by load_bert
+        hf_config = hf.read_hf_config(directory)
+        meta["labels"] = bert_labels(hf_config)  # checked by load_bert
+        if LONG_TEXT in hf_config:  # an aiayn export: read long texts as the model was trained to
+            meta["long_text"] = hf_config[LONG_TEXT]
     return model.to(device).eval(), tok, meta
 
 
@@ -324,11 +328,17 @@ def export_bert(
     directory: str | os.PathLike,
     labels: list[str] | None = None,
     tok: Tokenizer | None = None,
+    long_text: dict | None = None,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads as
     ``BertForMaskedLM`` (``n_classes == 0``) or ``BertForSequenceClassification`` (``labels``, the
     class names, become ``id2label``), and the model's tokenizer ``tok`` if given: WordPiece as HF's
-    files, any other in ``aiayn_tokenizer/`` (module docstring). See there for what is rewritten."""
+    files, any other in ``aiayn_tokenizer/`` (module docstring). See there for what is rewritten.
+
+    ``long_text`` (a classifier's ``config.json`` field: how it reads texts longer than the
+    ``max_len`` it was trained at) is kept as ``aiayn_long_text``, which ``load_bert_dir`` reads back,
+    so the export classifies long texts as the model did; the fast tokenizer truncates at that
+    ``max_len``, not at the (untrained) positions beyond it."""
     check_exportable(model)
     c = model.config
     classify = c.n_classes > 0
@@ -362,9 +372,11 @@ def export_bert(
         ids = {y: i for i, y in enumerate(labels)}
         config.update(num_labels=c.n_classes, id2label=dict(enumerate(labels)), label2id=ids,
                       classifier_dropout=c.dropout)  # fmt: skip
+        if long_text is not None:
+            config[LONG_TEXT] = long_text
     directory = hf.write_hf_directory(directory, config, tensors)
     if tok is not None:
         tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
     if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
-        save_fast_tokenizer(tok, directory, c.max_len)
+        save_fast_tokenizer(tok, directory, long_text["max_len"] if classify and long_text else c.max_len)
     return directory
