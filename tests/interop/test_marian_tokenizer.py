@@ -40,8 +40,8 @@ def test_marian_tokenizer_and_generate_match_aiayn(joint, tmp_path):
         tgt.save(tmp_path / "model" / "tgt")
     assert main(["export", "--model", str(tmp_path / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
     # the languages come back from the tokenizer's config (evaluate and serve read them)
-    assert {k: model_meta(tmp_path / "hf").get(k) for k in ("src_lang", "tgt_lang")} == {"src_lang": "de",
-                                                                                      "tgt_lang": "en"}  # fmt: skip
+    meta = model_meta(tmp_path / "hf")
+    assert (meta.get("src_lang"), meta.get("tgt_lang")) == ("de", "en")
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf_model = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
     ours = Translator(model, src, tgt)
