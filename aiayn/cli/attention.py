@@ -65,6 +65,8 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     r2l_in = None
     if args.tgt is not None:
         out = translator.tgt_tokenizer.encode(args.tgt)
+        if translator.reverse:  # a right-to-left model reads its target backwards, as it writes it
+            out = out[::-1]
         r2l_in = [c.bos_id, *out[::-1]]  # a bidirectional model reads the given target backwards too
     elif c.bidirectional:  # both passes of greedy decoding: the right-to-left one makes the memory
         limit = SearchConfig().output_limit(len(src) - 1)  # eos excluded, as Translator counts

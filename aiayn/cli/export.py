@@ -13,8 +13,9 @@ from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
+from aiayn.interop.hf import AIAYN_TOKENIZER
 from aiayn.interop.marian import save_marian_tokenizer
-from aiayn.interop.model_dir import load_encoder_dir, load_translation_dir, model_meta
+from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir, model_meta
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model = from_pretrained(args.model)
     meta, tokenizers, why_not = model_meta(args.model), None, None
+    lm_tokenizer = load_lm_dir(args.model)[1] if meta["kind"] == "lm" and "config" in meta else None
     if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
         try:
             tokenizers = load_translation_dir(args.model)[1:]
@@ -84,8 +86,11 @@ def run(args: argparse.Namespace) -> int:
         export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
             save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"))
+        if lm_tokenizer is not None:  # aiayn's own, for aiayn generate (GPT-2's byte BPE is not it)
+            lm_tokenizer.save(tmp / AIAYN_TOKENIZER)
     if why_not:
         warn(f"no tokenizer files written: {why_not}")
     extra = " + MarianTokenizer files" if tokenizers is not None else ""
+    extra += f" + aiayn's tokenizer in {AIAYN_TOKENIZER}/" if lm_tokenizer is not None else ""
     print(f"wrote {type(model).__name__} as {out / 'config.json'} + model.safetensors{extra}")
     return 0

@@ -37,6 +37,13 @@ def _collate(model: nn.Module, rows, max_len: int) -> torch.Tensor:
     return collate_sequences(rows, max_len, c.pad_id, c.bos_id, c.eos_id)
 
 
+def objective(model: nn.Module, meta: dict) -> str:
+    """What an encoder was trained for: its ``config.json``'s ``objective`` (aiayn train records it),
+    else "classify" for a model with a classification head (an imported or exported BERT
+    classifier, whose vocabulary head never learnt to fill masks) and "mlm" for one without."""
+    return meta.get("objective") or ("classify" if model.config.n_classes else "mlm")
+
+
 def _max_len(model: nn.Module) -> int:
     c = model.config
     return c.max_len if c.positional == "learned" else max(c.max_len, DEFAULT_MAX_LEN)
@@ -150,12 +157,12 @@ class MaskFiller:
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> MaskFiller:
         model, tok, meta = load_encoder_dir(directory, device)
-        objective = meta.get("objective", "mlm")  # recorded by aiayn train; an imported BERT has none
-        if objective != "mlm":
+        if (trained_for := objective(model, meta)) != "mlm":
             raise ModelDirError(
-                f"{directory} was trained for objective {objective!r} (its config.json), not as a masked LM: "
-                "its predictions at <mask> mean nothing; fill-mask needs a model trained with task=mlm"
-                + (" (classify texts with aiayn classify)" if objective == "classify" else "")
+                f"{directory} was trained for objective {trained_for!r} (its config.json, or a classifier's "
+                "head), not as a masked LM: its predictions at <mask> mean nothing; fill-mask needs a model "
+                "trained with task=mlm"
+                + (" (classify texts with aiayn classify)" if trained_for == "classify" else "")
             )
         return cls(model, tok)
 

@@ -32,6 +32,7 @@ from aiayn.errors import ModelDirError
 HF_CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE, PICKLE_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+AIAYN_TOKENIZER = "aiayn_tokenizer"  # an export's folder for a tokenizer transformers cannot read
 
 # HF activation_function -> ours, and back (HF "gelu_new" is the tanh approximation of GELU)
 ACTIVATIONS_FROM_HF = {

@@ -22,7 +22,7 @@ import torch
 
 from aiayn.decoding.adapters import LMAdapter
 from aiayn.decoding.cancel import check_stop
-from aiayn.decoding.classifier import MaskFiller, TextClassifier
+from aiayn.decoding.classifier import MaskFiller, TextClassifier, objective
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import filter_logits
@@ -33,6 +33,8 @@ from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.prepack import prepack
 from aiayn.models.quantize import quantize
+
+REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 sequence to
 
 LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
                   "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pt": "Portuguese",
@@ -210,6 +212,7 @@ class LMService:
         generator = torch.Generator(device=g.device)
         generator.manual_seed(config.seed if config.seed is not None else torch.seed())
         out: list[int] = []
+        sent = ""  # the text emitted so far
         for _ in range(max_new_tokens):
             check_stop()  # the caller gave up (a timeout): stop between two tokens
             logp = adapter.step(prefix)[0]  # (V,)
@@ -220,10 +223,13 @@ class LMService:
                 token = int(logp.argmax())
             if token == c.eos_id and len(out) >= config.min_len:
                 break
-            before = g.tokenizer.decode(out)
             out.append(token)
-            if not emit(g.tokenizer.decode(out)[len(before) :]):
-                break
+            text = g.tokenizer.decode(out)
+            # a character whose bytes span tokens decodes as U+FFFD until its last byte: held back
+            if not text.endswith(REPLACEMENT):
+                if not emit(text[len(sent) :]):
+                    break
+                sent = text
             prefix = torch.cat([prefix, prefix.new_tensor([[token]])], 1)
         return g.tokenizer.decode(out)
 
@@ -238,7 +244,7 @@ class EncoderService:
         self.classifier = TextClassifier.from_loaded(model, tok, meta) if model.config.n_classes else None
         # a masked LM only (an imported BERT records no objective): rtd and clm runs have <mask> in
         # their vocabulary but never learnt to fill it, as MaskFiller.from_dir says for the CLI
-        masked_lm = meta.get("objective", "mlm") == "mlm"
+        masked_lm = objective(model, meta) == "mlm"
         self.filler = MaskFiller(model, tok) if tok.mask_id is not None and masked_lm else None
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:

@@ -1,6 +1,12 @@
 """``aiayn attention``: one PNG per layer and kind, for translation models and LMs; errors."""
 
+import argparse
+import json
+import shutil
+
+from aiayn.cli.attention import _translation_maps
 from aiayn.cli.main import main
+from aiayn.decoding.translator import Translator
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -46,3 +52,16 @@ def test_errors(model_dirs, tmp_path, capsys):
     assert "--tgt is for translation models" in capsys.readouterr().err
     assert main(["attention", "--model", str(model_dirs["joint"]), "--src", " ", "--out", str(tmp_path)]) == 1
     assert "--src is blank" in capsys.readouterr().err
+
+
+def test_a_right_to_left_model_reads_the_given_target_backwards(model_dirs, tmp_path):
+    """--tgt is written left to right; a reverse_target model reads (and is shown) its pieces reversed."""
+    r2l = tmp_path / "r2l"
+    shutil.copytree(model_dirs["joint"], r2l)
+    meta = json.loads((r2l / "config.json").read_text())
+    (r2l / "config.json").write_text(json.dumps({**meta, "reverse_target": True}))
+    args = argparse.Namespace(model=str(r2l), device="cpu", src="Ein Mann", tgt="A man rides")
+    _, labels = _translation_maps(args)
+    tok = Translator.from_dir(r2l).tgt_tokenizer
+    pieces = [tok.decode([i]).replace(" ", "␣") for i in tok.encode("A man rides")]
+    assert labels["tgt"] == ["<s>", *pieces[::-1]]

@@ -18,7 +18,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from aiayn import EncoderConfig, EncoderModel  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.data import SentencePieceTokenizer  # noqa: E402
-from aiayn.decoding.classifier import TextClassifier  # noqa: E402
+from aiayn.decoding.classifier import MaskFiller, TextClassifier  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop import export_hf, from_pretrained  # noqa: E402
 from aiayn.interop.bert import WordPieceTokenizer, export_bert, load_bert, load_bert_tokenizer  # noqa: E402
@@ -472,6 +472,9 @@ def test_export_keeps_how_a_classifier_reads_long_texts(tmp_path, capsys, senten
     assert not torch.allclose(head.probabilities([text]), exported.probabilities([text]))
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert config["model_max_length"] == 16
+    # a classifier's export (like any BERT classifier) records no objective, and fills no masks
+    with pytest.raises(ModelDirError, match="objective 'classify'"):
+        MaskFiller.from_dir(tmp_path / "hf")
 
 
 def test_exported_masked_lm_fills_masks_as_the_original(tmp_path, capsys, sentencepiece):

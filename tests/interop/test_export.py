@@ -8,6 +8,7 @@ from aiayn.cli.main import main
 from aiayn.errors import ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.models.io import save_model
+from tests.decoding.fixtures import lm_dir
 from tests.helpers import assert_close
 from tests.interop.hf_builders import marian, padded_ids, randomise_, transformers
 
@@ -121,3 +122,17 @@ def test_cli_export_and_its_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "right to left (trained with reverse_target=true)" in err and err.count("\n") == 1
     assert not (tmp_path / "y").exists()
+
+
+def test_language_model_export_keeps_its_tokenizer_and_generates_as_the_original(tmp_path, capsys):
+    """GPT-2's byte BPE is not aiayn's tokenizer: the export carries aiayn's in aiayn_tokenizer/, and
+    aiayn generate on the export prints what it prints on the original."""
+    lm_dir(tmp_path / "lm", **LMS["gpt2-shaped"])
+    assert main(["export", "--model", str(tmp_path / "lm"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    assert "aiayn's tokenizer in aiayn_tokenizer/" in capsys.readouterr().out
+    outputs = []
+    for name in ("lm", "hf"):
+        args = ["generate", "--model", str(tmp_path / name), "--prompt", "Ein", "--max-new-tokens", "12"]
+        assert main([*args, "--greedy"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 10

@@ -9,10 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aiayn import EncoderConfig, EncoderModel
 from aiayn.cli.main import main
 from aiayn.decoding.classifier import MaskFiller
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.models.io import load_model
+from aiayn.interop.model_dir import load_encoder_tokenizer
+from aiayn.models.io import load_model, save_model
 from aiayn.serve.services import EncoderService
 from aiayn.training.recipe import load_recipe
 from aiayn.training.trainer import Trainer
@@ -128,6 +130,14 @@ def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_p
     args = ["task=classify", f"dataset={rule_data}", "max_steps=1", *TINY]
     with pytest.raises(ConfigError, match=r"model.d_model=64 differs from the pre-trained encoder's 32"):
         train([*args, f"out_dir={tmp_path / 'a'}", f"init_from={mlm_run}", "model.d_model=64"])
+    # learned positions end at the encoder's max_len: a longer one is refused before any batch
+    tok = load_encoder_tokenizer(mlm_run / "best")
+    short = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                                       dropout=0.0, positional="learned", max_len=48))  # fmt: skip
+    save_model(short, tmp_path / "short", objective="mlm")
+    tok.save(tmp_path / "short")
+    with pytest.raises(ConfigError, match=r"max_len=64 is over the 48 positions the pre-trained encoder"):
+        train([*args, f"out_dir={tmp_path / 'c'}", f"init_from={tmp_path / 'short'}", "max_len=64"])
     (tmp_path / "lm").mkdir()
     with pytest.raises(ModelDirError, match=r"init_from="):
         train([*args, f"out_dir={tmp_path / 'b'}", f"init_from={tmp_path / 'lm'}"])

@@ -70,7 +70,7 @@ DECODER, BIAS, DECODER_BIAS = (
 BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")  # stored by old transformers
 NOT_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")  # BertForPreTraining's pooler and NSP head
 OLD_NAMES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters in checkpoints converted from TF
-AIAYN_TOKENIZER = "aiayn_tokenizer"  # an export's folder for a tokenizer transformers cannot read
+AIAYN_TOKENIZER = hf.AIAYN_TOKENIZER
 LONG_TEXT = "aiayn_long_text"  # an export's config.json key: a classifier's long-text policy
 
 

@@ -166,6 +166,11 @@ class ClassifyTask(EncoderTask):
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
                     f"(init_from={o.init_from!r}); only {sorted(may_change)} may change{kept}"
                 )
+        if base.get("positional") == "learned" and self.cfg.max_len > base["max_len"]:  # before any batch
+            raise ConfigError(
+                f"max_len={self.cfg.max_len} is over the {base['max_len']} positions the pre-trained encoder "
+                f"learnt (init_from={o.init_from!r}); use max_len ≤ {base['max_len']} (long_text reads more)"
+            )
         if o.keep_classifier:
             self._check_kept_head(pretrained, meta.get("labels"))
         if o.reinit_layers > base["n_layers"]:
