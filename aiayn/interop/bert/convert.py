@@ -378,5 +378,6 @@ def export_bert(
     if tok is not None:
         tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
     if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
-        save_fast_tokenizer(tok, directory, long_text["max_len"] if classify and long_text else c.max_len)
+        trained = long_text.get("max_len") if classify and isinstance(long_text, dict) else None
+        save_fast_tokenizer(tok, directory, trained if isinstance(trained, int) else c.max_len)
     return directory
