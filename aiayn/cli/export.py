@@ -8,7 +8,7 @@ import argparse
 from aiayn.atomic import atomic_dir, check_output
 from aiayn.cli.decode_options import command_inputs, warn
 from aiayn.data.tokenizer import SentencePieceTokenizer
-from aiayn.errors import ConfigError, ModelDirError
+from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
@@ -73,8 +73,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model = from_pretrained(args.model)
-    meta, tokenizers, why_not = model_meta(args.model), None, None
-    lm_tokenizer = load_lm_dir(args.model)[1] if meta["kind"] == "lm" and "config" in meta else None
+    meta, tokenizers, lm_tokenizer, why_not = model_meta(args.model), None, None, None
+    if "config" not in meta:  # a Hugging Face directory: its tokenizer files are its own
+        why_not = f"{args.model} is a Hugging Face directory; copy its tokenizer files into {out} as they are"
+    elif meta["kind"] == "lm":
+        try:
+            lm_tokenizer = load_lm_dir(args.model)[1]
+        except (ModelDirError, DataError) as e:  # weights without a tokenizer still export
+            why_not = str(e)
     if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
         try:
             tokenizers = load_translation_dir(args.model)[1:]

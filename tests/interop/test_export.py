@@ -111,6 +111,13 @@ def test_cli_export_and_its_one_line_errors(tmp_path, capsys):
     assert "wrote Transformer" in capsys.readouterr().out
     assert transformers.MarianMTModel.from_pretrained(tmp_path / "hf").config.d_model == 32
     capsys.readouterr()
+    # an HF directory's tokenizer is its own (not written again), and an LM without one still exports: said
+    assert main(["export", "--model", str(tmp_path / "hf"), "--to", "hf", str(tmp_path / "hf2")]) == 0
+    assert "is a Hugging Face directory; copy its tokenizer files" in capsys.readouterr().err
+    lm = LanguageModel(LMConfig(vocab_size=40, n_layers=1, **{**SMALL, **LMS["gpt2-shaped"]}))
+    save_model(randomise_(lm), tmp_path / "lm")
+    assert main(["export", "--model", str(tmp_path / "lm"), "--to", "hf", str(tmp_path / "lm-hf")]) == 0
+    assert "no tokenizer files written" in capsys.readouterr().err
     save_model(random_transformer(norm_first=True), tmp_path / "pre")
     assert main(["export", "--model", str(tmp_path / "pre"), str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
