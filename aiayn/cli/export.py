@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_output(args.out, command_inputs(args), directory=True, force=args.force, option="OUT")
-    if model_meta(args.model).get("reverse_target") is True:  # other readers would write it backwards
+    meta = model_meta(args.model)
+    if meta.get("reverse_target") is True:  # other readers would write it backwards
         raise ModelDirError(
             f"{args.model} writes its target right to left (trained with reverse_target=true): "
             "transformers and CTranslate2 would print reversed translations; export a left-to-right model"
@@ -65,29 +66,30 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.quantization != "float32":
         raise ConfigError("--quantization is for --to ctranslate2")
-    if model_meta(args.model)["kind"] == "encoder":  # BERT, with the class names and aiayn's tokenizer
+    if meta["kind"] == "encoder":  # BERT, with the class names and aiayn's tokenizer
         model, tok, meta = load_encoder_dir(args.model)
         check_bert(model)
         with atomic_dir(out) as tmp:
             export_bert(model, tmp, meta.get("labels"), tok, meta.get("long_text"))
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
-    model = from_pretrained(args.model)
-    meta, tokenizers, lm_tokenizer, why_not = model_meta(args.model), None, None, None
+    model, tokenizers, lm_tokenizer, why_not = None, None, None, None
     if "config" not in meta:  # a Hugging Face directory: its tokenizer files are its own
         why_not = f"{args.model} is a Hugging Face directory; copy its tokenizer files into {out} as they are"
     elif meta["kind"] == "lm":
         try:
-            lm_tokenizer = load_lm_dir(args.model)[1]
+            model, lm_tokenizer = load_lm_dir(args.model)
         except (ModelDirError, DataError) as e:  # weights without a tokenizer still export
             why_not = str(e)
-    if meta["kind"] == "transformer" and "config" in meta:  # an aiayn translation model
+    elif meta["kind"] == "transformer":  # an aiayn translation model
         try:
-            tokenizers = load_translation_dir(args.model)[1:]
+            model, *tokenizers = load_translation_dir(args.model)
         except ModelDirError as e:  # weights without a tokenizer still export
             why_not = str(e)
         if tokenizers and not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
             tokenizers, why_not = None, "MarianTokenizer segments with sentencepiece only"
+    if model is None:  # the weights alone, when no tokenizer came with them
+        model = from_pretrained(args.model)
     with atomic_dir(out) as tmp:
         export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)

@@ -27,13 +27,7 @@ from torch import nn
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.errors import ModelDirError
 from aiayn.interop.bert import bert_tokenizer, load_bert_dir
-from aiayn.interop.hf import AIAYN_TOKENIZER
-from aiayn.interop.pretrained import (
-    from_pretrained,
-    hf_model_type,
-    load_gpt2_generation,
-    load_marian_translation,
-)
+from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
 KIND_NAMES = {
@@ -124,11 +118,6 @@ def load_lm_dir(
     checkpoint), in eval mode."""
     directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md), or aiayn's export
-        if (directory / AIAYN_TOKENIZER / META_FILE).is_file():  # of a model with aiayn's own tokenizer
-            tok = load_tokenizer(directory / AIAYN_TOKENIZER)
-            model = from_pretrained(directory, device, pad_id=tok.pad_id)
-            _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
-            return model, tok
         return load_gpt2_generation(directory, device)
     check_kind(directory, ("lm",))
     tok = load_tokenizer(directory)

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.bert import export_bert, load_bert
 from aiayn.interop.gpt2 import GPT2Tokenizer, export_gpt2, load_gpt2, load_gpt2_tokenizer
-from aiayn.interop.hf import HF_CONFIG, read_hf_config
+from aiayn.interop.hf import AIAYN_TOKENIZER, HF_CONFIG, read_hf_config
 from aiayn.interop.marian import MarianTokenizer, export_marian, load_marian, load_marian_tokenizers
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.io import load_model
@@ -76,10 +77,16 @@ def _check_fit(directory, side: str, tok, size: int, eos_id: int, pad_id: int) -
 
 def load_gpt2_generation(
     directory: str | os.PathLike, device: str | torch.device = "cpu"
-) -> tuple[LanguageModel, GPT2Tokenizer]:
-    """``(model, tokenizer)`` of a GPT-2 directory (what ``aiayn generate --model DIR`` runs)."""
-    model = from_pretrained(directory, device)
-    tok = load_gpt2_tokenizer(directory, pad_id=model.config.pad_id)
+) -> tuple[LanguageModel, GPT2Tokenizer | Tokenizer]:
+    """``(model, tokenizer)`` of a GPT-2 directory (what ``aiayn generate --model DIR`` runs): GPT-2's
+    byte-level BPE, or the aiayn tokenizer that ``aiayn export`` writes into ``aiayn_tokenizer/``
+    for a model trained with one."""
+    if (Path(directory) / AIAYN_TOKENIZER / META_FILE).is_file():
+        tok = load_tokenizer(Path(directory) / AIAYN_TOKENIZER)
+        model = from_pretrained(directory, device, pad_id=tok.pad_id)
+    else:
+        model = from_pretrained(directory, device)
+        tok = load_gpt2_tokenizer(directory, pad_id=model.config.pad_id)
     _check_fit(directory, "", tok, model.config.vocab_size, model.config.eos_id, model.config.pad_id)
     return model, tok
 
