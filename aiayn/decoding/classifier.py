@@ -63,10 +63,10 @@ class TextClassifier:
             )
         self.model, self.tokenizer, self.labels = model.eval(), tokenizer, list(labels)
         self.max_len = max_len or _max_len(model)
-        if not 3 <= self.max_len <= _max_len(model):
-            raise ConfigError(
-                f"max_len={self.max_len} must be in 3..{_max_len(model)}: the model's positions"
-            )
+        learned = model.config.max_len if model.config.positional == "learned" else None  # sinusoids grow
+        if self.max_len < 3 or (learned and self.max_len > learned):
+            raise ConfigError(f"max_len={self.max_len} must be in 3..{learned}: the model's learned positions"
+                              if learned else f"max_len={self.max_len} must be at least 3")  # fmt: skip
         self.long_text = long_text or LongText()
         self.long_text.check(self.max_len)
 
@@ -145,7 +145,7 @@ class Filler:
 class MaskFiller:
     """A masked-LM encoder and its tokenizer: the most probable pieces at each ``<mask>``."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer):
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, trained_max_len: int | None = None):
         if tokenizer.mask_id is None:
             raise ModelDirError(
                 f"this model's vocabulary has no {MASK} piece; fill-mask needs a model pre-trained with "
@@ -153,6 +153,8 @@ class MaskFiller:
             )
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_len = _max_len(model)
+        if isinstance(trained_max_len, int) and model.config.positional == "learned":  # rows past: untrained
+            self.max_len = min(self.max_len, trained_max_len)
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> MaskFiller:
@@ -164,7 +166,7 @@ class MaskFiller:
                 "trained with task=mlm"
                 + (" (classify texts with aiayn classify)" if trained_for == "classify" else "")
             )
-        return cls(model, tok)
+        return cls(model, tok, meta.get("trained_max_len"))
 
     @torch.no_grad()
     def fill(self, query: str, top_k: int = 5) -> list[list[Filler]]:
@@ -184,6 +186,7 @@ class MaskFiller:
         batch = _collate(self.model, [np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
         logits = self.model(batch)[0].float()  # (T, V)
         logits[:, : tok.mask_id + 1] = -torch.inf  # never predict a special or <mask> itself
+        logits[:, tok.vocab_size :] = -torch.inf  # nor a row past the vocabulary (a BERT's padding)
         probs = logits.softmax(-1)
         out = []
         for pos in (batch[0] == tok.mask_id).nonzero().flatten().tolist():
@@ -192,9 +195,22 @@ class MaskFiller:
             for p, j in zip(values.tolist(), index.tolist(), strict=True):
                 filled = list(ids)
                 filled[pos - 1] = j  # pos counts bos
-                fillers.append(Filler(tok.decode([j]), p, tok.decode(filled)))
+                fillers.append(Filler(tok.decode([j]), p, self._decode(filled)))
             out.append(fillers)
         return out
+
+    def _decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` with its other masks shown: a BERT vocabulary's decode drops [MASK]."""
+        tok = self.tokenizer
+        if MASK in tok.decode([tok.mask_id]):
+            return tok.decode(ids)
+        parts: list[list[int]] = [[]]
+        for i in ids:
+            if i == tok.mask_id:
+                parts.append([])
+            else:
+                parts[-1].append(i)
+        return f" {MASK} ".join(tok.decode(part) for part in parts).strip()
 
 
 def classification_metrics(gold: Sequence[int], predicted: Sequence[int], n_classes: int) -> dict:

@@ -26,7 +26,7 @@ from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.errors import ModelDirError
-from aiayn.interop.bert import bert_tokenizer, load_bert_dir
+from aiayn.interop.bert import WordPieceTokenizer, bert_tokenizer, load_bert_dir
 from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
@@ -149,7 +149,10 @@ def load_encoder_dir(
     check_kind(directory, ("encoder",))
     tok = load_encoder_tokenizer(directory)
     model = load_model(directory, device)
-    _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
+    rows = model.config.vocab_size
+    if isinstance(tok, WordPieceTokenizer) and tok.vocab_size < rows:  # a BERT's vocab.txt: its
+        rows = tok.vocab_size  # embedding may have more rows than words (as load_bert_dir accepts)
+    _check_vocab(directory, tok, rows, model.config.eos_id, "")
     meta = read_config(directory)
     labels = meta.get("labels")
     if model.config.n_classes and (

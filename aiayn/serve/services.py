@@ -245,7 +245,8 @@ class EncoderService:
         # a masked LM only (an imported BERT records no objective): rtd and clm runs have <mask> in
         # their vocabulary but never learnt to fill it, as MaskFiller.from_dir says for the CLI
         masked_lm = objective(model, meta) == "mlm"
-        self.filler = MaskFiller(model, tok) if tok.mask_id is not None and masked_lm else None
+        trained = meta.get("trained_max_len")
+        self.filler = MaskFiller(model, tok, trained) if tok.mask_id is not None and masked_lm else None
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:
         if self.classifier is None:

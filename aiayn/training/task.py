@@ -104,6 +104,11 @@ class Task:
         token-budget batches can."""
         raise NotImplementedError(f"task {self.cfg.task!r} has no token-budget batches to resize")
 
+    def reads_every_parameter(self, model: nn.Module) -> bool:
+        """Whether every step's loss reaches all of ``model``'s parameters; when not,
+        ``DistributedDataParallel`` is told to look for the unused ones (or it would wait for them)."""
+        return True
+
     def lr_scale(self, model: nn.Module) -> Callable[[str], float] | None:
         """The learning rate's factor for each parameter name of ``model`` (``make_optimizer``), e.g.
         layer-wise decay when fine-tuning; ``None``: one rate for all."""

@@ -118,7 +118,10 @@ class Trainer:
             self.train_model = torch.compile(self.train_model)
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
+            unused = not self.task.reads_every_parameter(self.model)  # BERT's head in a classifier
+            self.train_model = DistributedDataParallel(
+                self.train_model, device_ids=ids, find_unused_parameters=unused
+            )
         self._stop_signal: str | None = None
         self.tb = None
         if self.dist.is_main:  # after a resume, the lines logged past the checkpoint are redone

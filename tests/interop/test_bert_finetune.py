@@ -155,3 +155,37 @@ def test_keep_classifier_loads_a_bert_classifiers_head_when_its_labels_are_ours(
             ours[f"{mine}.bias"], theirs.bias
         )
     trainer.release()
+
+
+def test_a_bert_with_more_embedding_rows_than_words_fine_tunes_loads_back_and_fills_masks(tmp_path, capsys):
+    """Some checkpoints pad their embedding past vocab.txt: the fine-tuned run loads as the import did,
+    fill-mask never offers a row without a word, and each filled sentence still shows its other masks."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB) + 8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=VOCAB.index("[PAD]"),
+    )  # fmt: skip
+    heads = {"clf": transformers.BertForSequenceClassification, "mlm": transformers.BertForMaskedLM}
+    for name, cls in heads.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB), encoding="utf-8")
+        transformers.BertTokenizer(str(tmp_path / name / "vocab.txt")).save_pretrained(tmp_path / name)
+        cls(config).save_pretrained(tmp_path / name)
+    data = tmp_path / "data.tsv"
+    data.write_text("label\ttext\n" + "".join(f"{y}\t{x}\n" for y, x in TRAIN * 2), encoding="utf-8")
+    run = tmp_path / "run"
+    Trainer(load_recipe(None, ["task=classify", f"dataset={data}", f"init_from={tmp_path / 'clf'}",
+                               f"out_dir={run}", "max_steps=1", "max_len=32", "progress=false",
+                               "threads=1"])).fit()  # fmt: skip
+    model, tok, _ = load_encoder_dir(run)
+    assert (model.config.vocab_size, tok.vocab_size) == (len(VOCAB) + 8, len(VOCAB))
+    (tmp_path / "in.txt").write_text("a good film\n", encoding="utf-8")
+    assert main(["classify", "--model", str(run), "--input", str(tmp_path / "in.txt")]) == 0
+    capsys.readouterr()
+    query = "a <mask> film is <mask>"
+    assert main(["fill-mask", "--model", str(tmp_path / "mlm"), "--top-k", "50", "--json", query]) == 0
+    masks = json.loads(capsys.readouterr().out)
+    after_mask = {tok.decode([j]) for j in range(VOCAB.index("[MASK]") + 1, len(VOCAB))}  # no spare row
+    assert all({f["token"] for f in fillers} == after_mask for fillers in masks)
+    assert all(f["sequence"].count("<mask>") == 1 for fillers in masks for f in fillers)
+    assert masks[0][0]["sequence"] == f"a {masks[0][0]['token']} film is <mask>"

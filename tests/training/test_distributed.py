@@ -42,21 +42,40 @@ def test_ddp_on_a_cached_right_to_left_memory_matches_single_process(corpus, tmp
     )
 
 
-def ddp_matches_single(corpus, tmp_path, extra: list[str]) -> None:
+@pytest.mark.slow
+def test_ddp_trains_a_classifier_whose_vocabulary_head_the_loss_never_reaches(corpus, tmp_path):
+    """BERT's head transform and output bias (recipes/imdb-mlm.toml's encoder) stay in a classifier
+    for fill-mask and export; DDP waited for their gradients, which never came, and stopped."""
+    table = ["sentence\tlabel"] + [
+        f"{line}\t{'dog' if 'hund' in line.split() else 'other'}"
+        for line in (corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    ]
+    (corpus / "labelled.tsv").write_text("\n".join(table) + "\n", encoding="utf-8")
+
+    def classify_args(_, out_dir, *extra):
+        return [f"dataset={corpus / 'labelled.tsv'}", f"out_dir={out_dir}", "task=classify", "vocab_size=300",
+                "max_tokens=256", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1",
+                "model.head_transform=true", "model.output_bias=true", "schedule=constant", "lr=0.003",
+                "warmup=5", "log_every=1", "progress=false", "threads=1", *extra]  # fmt: skip
+
+    ddp_matches_single(corpus, tmp_path, [], classify_args)
+
+
+def ddp_matches_single(corpus, tmp_path, extra: list[str], args=tiny_args) -> None:
     env = {**os.environ, "AIAYN_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     common = ["max_steps=6", "eval_every=6", "model.dropout=0.0", "device=cpu", *extra]
     ddp_dump, single_dump = tmp_path / "ddp", tmp_path / "single"
     ddp_dump.mkdir(), single_dump.mkdir()
     ddp = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-         DRIVER, "--dump-params", str(ddp_dump), "--", *tiny_args(corpus, tmp_path / "ddp_run", *common)],
+         DRIVER, "--dump-params", str(ddp_dump), "--", *args(corpus, tmp_path / "ddp_run", *common)],
         cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = subprocess.run(
         [sys.executable, DRIVER, "--dump-params", str(single_dump), "--",
-         *tiny_args(corpus, tmp_path / "single_run", *common), "update_freq=2"],
+         *args(corpus, tmp_path / "single_run", *common), "update_freq=2"],
         cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip

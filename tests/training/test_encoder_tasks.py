@@ -3,6 +3,7 @@ learns a synthetic rule to 100%, fine-tuning that starts from exactly the pre-tr
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 from aiayn import EncoderConfig, EncoderModel
 from aiayn.cli.main import main
 from aiayn.decoding.classifier import MaskFiller
-from aiayn.errors import ConfigError, ModelDirError
+from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop.model_dir import load_encoder_tokenizer
 from aiayn.models.io import load_model, save_model
 from aiayn.serve.services import EncoderService
@@ -106,6 +107,7 @@ def test_mlm_learns_and_fills_masks(mlm_run, capsys):
     assert valid[-1]["accuracy"] > valid[0]["accuracy"] - 1e-9 and valid[-1]["accuracy"] > 10
     meta = json.loads((mlm_run / "best" / "config.json").read_text())
     assert meta["kind"] == "encoder" and meta["objective"] == "mlm"
+    assert meta["trained_max_len"] == json.loads((mlm_run / "train_config.json").read_text())["max_len"]
     assert main(["fill-mask", "--model", str(mlm_run), "--top-k", "3", "--json", "the <mask> film"]) == 0
     fillers = json.loads(capsys.readouterr().out)
     assert len(fillers) == 1 and len(fillers[0]) == 3
@@ -126,6 +128,23 @@ def test_init_from_loads_exactly_the_pretrained_encoder(mlm_run, rule_data, tmp_
     assert (run / "step-000001" / "spm.model").read_bytes() == (mlm_run / "best" / "spm.model").read_bytes()
 
 
+def test_a_fine_tuning_run_resumes_exactly_after_its_init_from_is_gone(mlm_run, rule_data, tmp_path, capsys):
+    """The run keeps the tokenizer's copy and its checkpoints hold every weight: a resume needs neither."""
+    pre = tmp_path / "pre"
+    shutil.copytree(mlm_run, pre, symlinks=True)
+    base = ["task=classify", f"dataset={rule_data}", f"init_from={pre}", "eval_every=4", *TINY]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train([*base, f"out_dir={straight}", "max_steps=8"])
+    train([*base, f"out_dir={split}", "max_steps=4"])
+    shutil.rmtree(pre)
+    train([*base, f"out_dir={split}", "max_steps=8"], resume=True)
+    assert "no longer loads" in capsys.readouterr().err
+    a, b = load_model(straight / "step-000008").state_dict(), load_model(split / "step-000008").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ModelDirError, match=r"init_from="):  # a new run still needs it
+        train([*base, f"out_dir={tmp_path / 'new'}", "max_steps=1"])
+
+
 def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_path):
     args = ["task=classify", f"dataset={rule_data}", "max_steps=1", *TINY]
     with pytest.raises(ConfigError, match=r"model.d_model=64 differs from the pre-trained encoder's 32"):
@@ -138,6 +157,21 @@ def test_init_from_refuses_other_sizes_and_other_kinds(mlm_run, rule_data, tmp_p
     tok.save(tmp_path / "short")
     with pytest.raises(ConfigError, match=r"max_len=64 is over the 48 positions the pre-trained encoder"):
         train([*args, f"out_dir={tmp_path / 'c'}", f"init_from={tmp_path / 'short'}", "max_len=64"])
+    # ... and at the rows it was trained on: its trained_max_len, or (a run from before it) its run's max_len
+    wide = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                                      dropout=0.0, positional="learned", max_len=512))  # fmt: skip
+    save_model(wide, tmp_path / "wide", objective="mlm", trained_max_len=32)
+    save_model(wide, tmp_path / "old" / "step-000010", objective="mlm")
+    (tmp_path / "old" / "train_config.json").write_text('{"max_len": 40}', encoding="utf-8")
+    tok.save(tmp_path / "wide")
+    tok.save(tmp_path / "old" / "step-000010")
+    for init_from, rows in ((tmp_path / "wide", 32), (tmp_path / "old", 40)):
+        with pytest.raises(ConfigError, match=rf"max_len=64 is over the {rows} positions the pre-trained"):
+            train([*args, f"out_dir={tmp_path / 'd'}", f"init_from={init_from}", "max_len=64"])
+    assert MaskFiller.from_dir(tmp_path / "wide").max_len == 32  # fill-mask reads no untrained row either
+    assert EncoderService("wide", tmp_path / "wide").filler.max_len == 32
+    with pytest.raises(DataError, match=r"this model reads at most 30"):
+        MaskFiller.from_dir(tmp_path / "wide").fill(" ".join(["film"] * 40) + " <mask>")
     (tmp_path / "lm").mkdir()
     with pytest.raises(ModelDirError, match=r"init_from="):
         train([*args, f"out_dir={tmp_path / 'b'}", f"init_from={tmp_path / 'lm'}"])

@@ -137,6 +137,9 @@ def test_a_classifier_reads_long_texts_in_windows_and_pools_their_logits(long_re
     torch.testing.assert_close(classifier.probabilities(texts), torch.stack(by_hand), atol=1e-5, rtol=1e-5)
     older = TextClassifier.from_loaded(model, tok, {k: v for k, v in meta.items() if k != "long_text"})
     assert older.long_text.how == "head" and older.max_len == 512  # saved before long_text: the head
+    # sinusoidal positions grow: a classifier fine-tuned over more than the model's 512 rows still reads
+    wide = TextClassifier(model, tok, meta["labels"], LongText("head"), max_len=700)
+    assert model.config.positional == "sinusoidal" and wide.probabilities(["film " * 690]).shape == (1, 2)
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     out = tmp_path / "labels.txt"
     assert (

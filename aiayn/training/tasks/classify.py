@@ -23,6 +23,8 @@ Validation reports accuracy and macro-F1 (per text); accuracy picks the best che
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +43,12 @@ from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, load_encoder_tokenizer
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
-from aiayn.models.io import resolve_model_dir
+from aiayn.models.io import read_config, resolve_model_dir
 from aiayn.training import criteria
+from aiayn.training.checkpoint import latest_checkpoint, step_dirs
 from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
+from aiayn.training.rundir import TRAIN_CONFIG
 from aiayn.training.task import TOKENIZER_DIR, register_task
 from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
 
@@ -122,7 +126,7 @@ class ClassifyTask(EncoderTask):
         train_y, self.valid_text_y = self.labels.ids(self.train), self.labels.ids(valid)
         self.long_text = LongText(o.long_text, o.window_stride)
         self.pretrained = self._pretrained_dir() if o.init_from else None
-        if self.pretrained is not None:
+        if o.init_from:  # its tokenizer, copied into the run (which a resumed run reads)
             self.tok = main_first(dist, self._copy_tokenizer)
         else:
             self.tok = self._tokenizer(self.train.texts, str(self.train.path))
@@ -138,11 +142,18 @@ class ClassifyTask(EncoderTask):
             self.class_weight = torch.tensor(len(self.train_y) / (len(counts) * counts), dtype=torch.float32)
 
     # -- the pre-trained encoder -------------------------------------------------------------------
-    def _pretrained_dir(self) -> Path:
+    def _pretrained_dir(self) -> Path | None:
+        """``init_from``'s model directory; None when it is gone and this run resumes without it (the
+        run holds the tokenizer's copy and checkpoints, whose weights replace the pre-trained ones)."""
         directory = resolve_model_dir(self.opts.init_from)
         try:
             check_kind(directory, ("encoder",))
         except ModelDirError as e:
+            if (self.run_dir / TOKENIZER_DIR).is_dir() and latest_checkpoint(self.run_dir) is not None:
+                if self.dist.is_main:
+                    print(f"aiayn train: init_from={self.opts.init_from!r} no longer loads ({e}); the run's "
+                          "checkpoints hold all it gave", file=sys.stderr)  # fmt: skip
+                return None
             raise ModelDirError(f"init_from={self.opts.init_from!r}: {e}") from None
         return directory
 
@@ -154,6 +165,8 @@ class ClassifyTask(EncoderTask):
 
     def build_model(self) -> EncoderModel:
         n = len(self.labels)
+        if self.pretrained is None and self.opts.init_from:  # resumed without it: the run's own shape
+            return EncoderModel(EncoderConfig.from_dict(self._run_shape()))
         if self.pretrained is None:
             return EncoderModel(self.encoder_config(n_classes=n))
         o, (pretrained, _, meta) = self.opts, load_encoder_dir(self.pretrained)
@@ -166,10 +179,12 @@ class ClassifyTask(EncoderTask):
                     f"model.{key}={value!r} differs from the pre-trained encoder's {base.get(key)!r} "
                     f"(init_from={o.init_from!r}); only {sorted(may_change)} may change{kept}"
                 )
-        if base.get("positional") == "learned" and self.cfg.max_len > base["max_len"]:  # before any batch
+        trained = self._trained_max_len(meta, base["max_len"])
+        resuming = latest_checkpoint(self.run_dir) is not None  # a run started before the check goes on
+        if base.get("positional") == "learned" and self.cfg.max_len > trained and not resuming:
             raise ConfigError(
-                f"max_len={self.cfg.max_len} is over the {base['max_len']} positions the pre-trained encoder "
-                f"learnt (init_from={o.init_from!r}); use max_len ≤ {base['max_len']} (long_text reads more)"
+                f"max_len={self.cfg.max_len} is over the {trained} positions the pre-trained encoder "
+                f"learnt (init_from={o.init_from!r}); use max_len ≤ {trained} (long_text reads more)"
             )
         if o.keep_classifier:
             self._check_kept_head(pretrained, meta.get("labels"))
@@ -190,6 +205,30 @@ class ClassifyTask(EncoderTask):
             )
         return model
 
+    def _trained_max_len(self, meta: dict, rows: int) -> int:
+        """How many of init_from's ``rows`` positions were trained: its ``trained_max_len``, else its
+        run's ``max_len`` (a run from before the field), else all (an imported BERT)."""
+        if isinstance(meta.get("trained_max_len"), int):
+            return min(meta["trained_max_len"], rows)
+        run_config = self.pretrained.parent / TRAIN_CONFIG
+        try:
+            trained = json.loads(run_config.read_text(encoding="utf-8"))["max_len"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return rows
+        return min(trained, rows) if isinstance(trained, int) else rows
+
+    def _run_shape(self) -> dict:
+        """The model config of this run's newest checkpoint that reads (resume skips a damaged one)."""
+        errors = []
+        for _, path in reversed(step_dirs(self.run_dir)):
+            try:
+                return read_config(path)["config"]
+            except ModelDirError as e:
+                errors.append(str(e))
+        raise ModelDirError(
+            f"cannot resume {self.run_dir}: no checkpoint's config reads ({'; '.join(errors)})"
+        )
+
     def _check_kept_head(self, pretrained: EncoderModel, theirs: list[str] | None) -> None:
         """keep_classifier needs a classifier whose class ids name the training labels, in order
         (``theirs``: the labels ``load_encoder_dir`` read, an aiayn run's or a HF ``id2label``)."""
@@ -199,6 +238,12 @@ class ClassifyTask(EncoderTask):
         if theirs != self.labels.labels:
             fail(self.opts, "keep_classifier", f"needs init_from's labels {theirs} to be the training "
                  f"labels {self.labels.labels}: remove keep_classifier for a new classifier")  # fmt: skip
+
+    def reads_every_parameter(self, model: nn.Module) -> bool:
+        """False when the model keeps a vocabulary head the loss never reaches (BERT's transform and
+        output bias, an untied projection: kept for fill-mask and export)."""
+        read = {id(p) for part in (model.embed, model.encoder, model.classifier) for p in part.parameters()}
+        return all(id(p) in read for p in model.parameters())
 
     def lr_scale(self, model: nn.Module) -> Callable[[str], float] | None:
         """Layer-wise decay: layer l = 1…L trains at decay^(L + 1 − l) × lr, the embeddings at

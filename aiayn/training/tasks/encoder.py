@@ -111,6 +111,11 @@ class EncoderTask(Task):
     def epoch(self) -> int:
         return self.sampler.state_dict()["epoch"]
 
+    def model_meta(self) -> dict[str, Any]:
+        """``trained_max_len``: the longest row trained on (bos and eos included); the model's learned
+        positions past it (it has ``max(max_len, 512)``) are untrained, which fine-tuning checks."""
+        return {**super().model_meta(), "trained_max_len": self.cfg.max_len}
+
     def save_tokenizers(self, directory: Path) -> None:
         assert self.tok is not None
         self.tok.save(directory)  # beside config.json, where aiayn classify / fill-mask look for it
