@@ -82,11 +82,13 @@ def results_name(dataset: str, objective: str) -> str:
     return dataset if objective == "mlm" else f"{dataset}-{objective}"
 
 
-def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> dict:
+def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm", name: str = "") -> dict:
     """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml`` on the unlabelled reviews (or,
     ``"sentiment"``, by ``recipes/imdb-finetune.toml`` from scratch on the labelled ones;
     ``"clm-sentiment"``, by that recipe from the causal LM): its record (``reused``: trained by an
-    earlier call with the same recipe and arguments; ``minutes``: all its stages')."""
+    earlier call with the same recipe and arguments; ``minutes``: all its stages'). ``name`` is the
+    run directory's, ``imdb-{objective}`` by default: a run with other ``overrides`` names its own,
+    so that it does not replace the default one."""
     unsup, dev = imdb / "unsup.txt.gz", imdb / "dev.tsv.gz"
     supervised = objective in ("sentiment", "clm-sentiment")
     needs = (imdb / "train.tsv.gz", dev) if supervised else (unsup, dev)
@@ -111,7 +113,7 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm") -> d
     recipe = (ROOT / "recipes" / f"{recipe_name}.toml").read_bytes()
     stage = earlier["key"] if earlier else ""  # another first stage makes the second one stale
     key = hashlib.sha256(recipe + json.dumps(args).encode() + stage.encode()).hexdigest()[:16]
-    run_dir = RUNS / f"imdb-{objective}"
+    run_dir = RUNS / (name or f"imdb-{objective}")
     record_file = run_dir / PRETRAINING_FILE
     if record_file.is_file() and (not earlier or earlier["reused"]):  # a retrained first stage: stale too
         record = json.loads(record_file.read_text(encoding="utf-8"))

@@ -4,6 +4,7 @@
     python scripts/reproduce_imdb.py PATH/imdb max_minutes=30    # recipe fields override
     python scripts/reproduce_imdb.py PATH/imdb --objective rtd   # on the replaced-token detector
     python scripts/reproduce_imdb.py PATH/imdb --long-text head+tail   # the recipe before windows
+    python scripts/reproduce_imdb.py PATH/imdb --objective clm --pretrain-minutes 60   # an hour's LM
 
 ``PATH/imdb`` holds the Large Movie Review Dataset (Maas et al. 2011) as ``unsup.txt.gz``
 (unlabelled reviews), ``train.tsv.gz`` and ``dev.tsv.gz`` (``label<TAB>text``); it is not bundled
@@ -61,6 +62,9 @@ def main() -> int:
     )
     ap.add_argument("--long-text", choices=tuple(LONG_TEXT), default="windows",
                     help="how fine-tuning reads a review (default: windows, measured best)")  # fmt: skip
+    ap.add_argument("--pretrain-minutes", type=float, default=0,
+                    help="the pre-training budget (default: the recipe's max_minutes); another budget names "
+                         "its own runs and results, e.g. imdb-clm60-windows")  # fmt: skip
     args = ap.parse_args()
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
     if not (args.imdb / "train.tsv.gz").is_file():
@@ -68,8 +72,12 @@ def main() -> int:
     started = time.time()
     out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
     suffix, reading = LONG_TEXT[args.long_text]
-    name = encoder_runs.results_name("imdb", args.objective) + suffix
-    pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
+    prefix = encoder_runs.results_name("imdb", args.objective)
+    budget, pre_name = [], ""
+    if args.pretrain_minutes:
+        budget, pre_name = [f"max_minutes={args.pretrain_minutes:g}"], f"{prefix}{args.pretrain_minutes:g}"
+    name = (pre_name or prefix) + suffix
+    pre = out["pretraining"] = pretrain(args.imdb, budget, objective=args.objective, name=pre_name)
     overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
                  *FINETUNE_OVERRIDES[args.objective], *reading, *args.overrides]  # fmt: skip
     run = train("imdb-finetune", RUNS / f"{name}-finetune", overrides)
