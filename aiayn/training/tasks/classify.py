@@ -23,7 +23,6 @@ Validation reports accuracy and macro-F1 (per text); accuracy picks the best che
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from aiayn.training import criteria
 from aiayn.training.checkpoint import latest_checkpoint, step_dirs
 from aiayn.training.config import TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
-from aiayn.training.rundir import TRAIN_CONFIG
+from aiayn.training.rundir import read_run_config
 from aiayn.training.task import TOKENIZER_DIR, register_task
 from aiayn.training.tasks.encoder import EncoderOptions, EncoderTask
 
@@ -210,10 +209,9 @@ class ClassifyTask(EncoderTask):
         run's ``max_len`` (a run from before the field), else all (an imported BERT)."""
         if isinstance(meta.get("trained_max_len"), int):
             return min(meta["trained_max_len"], rows)
-        run_config = self.pretrained.parent / TRAIN_CONFIG
         try:
-            trained = json.loads(run_config.read_text(encoding="utf-8"))["max_len"]
-        except (OSError, ValueError, TypeError, KeyError):
+            trained = read_run_config(self.pretrained.parent).get("max_len")
+        except ModelDirError:  # no run around it
             return rows
         return min(trained, rows) if isinstance(trained, int) else rows
 
