@@ -5,6 +5,7 @@
     python scripts/reproduce_imdb.py PATH/imdb --objective rtd   # on the replaced-token detector
     python scripts/reproduce_imdb.py PATH/imdb --long-text head+tail   # the recipe before windows
     python scripts/reproduce_imdb.py PATH/imdb --objective clm --pretrain-minutes 60   # an hour's LM
+    python scripts/reproduce_imdb.py PATH/imdb --objective clm --pretrain-minutes 60 --precision bf16
 
 ``PATH/imdb`` holds the Large Movie Review Dataset (Maas et al. 2011) as ``unsup.txt.gz``
 (unlabelled reviews), ``train.tsv.gz`` and ``dev.tsv.gz`` (``label<TAB>text``); it is not bundled
@@ -65,6 +66,10 @@ def main() -> int:
     ap.add_argument("--pretrain-minutes", type=float, default=0,
                     help="the pre-training budget (default: the recipe's max_minutes); another budget names "
                          "its own runs and results, e.g. imdb-clm60-windows")  # fmt: skip
+    ap.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                    help="both stages' arithmetic (default: the recipes' fp32); bf16 autocast makes more "
+                         "updates where the CPU has fast bfloat16, and names its own runs and results, "
+                         "e.g. imdb-clm60-bf16-windows")  # fmt: skip
     args = ap.parse_args()
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
     if not (args.imdb / "train.tsv.gz").is_file():
@@ -76,10 +81,14 @@ def main() -> int:
     budget, pre_name = [], ""
     if args.pretrain_minutes:
         budget, pre_name = [f"max_minutes={args.pretrain_minutes:g}"], f"{prefix}{args.pretrain_minutes:g}"
+    precision = [] if args.precision == "fp32" else [f"precision={args.precision}"]
+    if precision:
+        pre_name = f"{pre_name or prefix}-{args.precision}"
     name = (pre_name or prefix) + suffix
-    pre = out["pretraining"] = pretrain(args.imdb, budget, objective=args.objective, name=pre_name)
+    pre = pretrain(args.imdb, budget + precision, objective=args.objective, name=pre_name)
+    out["pretraining"] = pre
     overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
-                 *FINETUNE_OVERRIDES[args.objective], *reading, *args.overrides]  # fmt: skip
+                 *FINETUNE_OVERRIDES[args.objective], *reading, *precision, *args.overrides]  # fmt: skip
     run = train("imdb-finetune", RUNS / f"{name}-finetune", overrides)
     run["dev"] = dev_scores(ROOT / run["run_dir"], dev)
     run["total_minutes"] = round(run["minutes"] + pre["minutes"], 2)  # pre-training counted
