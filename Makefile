@@ -92,12 +92,15 @@ LONG_TEXT ?= windows
 # PRETRAIN_MINUTES=60 (reproduce-imdb only) pre-trains for that long instead of the recipe's 35 minutes
 # (which leave room for the SST-2 route's second stage), into runs and results of its own
 PRETRAIN_MINUTES ?= 0
+# PRECISION=bf16 runs every stage (and reproduce-sst2's scratch arm) under bfloat16 autocast: more
+# updates in the budgets where the CPU has fast bfloat16 (AVX512_BF16 or AMX); runs and results of its own
+PRECISION ?= fp32
 .PHONY: reproduce-sst2 reproduce-imdb
 reproduce-sst2: $(STAMP)
 	@test -n "$(SST2)" -a -n "$(IMDB)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 IMDB=path/to/imdb"; exit 2; }
-	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB) --objective $(OBJECTIVE)
+	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB) --objective $(OBJECTIVE) --precision $(PRECISION)
 
 reproduce-imdb: $(STAMP)
 	@test -n "$(IMDB)" || { echo "usage: make reproduce-imdb IMDB=path/to/imdb"; exit 2; }
 	$(PY) scripts/reproduce_imdb.py $(IMDB) --objective $(OBJECTIVE) --long-text $(LONG_TEXT) \
-		--pretrain-minutes $(PRETRAIN_MINUTES)
+		--pretrain-minutes $(PRETRAIN_MINUTES) --precision $(PRECISION)

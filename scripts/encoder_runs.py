@@ -82,13 +82,16 @@ def results_name(dataset: str, objective: str) -> str:
     return dataset if objective == "mlm" else f"{dataset}-{objective}"
 
 
-def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm", name: str = "") -> dict:
+def pretrain(
+    imdb: Path, overrides: list[str] = (), objective: str = "mlm", name: str = "", precision: str = "fp32"
+) -> dict:
     """The IMDb encoder pre-trained by ``recipes/imdb-{objective}.toml`` on the unlabelled reviews (or,
     ``"sentiment"``, by ``recipes/imdb-finetune.toml`` from scratch on the labelled ones;
     ``"clm-sentiment"``, by that recipe from the causal LM): its record (``reused``: trained by an
     earlier call with the same recipe and arguments; ``minutes``: all its stages'). ``name`` is the
     run directory's, ``imdb-{objective}`` by default: a run with other ``overrides`` names its own,
-    so that it does not replace the default one."""
+    so that it does not replace the default one. ``precision`` other than the recipes' fp32 (e.g.
+    bf16 autocast) holds for every stage and is added to the default names (``imdb-clm-bf16``)."""
     unsup, dev = imdb / "unsup.txt.gz", imdb / "dev.tsv.gz"
     supervised = objective in ("sentiment", "clm-sentiment")
     needs = (imdb / "train.tsv.gz", dev) if supervised else (unsup, dev)
@@ -99,7 +102,7 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm", name
             )
     earlier = None  # the stage this one starts from
     if objective == "clm-sentiment":  # the causal LM's own (lowercasing) tokenizer comes with it
-        earlier = pretrain(imdb, objective="clm")
+        earlier = pretrain(imdb, objective="clm", precision=precision)
         start = [f"init_from={ROOT / earlier['run_dir']}", f"max_minutes={CLM_SENTIMENT_MINUTES}"]
     elif objective == "sentiment":
         start = ["init_from=", "lowercase=true", f"max_minutes={SENTIMENT_MINUTES}"]
@@ -109,11 +112,11 @@ def pretrain(imdb: Path, overrides: list[str] = (), objective: str = "mlm", name
     else:
         recipe_name = f"imdb-{objective}"
         args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}"]
-    args += overrides
+    args += [*overrides, *([] if precision == "fp32" else [f"precision={precision}"])]
     recipe = (ROOT / "recipes" / f"{recipe_name}.toml").read_bytes()
     stage = earlier["key"] if earlier else ""  # another first stage makes the second one stale
     key = hashlib.sha256(recipe + json.dumps(args).encode() + stage.encode()).hexdigest()[:16]
-    run_dir = RUNS / (name or f"imdb-{objective}")
+    run_dir = RUNS / (name or f"imdb-{objective}" + ("" if precision == "fp32" else f"-{precision}"))
     record_file = run_dir / PRETRAINING_FILE
     if record_file.is_file() and (not earlier or earlier["reused"]):  # a retrained first stage: stale too
         record = json.loads(record_file.read_text(encoding="utf-8"))

@@ -85,7 +85,7 @@ def main() -> int:
     if precision:
         pre_name = f"{pre_name or prefix}-{args.precision}"
     name = (pre_name or prefix) + suffix
-    pre = pretrain(args.imdb, budget + precision, objective=args.objective, name=pre_name)
+    pre = pretrain(args.imdb, budget, objective=args.objective, name=pre_name, precision=args.precision)
     out["pretraining"] = pre
     overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
                  *FINETUNE_OVERRIDES[args.objective], *reading, *precision, *args.overrides]  # fmt: skip

@@ -4,6 +4,7 @@
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 1 2 3  # more fine-tuning seeds
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 2      # add seed 2 to results/sst2.json
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective rtd  # replaced-token detection
+    python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16
 
 ``PATH/sst2`` holds GLUE's ``train.tsv`` (or ``.tsv.gz``) and ``dev.tsv``; ``PATH/imdb`` holds the
 Large Movie Review Dataset's unlabelled reviews (``unsup.txt.gz``) and ``dev.tsv.gz``. Neither is
@@ -59,11 +60,14 @@ from aiayn.data.labelled import find_table  # noqa: E402
 PRETRAINED_ARM = {"clm-sentiment": ["lr=1.5e-4"]}
 
 
-def arms(objective: str, pretrained: Path, sst2: Path) -> dict[str, tuple[str, list[str]]]:
+def arms(
+    objective: str, pretrained: Path, sst2: Path, precision: str = "fp32"
+) -> dict[str, tuple[str, list[str]]]:
     """Each arm's run-name infix and recipe overrides (without the seed): ``finetune`` from the
     ``pretrained`` encoder (``-lr1.5e-4`` and so on when ``PRETRAINED_ARM`` changes its recipe),
-    ``scratch`` from nothing."""
+    ``scratch`` from nothing; both in ``precision``."""
     data = [f"dataset={sst2.resolve()}", *FINETUNE_OVERRIDES[objective]]
+    data += [] if precision == "fp32" else [f"precision={precision}"]
     extra = PRETRAINED_ARM.get(objective, [])
     infix = "".join(f"-{o.replace('=', '')}" for o in extra)
     return {"finetune": (f"finetune{infix}", [*data, f"init_from={pretrained}", *extra]),
@@ -100,6 +104,10 @@ def main() -> int:
         "causal LM (imdb-clm.toml), supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml "
         "from scratch) or both (clm-sentiment: the causal LM, then imdb-finetune.toml from it)",
     )
+    ap.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                    help="every stage's and arm's arithmetic (default: the recipes' fp32); bf16 autocast "
+                         "makes more updates where the CPU has fast bfloat16, and names its own runs and "
+                         "results, e.g. sst2-clm-sentiment-bf16")  # fmt: skip
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()
     train_file, dev = find_table(args.sst2, "train"), find_table(args.sst2, "valid")
@@ -109,9 +117,10 @@ def main() -> int:
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
+    name += "" if args.precision == "fp32" else f"-{args.precision}"
     results = ROOT / "results" / f"{name}.json"
-    pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective)
-    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2)
+    pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective, precision=args.precision)
+    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision)
     out["runs"] = earlier_runs(pre, args.seeds, results, {kind: o for kind, (_, o) in runs.items()})
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, (infix, overrides) in runs.items():

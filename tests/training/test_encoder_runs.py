@@ -155,3 +155,32 @@ def test_sst2_arms_differ_only_where_the_pretrained_arm_says(tmp_path):
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [2], path, arms) == old[:2]
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [1], path, arms) == []
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/y"}, [2], path, arms) == []
+
+
+def test_a_precision_holds_for_every_stage_and_arm_and_names_its_own_runs(imdb, tmp_path, monkeypatch):
+    """--precision bf16: both pre-training stages (the causal LM and IMDb's labels after it) and both
+    SST-2 arms train under it, in run directories of their own; fp32 (the recipes') adds nothing, so
+    the default runs keep their names and their reuse keys."""
+    import reproduce_sst2
+
+    calls = []
+
+    def fake_train(recipe, run_dir, overrides, metric="accuracy"):
+        calls.append((run_dir.name, overrides))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return {"minutes": 1.0, "valid_curve": [{metric: 40.0}], "run_dir": f"runs/{run_dir.name}"}
+
+    monkeypatch.setattr(encoder_runs, "train", fake_train)
+    monkeypatch.setattr(encoder_runs, "RUNS", tmp_path / "runs")
+    (imdb / "train.tsv.gz").write_bytes(gzip.compress(b"label\ttext\n0\tbad\n"))
+    encoder_runs.pretrain(imdb, objective="clm-sentiment", precision="bf16")
+    assert [name for name, _ in calls] == ["imdb-clm-bf16", "imdb-clm-sentiment-bf16"]
+    assert all(overrides[-1] == "precision=bf16" for _, overrides in calls)
+    assert encoder_runs.pretrain(imdb, objective="clm-sentiment", precision="bf16")["reused"]
+    encoder_runs.pretrain(imdb, objective="clm")
+    assert calls[-1][0] == "imdb-clm" and not any(o.startswith("precision=") for o in calls[-1][1])
+    pretrained = tmp_path / "encoder"
+    for kind, (_, overrides) in reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path, "bf16").items():
+        assert load_recipe(ROOT / "recipes/sst2-finetune.toml", overrides).precision == "bf16", kind
+    for kind, (_, overrides) in reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path).items():
+        assert load_recipe(ROOT / "recipes/sst2-finetune.toml", overrides).precision == "fp32", kind
