@@ -87,9 +87,9 @@ def main() -> int:
     if args.pretrain_minutes:
         budget, pre_name = [f"max_minutes={args.pretrain_minutes:g}"], f"{prefix}{args.pretrain_minutes:g}"
     precision = [] if args.precision == "fp32" else [f"precision={args.precision}"]
-    if precision:
-        pre_name = f"{pre_name or prefix}-{args.precision}"
-    name = (pre_name or prefix) + suffix
+    tag = f"-{args.precision}" if precision else ""  # unnamed: pretrain()'s directory, shared with SST-2
+    pre_name += tag if pre_name else ""
+    name = (pre_name or prefix + tag) + suffix
     pre = pretrain(args.imdb, budget, objective=args.objective, name=pre_name, precision=args.precision)
     out["pretraining"] = pre
     overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
