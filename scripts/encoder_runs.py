@@ -76,6 +76,20 @@ FINETUNE_OVERRIDES = {
 }
 
 
+# --precision of the reproduce scripts: the recipes' own fp32, or autocast's (aiayn.training.config)
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def precision_overrides(precision: str) -> list[str]:
+    """The recipe field for ``precision``: none for the recipes' fp32, so default runs keep their keys."""
+    return [] if precision == "fp32" else [f"precision={precision}"]
+
+
+def precision_tag(precision: str) -> str:
+    """What ``precision`` adds to run and results names: ``-bf16``, nothing for fp32."""
+    return "" if precision == "fp32" else f"-{precision}"
+
+
 def results_name(dataset: str, objective: str) -> str:
     """The prefix of a dataset's results files and run directories: ``sst2`` for masked-LM
     pre-training (the first objective, whose files keep their names), ``sst2-rtd`` and so on."""
@@ -112,11 +126,11 @@ def pretrain(
     else:
         recipe_name = f"imdb-{objective}"
         args = [f"dataset={unsup.resolve()}", f"valid_dataset={dev.resolve()}"]
-    args += [*overrides, *([] if precision == "fp32" else [f"precision={precision}"])]
+    args += [*overrides, *precision_overrides(precision)]
     recipe = (ROOT / "recipes" / f"{recipe_name}.toml").read_bytes()
     stage = earlier["key"] if earlier else ""  # another first stage makes the second one stale
     key = hashlib.sha256(recipe + json.dumps(args).encode() + stage.encode()).hexdigest()[:16]
-    run_dir = RUNS / (name or f"imdb-{objective}" + ("" if precision == "fp32" else f"-{precision}"))
+    run_dir = RUNS / (name or f"imdb-{objective}{precision_tag(precision)}")
     record_file = run_dir / PRETRAINING_FILE
     if record_file.is_file() and (not earlier or earlier["reused"]):  # a retrained first stage: stale too
         record = json.loads(record_file.read_text(encoding="utf-8"))

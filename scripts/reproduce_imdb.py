@@ -71,7 +71,7 @@ def main() -> int:
     ap.add_argument("--pretrain-minutes", type=float, default=0,
                     help="the pre-training budget (default: the recipe's max_minutes); another budget names "
                          "its own runs and results, e.g. imdb-clm60-windows")  # fmt: skip
-    ap.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+    ap.add_argument("--precision", choices=encoder_runs.PRECISIONS, default="fp32",
                     help="both stages' arithmetic (default: the recipes' fp32); bf16 autocast makes more "
                          "updates where the CPU has fast bfloat16, and names its own runs and results, "
                          "e.g. imdb-clm60-bf16-windows")  # fmt: skip
@@ -86,9 +86,9 @@ def main() -> int:
     budget, pre_name = [], ""
     if args.pretrain_minutes:
         budget, pre_name = [f"max_minutes={args.pretrain_minutes:g}"], f"{prefix}{args.pretrain_minutes:g}"
-    precision = [] if args.precision == "fp32" else [f"precision={args.precision}"]
-    tag = f"-{args.precision}" if precision else ""  # unnamed: pretrain()'s directory, shared with SST-2
-    pre_name += tag if pre_name else ""
+    precision = encoder_runs.precision_overrides(args.precision)
+    tag = encoder_runs.precision_tag(args.precision)
+    pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
     name = (pre_name or prefix + tag) + suffix
     pre = pretrain(args.imdb, budget, objective=args.objective, name=pre_name, precision=args.precision)
     out["pretraining"] = pre

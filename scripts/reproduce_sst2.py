@@ -67,7 +67,7 @@ def arms(
     ``pretrained`` encoder (``-lr1.5e-4`` and so on when ``PRETRAINED_ARM`` changes its recipe),
     ``scratch`` from nothing; both in ``precision``."""
     data = [f"dataset={sst2.resolve()}", *FINETUNE_OVERRIDES[objective]]
-    data += [] if precision == "fp32" else [f"precision={precision}"]
+    data += encoder_runs.precision_overrides(precision)
     extra = PRETRAINED_ARM.get(objective, [])
     infix = "".join(f"-{o.replace('=', '')}" for o in extra)
     return {"finetune": (f"finetune{infix}", [*data, f"init_from={pretrained}", *extra]),
@@ -104,7 +104,7 @@ def main() -> int:
         "causal LM (imdb-clm.toml), supervised, IMDb's labelled reviews (sentiment: imdb-finetune.toml "
         "from scratch) or both (clm-sentiment: the causal LM, then imdb-finetune.toml from it)",
     )
-    ap.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+    ap.add_argument("--precision", choices=encoder_runs.PRECISIONS, default="fp32",
                     help="every stage's and arm's arithmetic (default: the recipes' fp32); bf16 autocast "
                          "makes more updates where the CPU has fast bfloat16, and names its own runs and "
                          "results, e.g. sst2-clm-sentiment-bf16")  # fmt: skip
@@ -117,7 +117,7 @@ def main() -> int:
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
-    name += "" if args.precision == "fp32" else f"-{args.precision}"
+    name += encoder_runs.precision_tag(args.precision)
     results = ROOT / "results" / f"{name}.json"
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective, precision=args.precision)
     runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision)
