@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok, meta = load_encoder_dir(args.model)
         check_bert(model)
         with atomic_dir(out) as tmp:
-            export_bert(model, tmp, meta.get("labels"), tok, meta.get("long_text"))
+            export_bert(model, tmp, meta.get("labels"), tok, meta)
         print(f"wrote {type(model).__name__} as BERT: {out / 'config.json'} + model.safetensors + tokenizer")
         return 0
     model, tokenizers, lm_tokenizer, why_not = None, None, None, None

@@ -26,7 +26,8 @@ from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_translation_tokenizers
 from aiayn.errors import ModelDirError
-from aiayn.interop.bert import WordPieceTokenizer, bert_tokenizer, load_bert_dir
+from aiayn.interop.bert import WordPieceTokenizer, bert_tokenizer, kept_fields, load_bert_dir
+from aiayn.interop.hf import read_hf_config
 from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
@@ -51,6 +52,8 @@ def model_meta(directory: str | os.PathLike) -> dict:
     if hf_type == "marian":
         langs = _marian_languages(Path(directory) / "tokenizer_config.json")
         meta.update({k: v for k, v in zip(("src_lang", "tgt_lang"), langs, strict=True) if v})
+    if hf_type == "bert":  # an aiayn export's own fields (its tables' columns, its long-text policy)
+        meta.update(kept_fields(read_hf_config(directory)))
     return meta
 
 

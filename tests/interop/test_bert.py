@@ -22,7 +22,7 @@ from aiayn.decoding.classifier import MaskFiller, TextClassifier  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop import export_hf, from_pretrained  # noqa: E402
 from aiayn.interop.bert import WordPieceTokenizer, export_bert, load_bert, load_bert_tokenizer  # noqa: E402
-from aiayn.interop.model_dir import load_encoder_dir  # noqa: E402
+from aiayn.interop.model_dir import load_encoder_dir, model_meta  # noqa: E402
 from aiayn.models.io import save_model  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
 from tests.interop.hf_builders import padded_ids  # noqa: E402
@@ -448,15 +448,30 @@ def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsy
 
 def test_export_keeps_how_a_classifier_reads_long_texts(tmp_path, capsys, sentencepiece):
     """A classifier trained at max_len 16 reading head+tail: its export reads a long text the same
-    way (not the head over all 64 positions), and the fast tokenizer truncates at 16."""
+    way (not the head over all 64 positions), and the fast tokenizer truncates at 16. The columns of
+    the table it was trained on are kept too: ``aiayn evaluate`` reads the same table without them."""
     torch.manual_seed(0)
     m = EncoderModel(EncoderConfig(vocab_size=sentencepiece.vocab_size, n_classes=2, pooling="first",
                                    pooler=True, **{**BERT, "max_len": 64}))  # fmt: skip
     policy = {"how": "head+tail", "stride": 0, "max_len": 16}
-    save_model(m, tmp_path / "model", labels=["negative", "positive"], long_text=policy)
+    save_model(m, tmp_path / "model", labels=["negative", "positive"], long_text=policy,
+               text_column="body", label_column="sentiment")  # fmt: skip
     sentencepiece.save(tmp_path / "model")
     assert main(["export", "--model", str(tmp_path / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
-    assert load_encoder_dir(tmp_path / "hf")[2]["long_text"] == policy
+    kept = {"long_text": policy, "text_column": "body", "label_column": "sentiment"}
+    assert {k: load_encoder_dir(tmp_path / "hf")[2][k] for k in kept} == kept
+    assert {k: model_meta(tmp_path / "hf")[k] for k in kept} == kept
+    # id, body, sentiment: names the defaults do not know (a "text" and a "label" column)
+    rows = ["id\tbody\tsentiment", "1\ta good film\tpositive", "2\ta dull bad film\tnegative"]
+    (tmp_path / "table.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    reports = []
+    for name in ("model", "hf"):
+        capsys.readouterr()
+        assert main(["evaluate", "--model", str(tmp_path / name), "--data", str(tmp_path / "table.tsv")]) == 0
+        first, rest = capsys.readouterr().out.split("\n", 1)  # the first line names the model
+        assert first.startswith(f"{tmp_path / 'table.tsv'}: 2 examples")
+        reports.append(rest)  # accuracy, macro-F1, confusion
+    assert reports[0] == reports[1]
     text = " ".join(["a good film", "the plot is dull", "a bad film"] * 8)  # far over 16 pieces
     assert len(sentencepiece.encode(text)) > 40
     (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")

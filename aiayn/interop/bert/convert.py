@@ -71,7 +71,9 @@ BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")  # 
 NOT_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")  # BertForPreTraining's pooler and NSP head
 OLD_NAMES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters in checkpoints converted from TF
 AIAYN_TOKENIZER = hf.AIAYN_TOKENIZER
-LONG_TEXT = "aiayn_long_text"  # an export's config.json key: a classifier's long-text policy
+# A classifier's own config.json fields that an export keeps as ``aiayn_<name>``: how it reads long
+# texts, and the columns of the tables it was trained on (so ``aiayn evaluate`` reads them as it did)
+KEPT = ("long_text", "text_column", "label_column")
 
 
 def name_map(c: EncoderConfig, tie: bool | None = None) -> hf.NameMap:
@@ -285,9 +287,13 @@ def load_bert_dir(
     if model.config.n_classes:
         hf_config = hf.read_hf_config(directory)
         meta["labels"] = bert_labels(hf_config)  # checked by load_bert
-        if LONG_TEXT in hf_config:  # an aiayn export: read long texts as the model was trained to
-            meta["long_text"] = hf_config[LONG_TEXT]
+        meta.update(kept_fields(hf_config))  # an aiayn export: read texts as the model was trained to
     return model.to(device).eval(), tok, meta
+
+
+def kept_fields(hf_config: dict) -> dict:
+    """The fields of ``KEPT`` that an aiayn export wrote into ``hf_config``, under their own names."""
+    return {k: hf_config[f"aiayn_{k}"] for k in KEPT if f"aiayn_{k}" in hf_config}
 
 
 # -- export ---------------------------------------------------------------------------------------
@@ -328,17 +334,18 @@ def export_bert(
     directory: str | os.PathLike,
     labels: list[str] | None = None,
     tok: Tokenizer | None = None,
-    long_text: dict | None = None,
+    kept: dict | None = None,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads as
     ``BertForMaskedLM`` (``n_classes == 0``) or ``BertForSequenceClassification`` (``labels``, the
     class names, become ``id2label``), and the model's tokenizer ``tok`` if given: WordPiece as HF's
     files, any other in ``aiayn_tokenizer/`` (module docstring). See there for what is rewritten.
 
-    ``long_text`` (a classifier's ``config.json`` field: how it reads texts longer than the
-    ``max_len`` it was trained at) is kept as ``aiayn_long_text``, which ``load_bert_dir`` reads back,
-    so the export classifies long texts as the model did; the fast tokenizer truncates at that
-    ``max_len``, not at the (untrained) positions beyond it."""
+    ``kept`` (a classifier's ``config.json`` fields) gives those of ``KEPT`` to keep as
+    ``aiayn_<name>``, which ``load_bert_dir`` reads back: ``long_text`` (how it reads texts longer
+    than the ``max_len`` it was trained at, so the export classifies long texts as the model did; the
+    fast tokenizer truncates at that ``max_len``, not at the untrained positions beyond it) and the
+    ``text_column`` and ``label_column`` of its tables."""
     check_exportable(model)
     c = model.config
     classify = c.n_classes > 0
@@ -372,12 +379,12 @@ def export_bert(
         ids = {y: i for i, y in enumerate(labels)}
         config.update(num_labels=c.n_classes, id2label=dict(enumerate(labels)), label2id=ids,
                       classifier_dropout=c.dropout)  # fmt: skip
-        if long_text is not None:
-            config[LONG_TEXT] = long_text
+        config.update({f"aiayn_{k}": v for k, v in (kept or {}).items() if k in KEPT and v not in (None, "")})
     directory = hf.write_hf_directory(directory, config, tensors)
     if tok is not None:
         tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
     if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
-        trained = long_text.get("max_len") if classify and isinstance(long_text, dict) else None
+        long_text = config.get("aiayn_long_text")
+        trained = long_text.get("max_len") if isinstance(long_text, dict) else None
         save_fast_tokenizer(tok, directory, trained if isinstance(trained, int) else c.max_len)
     return directory
