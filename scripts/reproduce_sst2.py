@@ -138,7 +138,7 @@ def main() -> int:
         predictions = ROOT / "results" / f"{name}-test-predictions.txt"
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
     out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
-    curves(ROOT / pre["run_dir"], f"imdb-{args.objective}")
+    curves(ROOT / pre["run_dir"], Path(pre["run_dir"]).name)  # imdb-clm-sentiment-bf16 and so on
     for infix, _ in runs.values():
         curves(RUNS / f"{name}-{infix}-seed{args.seeds[0]}", f"{name}-{infix}-seed{args.seeds[0]}")
     write_json(results, out)
