@@ -5,6 +5,8 @@
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --seeds 2      # add seed 2 to results/sst2.json
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective rtd  # replaced-token detection
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16
+    python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16 \
+        --dropout 0.2                                                   # both arms at dropout 0.2
 
 ``PATH/sst2`` holds GLUE's ``train.tsv`` (or ``.tsv.gz``) and ``dev.tsv``; ``PATH/imdb`` holds the
 Large Movie Review Dataset's unlabelled reviews (``unsup.txt.gz``) and ``dev.tsv.gz``. Neither is
@@ -61,13 +63,15 @@ PRETRAINED_ARM = {"clm-sentiment": ["lr=1.5e-4"]}
 
 
 def arms(
-    objective: str, pretrained: Path, sst2: Path, precision: str = "fp32"
+    objective: str, pretrained: Path, sst2: Path, precision: str = "fp32", dropout: float | None = None
 ) -> dict[str, tuple[str, list[str]]]:
     """Each arm's run-name infix and recipe overrides (without the seed): ``finetune`` from the
     ``pretrained`` encoder (``-lr1.5e-4`` and so on when ``PRETRAINED_ARM`` changes its recipe),
-    ``scratch`` from nothing; both in ``precision``."""
+    ``scratch`` from nothing; both in ``precision`` and, when given, with ``dropout`` instead of the
+    recipe's (the same for both arms, so that the comparison stays one of starting points)."""
     data = [f"dataset={sst2.resolve()}", *FINETUNE_OVERRIDES[objective]]
     data += encoder_runs.precision_overrides(precision)
+    data += [] if dropout is None else [f"model.dropout={dropout:g}"]
     extra = PRETRAINED_ARM.get(objective, [])
     infix = "".join(f"-{o.replace('=', '')}" for o in extra)
     return {"finetune": (f"finetune{infix}", [*data, f"init_from={pretrained}", *extra]),
@@ -108,6 +112,9 @@ def main() -> int:
                     help="every stage's and arm's arithmetic (default: the recipes' fp32); bf16 autocast "
                          "makes more updates where the CPU has fast bfloat16, and names its own runs and "
                          "results, e.g. sst2-clm-sentiment-bf16")  # fmt: skip
+    ap.add_argument("--dropout", type=float,
+                    help="both arms' dropout instead of the recipe's 0.1 (runs and results named "
+                         "…-dropout0.2 and so on)")  # fmt: skip
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     args = ap.parse_args()
     train_file, dev = find_table(args.sst2, "train"), find_table(args.sst2, "valid")
@@ -118,9 +125,10 @@ def main() -> int:
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
+    name += "" if args.dropout is None else f"-dropout{args.dropout:g}"
     results = ROOT / "results" / f"{name}.json"
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective, precision=args.precision)
-    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision)
+    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision, args.dropout)
     out["runs"] = earlier_runs(pre, args.seeds, results, {kind: o for kind, (_, o) in runs.items()})
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, (infix, overrides) in runs.items():

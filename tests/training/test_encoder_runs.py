@@ -184,3 +184,18 @@ def test_a_precision_holds_for_every_stage_and_arm_and_names_its_own_runs(imdb, 
         assert load_recipe(ROOT / "recipes/sst2-finetune.toml", overrides).precision == "bf16", kind
     for kind, (_, overrides) in reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path).items():
         assert load_recipe(ROOT / "recipes/sst2-finetune.toml", overrides).precision == "fp32", kind
+
+
+def test_a_dropout_holds_for_both_arms_and_the_recipe_default_adds_nothing(tmp_path):
+    """--dropout 0.2 changes both SST-2 arms' dropout, not one of them (the comparison stays one of
+    starting points) and keeps their names; without it the recipe's 0.1 holds."""
+    import reproduce_sst2
+
+    pretrained = tmp_path / "encoder"
+    default = reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path, "bf16")
+    changed = reproduce_sst2.arms("clm-sentiment", pretrained, tmp_path, "bf16", 0.2)
+    assert [infix for infix, _ in changed.values()] == [infix for infix, _ in default.values()]
+    for kind in ("finetune", "scratch"):
+        recipe = ROOT / "recipes/sst2-finetune.toml"
+        assert load_recipe(recipe, changed[kind][1]).model["dropout"] == 0.2, kind
+        assert load_recipe(recipe, default[kind][1]).model["dropout"] == 0.1, kind
