@@ -47,13 +47,12 @@ def decode_rows(
     """
     prefix = decoder.start(inputs, n)  # (N, t0)
     n_rows = prefix.size(0)
-    limit = max_lengths(max_len, n_rows // n).repeat_interleave(n)  # (N,)
+    limit = max_lengths(max_len, n_rows // n).repeat_interleave(n).to(prefix.device)  # (N,)
     longest = int(limit.max())
     tokens = torch.full((n_rows, longest), decoder.pad_id, dtype=torch.long, device=prefix.device)
     lengths = limit.clone()
     log_probs = torch.zeros(n_rows, device=prefix.device)
     rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
-    limit = limit.to(prefix.device)
     for t in range(longest):
         check_stop()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)

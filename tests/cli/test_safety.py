@@ -215,7 +215,7 @@ CASES = [
         "'kind'",
     ),
     ("kind-a-number", lambda ws: _edit_json(ws / "model/config.json", kind=3), TR, "'kind'"),
-    ("device-cuda-on-cpu", None, [*TR, "--device", "cuda"], "device='cuda'"),
+    ("device-cuda-missing", None, [*TR, "--device", "cuda:99"], "device='cuda:99'"),  # a GPU machine too
     ("device-bogus", None, [*TR, "--device", "gpu0"], "device='gpu0'"),
     ("train-device-bogus", None, [*TRAIN, "device=tpu"], "device='tpu'"),
     # -- accepted before, refused now ---------------------------------------------------------------

@@ -151,8 +151,8 @@ def test_keep_classifier_loads_a_bert_classifiers_head_when_its_labels_are_ours(
     hf = transformers.BertForSequenceClassification.from_pretrained(named)
     ours = trainer.model.state_dict()
     for mine, theirs in (("classifier.out", hf.classifier), ("classifier.pooler", hf.bert.pooler.dense)):
-        assert torch.equal(ours[f"{mine}.weight"], theirs.weight) and torch.equal(
-            ours[f"{mine}.bias"], theirs.bias
+        assert torch.equal(ours[f"{mine}.weight"].cpu(), theirs.weight) and torch.equal(
+            ours[f"{mine}.bias"].cpu(), theirs.bias
         )
     trainer.release()
 

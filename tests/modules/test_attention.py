@@ -258,13 +258,13 @@ def test_beam_rows_fork_in_place_and_read_as_a_reorder_would():
         parents = (torch.randint(0, k, (sentences, k), generator=g) + own).view(-1)
         if step == 0:
             parents = torch.arange(n)  # no fork: nothing copied, the rows unchanged
-        buffer = slot._k.clone()
+        buffer = slot.k.clone()  # the filled positions (the spare ones hold whatever memory held)
         rows = cache.fork(rows[parents])
         ref = ref[parents]
         assert torch.equal(slot.k[rows], ref) and torch.equal(slot.v[rows], ref + 1)
         assert torch.equal(rows.sort().values, torch.arange(n))  # a permutation
         assert torch.equal(rows // k, torch.arange(n) // k)  # within each sentence
-        changed = (slot._k != buffer).flatten(1).any(1).sum()
+        changed = (slot.k != buffer).flatten(1).any(1).sum()
         assert changed <= n - len(set(parents.tolist())), (changed, parents)  # only the extra children
 
 
