@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from aiayn.cli.main import main
 from aiayn.decoding import LMAdapter, SearchConfig, Seq2SeqAdapter, search
-from tests.decoding.fixtures import tiny_lm, tiny_transformer
+from tests.decoding.fixtures import padded_sources, tiny_lm, tiny_transformer
 from tests.helpers import assert_close
 from tests.training.conftest import make_corpus, tiny_args
 
@@ -43,13 +43,6 @@ def corpus(tmp_path, monkeypatch):
     return make_corpus(tmp_path)
 
 
-def _sources() -> torch.Tensor:
-    src = torch.randint(4, 50, (4, 9), generator=torch.Generator().manual_seed(1))
-    src[1, 5:] = 0  # padding: the masks travel to the device with the ids
-    src[3, 2:] = 0
-    return src
-
-
 def _losses(run: Path) -> list[float]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
@@ -57,7 +50,7 @@ def _losses(run: Path) -> list[float]:
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_a_translation_model_computes_on_cuda_what_it_computes_on_the_cpu(norm_first):
-    model, src = tiny_transformer(eos_bias=4.0, norm_first=norm_first), _sources()
+    model, src = tiny_transformer(eos_bias=4.0, norm_first=norm_first), padded_sources()
     tgt = torch.randint(4, 50, (4, 7), generator=torch.Generator().manual_seed(2))
     on_cpu = model(src, tgt)
     assert_close("CUDA vs CPU logits", model.cuda()(src.cuda(), tgt.cuda()).cpu(), on_cpu, atol=1e-4)
@@ -70,8 +63,8 @@ def test_a_translation_model_computes_on_cuda_what_it_computes_on_the_cpu(norm_f
 @pytest.mark.parametrize("name", SEARCHES)
 def test_every_search_finds_on_cuda_what_it_finds_on_the_cpu(name):
     model, cfg = tiny_transformer(eos_bias=4.0), SEARCHES[name]
-    on_cpu = search(Seq2SeqAdapter(model), _sources(), cfg, 14)
-    on_cuda = search(Seq2SeqAdapter(model.cuda()), _sources().cuda(), cfg, 14)
+    on_cpu = search(Seq2SeqAdapter(model), padded_sources(), cfg, 14)
+    on_cuda = search(Seq2SeqAdapter(model.cuda()), padded_sources().cuda(), cfg, 14)
     assert [[h.tokens for h in hs] for hs in on_cuda] == [[h.tokens for h in hs] for hs in on_cpu]
     scores = [torch.tensor([[h.score for h in hs] for hs in run]) for run in (on_cuda, on_cpu)]
     assert_close(f"CUDA vs CPU search scores ({name})", *scores, atol=1e-4)
@@ -84,7 +77,7 @@ def test_every_search_finds_on_cuda_what_it_finds_on_the_cpu(name):
 def test_sampling_on_cuda_is_seeded():
     """The generator lives on the inputs' device: a seed fixes the output there too."""
     model, cfg = tiny_transformer(eos_bias=4.0).cuda(), SearchConfig(sample=True, nbest=2, top_k=20, seed=3)
-    runs = [search(Seq2SeqAdapter(model), _sources().cuda(), cfg, 14) for _ in range(2)]
+    runs = [search(Seq2SeqAdapter(model), padded_sources().cuda(), cfg, 14) for _ in range(2)]
     assert [[h.tokens for h in hs] for hs in runs[0]] == [[h.tokens for h in hs] for hs in runs[1]]
 
 

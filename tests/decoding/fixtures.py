@@ -34,6 +34,14 @@ def tiny_lm(vocab: int = 40, seed: int = 0, **kw) -> LanguageModel:
     return LanguageModel(LMConfig(vocab_size=vocab, n_layers=2, **{**TINY, **kw})).eval()
 
 
+def padded_sources() -> torch.Tensor:
+    """Four random source rows (ids 4…49), two of them padded."""
+    src = torch.randint(4, 50, (4, 9), generator=torch.Generator().manual_seed(1))
+    src[1, 5:] = 0
+    src[3, 2:] = 0
+    return src
+
+
 def char_tokenizer() -> CharTokenizer:
     return CharTokenizer.train(TEXT)
 

@@ -16,7 +16,7 @@ from aiayn.decoding import (
     sample,
     search,
 )
-from tests.decoding.fixtures import FakeDecoder, tiny_lm, tiny_transformer
+from tests.decoding.fixtures import FakeDecoder, padded_sources, tiny_lm, tiny_transformer
 from tests.helpers import assert_close
 
 CONFIGS = {
@@ -25,13 +25,6 @@ CONFIGS = {
     "beam-simple-penalty": SearchConfig(beam=3, lenpen=1.0, lenpen_kind="simple"),
     "sample": SearchConfig(sample=True, nbest=2, temperature=0.8, top_k=20, top_p=0.9, seed=3),
 }
-
-
-def _sources() -> torch.Tensor:
-    src = torch.randint(4, 50, (4, 9), generator=torch.Generator().manual_seed(1))
-    src[1, 5:] = 0  # padding
-    src[3, 2:] = 0
-    return src
 
 
 def _assert_same(name: str, a, b) -> None:
@@ -49,7 +42,8 @@ def _assert_same(name: str, a, b) -> None:
 def test_cached_and_uncached_translation_agree(name, norm_first):
     model = tiny_transformer(eos_bias=4.0, norm_first=norm_first)
     cfg = CONFIGS[name]
-    runs = [search(Seq2SeqAdapter(model, use_cache), _sources(), cfg, 14) for use_cache in (True, False)]
+    src = padded_sources()
+    runs = [search(Seq2SeqAdapter(model, use_cache), src, cfg, 14) for use_cache in (True, False)]
     _assert_same(f"cached vs uncached decoding ({name})", *runs)
     assert len({len(h.tokens) for hs in runs[0] for h in hs}) > 1  # eos_bias: lengths vary
 
@@ -64,7 +58,7 @@ def test_cached_and_uncached_lm_agree(name, positional):
 
 
 def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
-    model, src = tiny_transformer(eos_bias=4.0), _sources()
+    model, src = tiny_transformer(eos_bias=4.0), padded_sources()
     for cfg in (CONFIGS["greedy"], CONFIGS["beam"]):
         batched = search(Seq2SeqAdapter(model), src, cfg, 14)
         for i in range(len(src)):
@@ -79,8 +73,8 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 2.0])
 def test_beam_size_one_is_greedy(lenpen):
     model = tiny_transformer(eos_bias=4.0)
-    greedy = greedy_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
-    beam = beam_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
+    greedy = greedy_search(Seq2SeqAdapter(model), padded_sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
+    beam = beam_search(Seq2SeqAdapter(model), padded_sources(), 14, SearchConfig(beam=1, lenpen=lenpen))
     _assert_same("beam 1 vs greedy", beam, greedy)
 
 
@@ -97,7 +91,7 @@ def test_beam_is_never_worse_than_greedy(seed, lenpen):
 
 def test_nbest_lists_are_sorted_distinct_and_consistent():
     model = tiny_transformer(eos_bias=4.0)
-    for hyps in beam_search(Seq2SeqAdapter(model), _sources(), 14, SearchConfig(beam=4, nbest=4)):
+    for hyps in beam_search(Seq2SeqAdapter(model), padded_sources(), 14, SearchConfig(beam=4, nbest=4)):
         assert len(hyps) == 4
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 4
@@ -118,14 +112,14 @@ def test_max_and_min_length():
     model = tiny_transformer(eos_bias=4.0)
     limits = torch.tensor([3, 7, 5, 1])
     for hyps, limit in zip(
-        beam_search(Seq2SeqAdapter(model), _sources(), limits, SearchConfig(beam=3, nbest=3)), limits
+        beam_search(Seq2SeqAdapter(model), padded_sources(), limits, SearchConfig(beam=3, nbest=3)), limits
     ):
         assert all(len(h.tokens) <= limit for h in hyps)
     fixed = beam_search(
-        Seq2SeqAdapter(model), _sources(), 9, SearchConfig(beam=3, min_len=9)
+        Seq2SeqAdapter(model), padded_sources(), 9, SearchConfig(beam=3, min_len=9)
     )  # no eos: fixed length
     assert all(len(h[0].tokens) == 9 and 2 not in h[0].tokens for h in fixed)
-    for hyps in greedy_search(Seq2SeqAdapter(model), _sources(), 9, SearchConfig(beam=1, min_len=4)):
+    for hyps in greedy_search(Seq2SeqAdapter(model), padded_sources(), 9, SearchConfig(beam=1, min_len=4)):
         assert len(hyps[0].tokens) >= 4 and 2 not in hyps[0].tokens[:3]
 
 
@@ -227,5 +221,5 @@ def test_padding_is_never_generated():
     with torch.no_grad():
         model.head.bias[model.config.pad_id] = 50.0  # the model wants padding everywhere
     for cfg in (CONFIGS["greedy"], CONFIGS["beam"], CONFIGS["sample"]):
-        for hyps in search(Seq2SeqAdapter(model), _sources(), cfg, 6):
+        for hyps in search(Seq2SeqAdapter(model), padded_sources(), cfg, 6):
             assert all(0 not in h.tokens for h in hyps)
