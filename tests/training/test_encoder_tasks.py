@@ -313,10 +313,12 @@ def test_init_from_a_clm_encoder_keeps_or_drops_the_look_ahead_mask(clm_run, rul
     assert all(torch.allclose(state[k], pre[k], atol=1e-9) for k in pre) and tuned.config.causal is causal
 
 
-@pytest.mark.parametrize("task", ["mlm", "rtd", "clm"])
-def test_pretraining_resume_continues_with_the_same_corruption(rule_data, tmp_path, task):
+@pytest.mark.parametrize("task", ["mlm", "rtd", "clm", "classify word_dropout=0.3"])
+def test_a_resumed_run_continues_with_the_same_corruption(rule_data, tmp_path, task):
+    """Masks, replacements and left-out words are seeded by the batch's place in the epochs."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    base = [f"task={task}", f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
+    name, *extra = task.split()
+    base = [f"task={name}", *extra, f"dataset={rule_data / 'train.tsv'}", "eval_every=10", *TINY]
     train([*base, f"out_dir={straight}", "max_steps=20"])
     train([*base, f"out_dir={split}", "max_steps=10"])
     train([*base, f"out_dir={split}", "max_steps=20"], resume=True)
@@ -373,6 +375,8 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("classify", "keep_classifier=true", r"keep_classifier=True is for fine-tuning: set init_from"),
         ("classify", "reinit_layers=1", r"reinit_layers=1 is for fine-tuning: set init_from"),
         ("classify", "layer_decay=0", r"layer_decay=0.0 must be in \(0, 1\] \(1 = one learning rate"),
+        ("classify", "word_dropout=1", r"word_dropout=1.0 must be in \[0, 1\) \(the share of training"),
+        ("mlm", "word_dropout=0.1", r"word_dropout=0.1 leaves pieces out .* task='mlm' does not take it"),
     ],
 )
 def test_bad_encoder_configs(task, override, match):

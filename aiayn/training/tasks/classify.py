@@ -68,6 +68,7 @@ class ClassifyOptions(EncoderOptions):
     keep_classifier: bool = False  # init_from's classifier (and pooler), when its labels are these
     reinit_layers: int = 0  # the top encoder layers of init_from not loaded: initialised afresh
     layer_decay: float = 1.0  # layer-wise learning-rate decay (1 = one rate for all)
+    word_dropout: float = 0.0  # each training piece left out with this probability (0 = off)
 
     ABOUT: ClassVar[dict[str, str]] = {
         "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
@@ -76,6 +77,7 @@ class ClassifyOptions(EncoderOptions):
         "layer_decay": "is fine-tuning's layer-wise learning-rate decay (task='classify')",
         "class_weights": "weights a classifier's loss by class (task='classify')",
         "long_text": "says how a classifier reads long texts (task='classify')",
+        "word_dropout": "leaves pieces out of a classifier's training texts (task='classify')",
     }
 
     def validate(self, cfg: TrainConfig) -> None:
@@ -93,10 +95,23 @@ class ClassifyOptions(EncoderOptions):
         for name in ("keep_classifier", "reinit_layers"):
             if getattr(self, name) and not self.init_from:
                 fail(self, name, "is for fine-tuning: set init_from to the pre-trained run, or remove it")
+        if not 0 <= self.word_dropout < 1:
+            fail(self, "word_dropout", "must be in [0, 1) (the share of training pieces left out; 0.1–0.3 "
+                 "are usual)")  # fmt: skip
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
+
+
+def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
+    """``row`` without each piece independently with probability ``p``, keeping at least one (word
+    dropout, Iyyer et al. 2015: a regulariser that makes the classifier read all of a text rather
+    than memorise a few pieces of each training example). Shape: (T,) -> (T',), 1 ≤ T' ≤ T"""
+    keep = rng.random(len(row)) >= p
+    if len(row) and not keep.any():
+        keep[rng.integers(len(row))] = True
+    return row[keep]
 
 
 @register_task("classify")
@@ -264,9 +279,14 @@ class ClassifyTask(EncoderTask):
         return ClassifyBatch(self._collate(rows), torch.tensor(labels))
 
     def train_batches(self) -> Iterator[ClassifyBatch]:
+        s, p = self.sampler, self.opts.word_dropout
         while True:
-            for idx in self.sampler:
-                yield self._batch([self.train_x[i] for i in idx], [self.train_y[i] for i in idx])
+            for idx in s:  # s.epoch, s.position: this batch's place, which seeds its word dropout
+                rows = [self.train_x[i] for i in idx]
+                if p:
+                    rng = np.random.default_rng([self.cfg.seed, self.dist.rank, s.epoch, s.position])
+                    rows = [drop_words(row, p, rng) for row in rows]
+                yield self._batch(rows, [self.train_y[i] for i in idx])
 
     def valid_batches(self) -> Iterator[ClassifyBatch]:
         for idx in self._valid_order(self.valid_x):
