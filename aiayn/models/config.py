@@ -67,7 +67,7 @@ class StackConfig(LayerConfig):
         self._flag("tie_output")
 
 
-POOLINGS = ("mean", "first")
+POOLINGS = ("mean", "first", "max")
 
 
 @dataclass
@@ -79,7 +79,9 @@ class EncoderConfig(StackConfig):
     is BERT's (Devlin et al. 2019) and exports to Hugging Face's ``Bert*`` classes."""
 
     n_classes: int = 0  # > 0 adds the pooled classification head
-    pooling: str = "mean"  # the sequence's vector: "mean" over real tokens or the "first" (bos = [CLS])
+    # the sequence's vector: "mean" over real tokens, the "first" (bos = [CLS]), or each feature's "max"
+    # over real tokens (Kim 2014's max-over-time pooling)
+    pooling: str = "mean"
     pooler: bool = False  # BERT's pooler: tanh(W · pooled + b) before the classifier
     embed_norm: bool = False  # LayerNorm on embedding + position, before dropout (BERT)
     head_transform: bool = False  # LayerNorm(act(W · h + b)) before the vocabulary projection (BERT)

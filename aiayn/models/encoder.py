@@ -16,6 +16,7 @@ With the BERT fields of ``EncoderConfig`` on, the model is BERT's layer for laye
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.masks import causal_mask, padding_mask
@@ -122,7 +123,10 @@ class EncoderModel(nn.Module):
         """Shape: ids (B, T), states (B, T, d_model) -> (B, d_model)."""
         if self.config.pooling == "first":
             return states[:, 0]
-        real = (ids != self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, T, 1)
+        real = (ids != self.config.pad_id).unsqueeze(-1)  # (B, T, 1)
+        if self.config.pooling == "max":  # each feature's largest value over the real tokens
+            return states.masked_fill(~real, torch.finfo(states.dtype).min).amax(1)
+        real = real.to(states.dtype)
         return (states * real).sum(1) / real.sum(1).clamp(min=1)
 
     def classify(self, ids: Tensor) -> Tensor:

@@ -68,7 +68,7 @@ def test_mlm_gradient_reaches_only_through_chosen_positions():
     assert rows[7] > 0
 
 
-@pytest.mark.parametrize("pooling", ["mean", "first"])
+@pytest.mark.parametrize("pooling", ["mean", "first", "max"])
 def test_classification_loss_and_weights(pooling):
     m, ids = model(n_classes=3, pooling=pooling), padded_batch()
     labels = torch.tensor([0, 2, 1])
@@ -91,6 +91,21 @@ def test_first_token_pooling_reads_position_zero():
         c = m.classifier
         ref = c.out(torch.tanh(c.pooler(states[:, 0])))
         assert_close("first-token pooling + tanh pooler", m.classify(ids), ref)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_mean_and_max_pooling_read_only_the_real_tokens(pooling):
+    """Row by row, the pooled vector is the mean or each feature's max over the row's unpadded
+    states (Kim 2014's max-over-time pooling); over all positions it would differ."""
+    m, ids = model(n_classes=2, pooling=pooling), padded_batch()
+    reduce = (lambda x: x.mean(0)) if pooling == "mean" else (lambda x: x.amax(0))
+    with torch.no_grad():
+        states = m.encode(ids)[0]  # (B, T, d_model)
+        pooled = m.pool(ids, states)
+        for b, n in enumerate((ids != 0).sum(1).tolist()):
+            assert_close(f"{pooling} pooling, row {b}", pooled[b], reduce(states[b, :n]))
+        assert not torch.allclose(pooled[1:], reduce(states[1:].transpose(0, 1)))  # padding would count
+        assert_close(f"{pooling} pooling → classifier", m.classify(ids), m.classifier.out(pooled))
 
 
 def test_bert_layers_match_torch_layer_norm():
