@@ -18,7 +18,8 @@ Translation (no smoothing mass on padding):
 
 The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
 at the chosen positions only), ``replaced_token_loss`` (ELECTRA's discriminator, every real
-position), ``classification_loss`` (the pooled classifier, class-weighted).
+position), ``classification_loss`` (the pooled classifier, class-weighted) and its R-Drop,
+``classification_r_drop_loss``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from aiayn.decoding.bidirectional import r2l_translation
 from aiayn.decoding.greedy import GREEDY
 from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, R2LMemory, Transformer
 from aiayn.modules.embedding import OutputProjection
+from aiayn.modules.loss import r_drop_loss as r_drop_loss_of_logits
 
 R2L_MARGIN = 10  # greedy_memory_input: the translation's tokens beyond the source length
 
@@ -198,3 +200,13 @@ def classification_loss(
     loss = F.cross_entropy(logits, batch.labels, class_weight, reduction="sum", label_smoothing=epsilon)
     nll = F.cross_entropy(logits.detach(), batch.labels, reduction="sum")
     return LossSums(loss, nll, batch.labels.new_tensor(batch.labels.numel()))
+
+
+def classification_r_drop_loss(
+    model: EncoderModel, batch: ClassifyBatch, epsilon: float, alpha: float
+) -> LossSums:
+    """R-Drop for the classifier: the batch twice in one (2B, T) pass (two dropout masks), the two
+    passes' label-smoothed losses plus α times their symmetric KL, per pass as without it
+    (``aiayn.modules.loss.r_drop_loss``). Training only: in evaluation both passes are equal."""
+    logits_a, logits_b = model.classify(batch.ids.repeat(2, 1)).chunk(2)  # (B, n_classes) each
+    return LossSums(*r_drop_loss_of_logits(logits_a, logits_b, batch.labels, epsilon, alpha))

@@ -42,7 +42,7 @@ def test_r_drop_trains_resumes_exactly_and_adds_the_consistency_term(corpus, tmp
     [
         (["r_drop=-1"], "r_drop=-1.0 must be ≥ 0"),
         (["r_drop=nan"], "r_drop=nan must be a finite number"),
-        (["task=lm", "tokenizer=char", "r_drop=1"], "is R-Drop for translation models"),
+        (["task=lm", "tokenizer=char", "r_drop=1"], "is R-Drop for translation models and classifiers"),
         (["r_drop=1", "model.bidirectional=true"], "R-Drop is not implemented for the right-to-left decoder"),
     ],
 )

@@ -47,7 +47,9 @@ def test_each_task_owns_its_fields():
         load_recipe(None, ["task=lm", "tokenizer=char", "block_size=0"])
     with pytest.raises(ConfigError, match=r"override 'block_sise=3': unknown key 'block_sise'"):
         load_recipe(None, ["task=lm", "tokenizer=char", "block_sise=3"])
-    with pytest.raises(ConfigError, match="r_drop=1 is R-Drop for translation models; task='mlm' does not"):
+    with pytest.raises(
+        ConfigError, match="r_drop=1 is R-Drop for translation models and classifiers; task='mlm' does not"
+    ):
         load_recipe(None, ["task=mlm", "r_drop=1"])
 
 

@@ -69,6 +69,7 @@ class ClassifyOptions(EncoderOptions):
     reinit_layers: int = 0  # the top encoder layers of init_from not loaded: initialised afresh
     layer_decay: float = 1.0  # layer-wise learning-rate decay (1 = one rate for all)
     word_dropout: float = 0.0  # each training piece left out with this probability (0 = off)
+    r_drop: float = 0.0  # R-Drop's α: two dropout passes per batch, their symmetric KL × α (0 = off)
 
     ABOUT: ClassVar[dict[str, str]] = {
         "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
@@ -78,6 +79,7 @@ class ClassifyOptions(EncoderOptions):
         "class_weights": "weights a classifier's loss by class (task='classify')",
         "long_text": "says how a classifier reads long texts (task='classify')",
         "word_dropout": "leaves pieces out of a classifier's training texts (task='classify')",
+        "r_drop": "is R-Drop for translation models and classifiers",
     }
 
     def validate(self, cfg: TrainConfig) -> None:
@@ -98,6 +100,10 @@ class ClassifyOptions(EncoderOptions):
         if not 0 <= self.word_dropout < 1:
             fail(self, "word_dropout", "must be in [0, 1) (the share of training pieces left out; 0.1–0.3 "
                  "are usual)")  # fmt: skip
+        if self.r_drop < 0:
+            fail(self, "r_drop", "must be ≥ 0 (0 = off)")
+        if self.r_drop and self.class_weights != "none":
+            fail(self, "r_drop", "does not weigh classes: set class_weights='none' or r_drop=0")
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
@@ -293,6 +299,8 @@ class ClassifyTask(EncoderTask):
             yield self._batch([self.valid_x[i] for i in idx], [self.valid_y[i] for i in idx])
 
     def loss(self, model: nn.Module, batch: ClassifyBatch, smoothing: float):
+        if self.opts.r_drop and model.training:
+            return criteria.classification_r_drop_loss(model, batch, smoothing, self.opts.r_drop)
         weight = None if self.class_weight is None else self.class_weight.to(batch.ids.device)
         return criteria.classification_loss(model, batch, smoothing, weight)
 

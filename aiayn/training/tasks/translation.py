@@ -104,7 +104,7 @@ class TranslationOptions(TaskOptions):
         "lowercase": "is for a translation model's subword vocabulary",
         "output_vocab": "picks a translation model's output ids",
         "subword_dropout": "re-segments translation pairs",
-        "r_drop": "is R-Drop for translation models",
+        "r_drop": "is R-Drop for translation models and classifiers",
     }
 
     def validate(self, cfg: TrainConfig) -> None:

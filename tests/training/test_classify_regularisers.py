@@ -1,0 +1,116 @@
+"""A classifier's regularisers: word dropout (``word_dropout``: training texts lose pieces, validation
+keeps all) and R-Drop (``r_drop``: two dropout passes and their symmetric KL)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import EncoderConfig, EncoderModel
+from aiayn.data.batching import ClassifyBatch
+from aiayn.errors import ConfigError
+from aiayn.training import criteria
+from aiayn.training.recipe import load_recipe
+from aiayn.training.tasks.classify import drop_words
+from aiayn.training.trainer import Trainer
+from tests.helpers import assert_close
+from tests.training.test_encoder_tasks import TINY, rule_data  # noqa: F401 (a fixture)
+
+
+def test_drop_words_keeps_an_ordered_share_and_at_least_one_piece():
+    row = np.arange(100_000, dtype=np.int32)
+    kept = drop_words(row, 0.25, np.random.default_rng(7))
+    assert np.all(np.diff(kept) > 0)  # a subsequence, in order
+    assert len(kept) / len(row) == pytest.approx(0.75, abs=0.01)
+    expected = row[np.random.default_rng(7).random(len(row)) >= 0.25]  # the same draws, kept where ≥ p
+    assert np.array_equal(kept, expected)
+    rng = np.random.default_rng(0)
+    assert all(len(drop_words(np.array([5, 6], np.int32), 0.99, rng)) >= 1 for _ in range(200))
+    assert len(drop_words(np.array([], np.int32), 0.5, rng)) == 0
+
+
+def _pieces(batch, pad):
+    """Each row's pieces between bos and eos."""
+    return [[i for i in row.tolist() if i != pad][1:-1] for row in batch.ids]
+
+
+def _is_subsequence(short, long):
+    it = iter(long)
+    return all(any(x == y for y in it) for x in short)
+
+
+def test_training_batches_leave_pieces_out_and_validation_reads_every_piece(rule_data, tmp_path):  # noqa: F811
+    tasks = {}
+    for p in (0.0, 0.4):
+        args = ["task=classify", f"dataset={rule_data}", f"out_dir={tmp_path / str(p)}", f"word_dropout={p}"]
+        tasks[p] = Trainer(load_recipe(None, [*args, *TINY])).task
+    pad = tasks[0.0].special_ids["pad_id"]
+    plain, dropped = tasks[0.0].train_batches(), tasks[0.4].train_batches()
+    kept = total = 0
+    for _ in range(5):
+        a, b = next(plain), next(dropped)
+        assert b.labels.tolist() == a.labels.tolist()  # the same texts in the same order
+        for short, long in zip(_pieces(b, pad), _pieces(a, pad), strict=True):
+            assert 1 <= len(short) <= len(long) and _is_subsequence(short, long)
+            kept, total = kept + len(short), total + len(long)
+    assert 0.5 < kept / total < 0.7  # 60% kept in expectation
+    for a, b in zip(tasks[0.0].valid_batches(), tasks[0.4].valid_batches(), strict=True):
+        assert a.ids.equal(b.ids) and a.labels.equal(b.labels)
+
+
+def test_r_drop_is_two_dropout_passes_cross_entropy_and_their_symmetric_kl():
+    """Against ``F.cross_entropy`` and ``F.kl_div`` on the same two passes (the same dropout masks,
+    drawn from the same seed): L = (CE_a + CE_b) / 2 + α/4 · (KL(a‖b) + KL(b‖a)), summed over the batch."""
+    torch.manual_seed(0)
+    config = EncoderConfig(
+        vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=1, n_classes=3, dropout=0.3
+    )
+    model = EncoderModel(config).train()
+    ids = torch.randint(4, 40, (5, 7))
+    ids[1, 5:], ids[3, 4:] = 0, 0
+    batch, alpha, eps = ClassifyBatch(ids, torch.tensor([0, 2, 1, 1, 0])), 2.0, 0.1
+    torch.manual_seed(1)
+    loss, nll, n = criteria.classification_r_drop_loss(model, batch, eps, alpha)
+    torch.manual_seed(1)
+    a, b = model.classify(ids.repeat(2, 1)).chunk(2)
+    assert not torch.allclose(a, b)  # two dropout masks
+    ce = lambda x, s: F.cross_entropy(x, batch.labels, reduction="sum", label_smoothing=s)  # noqa: E731
+    la, lb = F.log_softmax(a, -1), F.log_softmax(b, -1)
+    kl = F.kl_div(lb, la, log_target=True, reduction="sum") + F.kl_div(
+        la, lb, log_target=True, reduction="sum"
+    )
+    assert_close("R-Drop loss", loss, (ce(a, eps) + ce(b, eps)) / 2 + alpha / 4 * kl, atol=1e-5)
+    assert_close("R-Drop NLL", nll, (ce(a, 0.0) + ce(b, 0.0)) / 2, atol=1e-5)
+    assert int(n) == 5
+
+
+def test_a_classifier_with_r_drop_resumes_exactly_and_evaluates_one_pass(rule_data, tmp_path):  # noqa: F811
+    args = ["task=classify", f"dataset={rule_data}", "r_drop=1.0", "eval_every=5", *TINY, "model.dropout=0.3"]
+    args.append("label_smoothing=0")  # the loss is the NLL but for the KL term
+    Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'ref'}", "max_steps=10"])).fit()
+    Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'run'}", "max_steps=5"])).fit()
+    Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'run'}", "max_steps=10"]), resume=True).fit()
+    ref, run = ([r for r in _records(tmp_path / d) if r["split"] == "train"] for d in ("ref", "run"))
+    assert [r["step"] for r in run] == [r["step"] for r in ref]
+    assert [r["loss"] for r in run] == pytest.approx([r["loss"] for r in ref], rel=1e-5)
+    assert all(r["loss"] > r["nll"] for r in ref)  # the KL term, on top of the passes' mean NLL
+    valid = [r for r in _records(tmp_path / "ref") if r["split"] == "valid"]
+    assert all(r["loss"] == pytest.approx(r["nll"]) for r in valid)  # no KL term, no smoothing
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("r_drop=-1", r"r_drop=-1.0 must be ≥ 0"),
+        ("r_drop=1 class_weights=balanced", r"r_drop=1.0 does not weigh"),
+    ],
+)
+def test_classify_r_drop_is_validated(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, ["task=classify", *override.split()])
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
