@@ -19,7 +19,7 @@ Translation (no smoothing mass on padding):
 The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
 at the chosen positions only), ``replaced_token_loss`` (ELECTRA's discriminator, every real
 position), ``classification_loss`` (the pooled classifier, class-weighted) and its R-Drop,
-``classification_r_drop_loss``.
+``classification_r_drop_loss``, and its mixup of pooled vectors, ``classification_mixup_loss``.
 """
 
 from __future__ import annotations
@@ -200,6 +200,26 @@ def classification_loss(
     loss = F.cross_entropy(logits, batch.labels, class_weight, reduction="sum", label_smoothing=epsilon)
     nll = F.cross_entropy(logits.detach(), batch.labels, reduction="sum")
     return LossSums(loss, nll, batch.labels.new_tensor(batch.labels.numel()))
+
+
+def classification_mixup_loss(
+    model: EncoderModel, batch: ClassifyBatch, epsilon: float, alpha: float
+) -> LossSums:
+    """Mixup of the pooled sentence vectors (senMixup, Guo et al. 2019; Zhang et al. 2018): with
+    λ ~ Beta(α, α) and a permutation π of the batch, the classifier reads λ·h_i + (1 − λ)·h_π(i)
+    and the loss is λ·CE(y_i) + (1 − λ)·CE(y_π(i)) (the NLL likewise, without smoothing). λ and π
+    come from torch's generator, so a resumed run draws the same. Training only.
+    Shape: ids (B, T), labels (B,) -> three scalars"""
+    lam = float(torch.distributions.Beta(alpha, alpha).sample())
+    perm = torch.randperm(len(batch.labels)).to(batch.ids.device)
+    pooled = model.pool(batch.ids, model.encode(batch.ids)[0])  # (B, d_model)
+    logits = model.classifier(lam * pooled + (1 - lam) * pooled[perm]).float()  # (B, n_classes)
+    y, y_perm = batch.labels, batch.labels[perm]
+    ce = lambda target, s: F.cross_entropy(logits, target, reduction="sum", label_smoothing=s)  # noqa: E731
+    loss = lam * ce(y, epsilon) + (1 - lam) * ce(y_perm, epsilon)
+    with torch.no_grad():
+        nll = lam * ce(y, 0.0) + (1 - lam) * ce(y_perm, 0.0)
+    return LossSums(loss, nll, y.new_tensor(y.numel()))
 
 
 def classification_r_drop_loss(

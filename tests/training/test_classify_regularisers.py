@@ -1,5 +1,6 @@
 """A classifier's regularisers: word dropout (``word_dropout``: training texts lose pieces, validation
-keeps all) and R-Drop (``r_drop``: two dropout passes and their symmetric KL)."""
+keeps all), R-Drop (``r_drop``: two dropout passes and their symmetric KL) and mixup of pooled
+vectors (``mixup``)."""
 
 import json
 
@@ -86,16 +87,43 @@ def test_r_drop_is_two_dropout_passes_cross_entropy_and_their_symmetric_kl():
     assert int(n) == 5
 
 
-def test_a_classifier_with_r_drop_resumes_exactly_and_evaluates_one_pass(rule_data, tmp_path):  # noqa: F811
-    args = ["task=classify", f"dataset={rule_data}", "r_drop=1.0", "eval_every=5", *TINY, "model.dropout=0.3"]
-    args.append("label_smoothing=0")  # the loss is the NLL but for the KL term
+def test_mixup_mixes_pooled_vectors_and_both_labels_by_one_lambda():
+    """Against the formula with λ and π drawn from the same seed (dropout off, so the draws are the
+    only randomness): logits = classifier(λ·h + (1 − λ)·h[π]), L = λ·CE(y) + (1 − λ)·CE(y[π])."""
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=1, n_classes=3)
+    model = EncoderModel(config).eval()
+    ids = torch.randint(4, 40, (6, 7))
+    ids[1, 5:], ids[3, 4:] = 0, 0
+    batch, eps = ClassifyBatch(ids, torch.tensor([0, 2, 1, 1, 0, 2])), 0.1
+    torch.manual_seed(3)
+    loss, nll, n = criteria.classification_mixup_loss(model, batch, eps, 0.4)
+    torch.manual_seed(3)
+    lam = float(torch.distributions.Beta(0.4, 0.4).sample())
+    perm = torch.randperm(6)
+    assert 0 < lam < 1 and not torch.equal(perm, torch.arange(6))
+    with torch.no_grad():
+        h = model.pool(ids, model.encode(ids)[0])
+        logits = model.classifier.out(lam * h + (1 - lam) * h[perm])
+    ce = lambda y, s: F.cross_entropy(logits, y, reduction="sum", label_smoothing=s)  # noqa: E731
+    y, yp = batch.labels, batch.labels[perm]
+    assert_close("mixup loss", loss, lam * ce(y, eps) + (1 - lam) * ce(yp, eps))
+    assert_close("mixup NLL", nll, lam * ce(y, 0.0) + (1 - lam) * ce(yp, 0.0))
+    assert int(n) == 6
+
+
+@pytest.mark.parametrize("extra", [["r_drop=1.0"], ["mixup=0.4"]])
+def test_r_drop_and_mixup_runs_resume_exactly_and_evaluate_plainly(rule_data, tmp_path, extra):  # noqa: F811
+    args = ["task=classify", f"dataset={rule_data}", *extra, "eval_every=5", *TINY, "model.dropout=0.3"]
+    args.append("label_smoothing=0")  # the loss is the NLL (but for R-Drop's KL term)
     Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'ref'}", "max_steps=10"])).fit()
     Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'run'}", "max_steps=5"])).fit()
     Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'run'}", "max_steps=10"]), resume=True).fit()
     ref, run = ([r for r in _records(tmp_path / d) if r["split"] == "train"] for d in ("ref", "run"))
     assert [r["step"] for r in run] == [r["step"] for r in ref]
     assert [r["loss"] for r in run] == pytest.approx([r["loss"] for r in ref], rel=1e-5)
-    assert all(r["loss"] > r["nll"] for r in ref)  # the KL term, on top of the passes' mean NLL
+    if extra == ["r_drop=1.0"]:
+        assert all(r["loss"] > r["nll"] for r in ref)  # the KL term, on top of the passes' mean NLL
     valid = [r for r in _records(tmp_path / "ref") if r["split"] == "valid"]
     assert all(r["loss"] == pytest.approx(r["nll"]) for r in valid)  # no KL term, no smoothing
 
@@ -105,6 +133,8 @@ def test_a_classifier_with_r_drop_resumes_exactly_and_evaluates_one_pass(rule_da
     [
         ("r_drop=-1", r"r_drop=-1.0 must be ≥ 0"),
         ("r_drop=1 class_weights=balanced", r"r_drop=1.0 does not weigh"),
+        ("mixup=-1", r"mixup=-1.0 must be ≥ 0"),
+        ("mixup=0.4 r_drop=1", r"mixup=0.4 and r_drop are two training losses"),
     ],
 )
 def test_classify_r_drop_is_validated(override, message):

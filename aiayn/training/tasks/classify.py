@@ -70,6 +70,7 @@ class ClassifyOptions(EncoderOptions):
     layer_decay: float = 1.0  # layer-wise learning-rate decay (1 = one rate for all)
     word_dropout: float = 0.0  # each training piece left out with this probability (0 = off)
     r_drop: float = 0.0  # R-Drop's α: two dropout passes per batch, their symmetric KL × α (0 = off)
+    mixup: float = 0.0  # α of mixup's Beta(α, α) over pooled sentence vectors (0 = off)
 
     ABOUT: ClassVar[dict[str, str]] = {
         "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
@@ -80,6 +81,7 @@ class ClassifyOptions(EncoderOptions):
         "long_text": "says how a classifier reads long texts (task='classify')",
         "word_dropout": "leaves pieces out of a classifier's training texts (task='classify')",
         "r_drop": "is R-Drop for translation models and classifiers",
+        "mixup": "mixes a classifier's pooled training vectors (task='classify')",
     }
 
     def validate(self, cfg: TrainConfig) -> None:
@@ -102,8 +104,13 @@ class ClassifyOptions(EncoderOptions):
                  "are usual)")  # fmt: skip
         if self.r_drop < 0:
             fail(self, "r_drop", "must be ≥ 0 (0 = off)")
-        if self.r_drop and self.class_weights != "none":
-            fail(self, "r_drop", "does not weigh classes: set class_weights='none' or r_drop=0")
+        if self.mixup < 0:
+            fail(self, "mixup", "must be ≥ 0 (Beta(α, α)'s α; 0 = off, 0.2–1 are usual)")
+        for name in ("r_drop", "mixup"):
+            if getattr(self, name) and self.class_weights != "none":
+                fail(self, name, f"does not weigh classes: set class_weights='none' or {name}=0")
+        if self.r_drop and self.mixup:
+            fail(self, "mixup", "and r_drop are two training losses: set one of them to 0")
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
@@ -301,6 +308,8 @@ class ClassifyTask(EncoderTask):
     def loss(self, model: nn.Module, batch: ClassifyBatch, smoothing: float):
         if self.opts.r_drop and model.training:
             return criteria.classification_r_drop_loss(model, batch, smoothing, self.opts.r_drop)
+        if self.opts.mixup and model.training:
+            return criteria.classification_mixup_loss(model, batch, smoothing, self.opts.mixup)
         weight = None if self.class_weight is None else self.class_weight.to(batch.ids.device)
         return criteria.classification_loss(model, batch, smoothing, weight)
 
