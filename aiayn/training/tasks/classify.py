@@ -12,7 +12,9 @@ keeps a classifier's head (an aiayn run or a HF BERT classifier) when its labels
 (intermediate-task training, Phang et al. 2018); ``reinit_layers`` starts the top encoder layers afresh
 (Zhang et al. 2021); ``layer_decay`` scales the learning rate of layer l = 1…L (``encoder.layers.{l-1}``)
 by decay^(L + 1 − l), the embeddings' by decay^(L + 1), the heads' by 1 (BEiT's exponents; ELECTRA
-counts the heads one layer higher).
+counts the heads one layer higher). Three regularisers, also off by default and open to a run from
+scratch: ``word_dropout`` leaves training pieces out (Iyyer et al. 2015), ``r_drop`` adds R-Drop's
+consistency term and ``mixup`` mixes pooled vectors and their labels (``criteria``).
 A text longer than ``max_len`` is read as ``long_text`` says (``data/long_text.py``): its head (the
 default, BERT's truncation), its tail, head and tail, or overlapping windows of ``max_len`` every
 ``window_stride`` pieces, each window a training example with its text's label and, at validation
