@@ -360,7 +360,7 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("classify", "class_weights=inverse", r"class_weights='inverse' is not one of"),
         ("classify", "model.n_classes=3", r"model.n_classes is set from the training labels"),
         ("classify", "tokenizer=char", r"tokenizer='char' is for task='lm'"),
-        ("classify", "model.pooling=max", r"EncoderConfig.pooling='max' is not one of \('mean', 'first'\)"),
+        ("classify", "model.pooling=cls", r"pooling='cls' is not one of \('mean', 'first', 'max'\)"),
         (
             "rtd",
             "mask_prob=0.3",
