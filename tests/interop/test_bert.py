@@ -578,3 +578,30 @@ def test_exported_sentencepiece_vocabulary_loads_in_autotokenizer_and_encodes_as
         theirs = hf(**batch).logits
         ours = m.classify(batch["input_ids"])
     assert_close("exported sentencepiece BERT via AutoTokenizer", theirs, ours, atol=1e-4)
+
+
+def test_a_converter_that_splits_unlike_sentencepiece_writes_no_tokenizer_json(tmp_path, monkeypatch):
+    """Some transformers 5.x converters leave out the dummy prefix (the first word's "▁"): simulated by
+    dropping the built tokenizer's pre-tokenizer, the export writes no tokenizer files and warns."""
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    from aiayn.interop.bert.fast_tokenizer import save_fast_tokenizer
+
+    rng = random.Random(0)
+    words = ["a", "good", "film", "is", "dull", "the", "plot"]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(500)]
+    tok = SentencePieceTokenizer.train(lines, 300, "bpe", mask=True)
+    for name in ("now", "old"):
+        (tmp_path / name).mkdir()
+    assert save_fast_tokenizer(tok, tmp_path / "now", 64) and (tmp_path / "now" / "tokenizer.json").is_file()
+    build = SpmConverter.build_tokenizer_from_spm_proto
+
+    def without_prefix(proto, vocab, merges=None):
+        fast = build(proto, vocab, merges)
+        fast.pre_tokenizer = None
+        return fast
+
+    monkeypatch.setattr(SpmConverter, "build_tokenizer_from_spm_proto", staticmethod(without_prefix))
+    with pytest.warns(UserWarning, match=r"no tokenizer.json written: transformers .* splits 'a film'"):
+        assert not save_fast_tokenizer(tok, tmp_path / "old", 64)
+    assert not any((tmp_path / "old").iterdir())

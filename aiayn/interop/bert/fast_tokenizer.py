@@ -10,20 +10,29 @@ sentencepiece does; a template adds ``bos … eos`` around each text, as aiayn's
 ``[CLS] … [SEP]``). ``<mask>`` is a special token matched in the normalised text, where sentencepiece
 finds its user-defined piece; one difference remains, in a text that starts with it: sentencepiece
 writes a lone ``▁`` before the mask, HF's tokenizer does not. transformers is an optional dependency:
-without it nothing is written here, and the export still carries aiayn's own tokenizer.
+without it nothing is written here, and the export still carries aiayn's own tokenizer. Nor is anything
+written when the converter of the installed transformers splits differently from sentencepiece (some
+5.x releases leave out the dummy-prefix ``▁`` of a text's first word): the built tokenizer is checked
+on ``PROBES`` first, and a mismatch is a warning that says to upgrade, never a silently wrong file.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from aiayn.atomic import write_json, write_text
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer
 
+# texts the built tokenizer must split as sentencepiece does: first words, runs of spaces, tabs and
+# newlines, accents, case
+PROBES = ("a film", "  two  spaces ", "tab\tand\nnewline", "Naïve café ÉTÉ", "x")
+
 
 def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: int) -> bool:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` for ``tok`` into ``directory``; False
-    (nothing written) without transformers (5 or later)."""
+    (nothing written) without transformers (5 or later) or when its converter splits ``PROBES``
+    differently from ``tok`` (a warning names the first such text)."""
     try:
         from tokenizers import AddedToken, processors
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
@@ -40,6 +49,17 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
         else {p.piece: i for i, p in enumerate(proto.pieces)}
     )
     fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    for text in PROBES:
+        if fast.encode(text, add_special_tokens=False).ids != tok.encode(text):
+            import transformers
+
+            warnings.warn(
+                f"no tokenizer.json written: transformers {transformers.__version__}'s sentencepiece "
+                f"converter splits {text!r} unlike sentencepiece; upgrade transformers (the export keeps "
+                "aiayn's own tokenizer)",
+                stacklevel=2,
+            )
+            return False
     name = tok.sp.id_to_piece
     bos, eos = name(BOS_ID), name(EOS_ID)
     fast.post_processor = processors.TemplateProcessing(
