@@ -35,6 +35,7 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
     differently from ``tok`` (a warning names the first such text)."""
     try:
         from tokenizers import AddedToken, processors
+        from transformers import __version__ as transformers_version
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
     except ImportError:
         return False
@@ -51,10 +52,8 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
     fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
     for text in PROBES:
         if fast.encode(text, add_special_tokens=False).ids != tok.encode(text):
-            import transformers
-
             warnings.warn(
-                f"no tokenizer.json written: transformers {transformers.__version__}'s sentencepiece "
+                f"no tokenizer.json written: transformers {transformers_version}'s sentencepiece "
                 f"converter splits {text!r} unlike sentencepiece; upgrade transformers (the export keeps "
                 "aiayn's own tokenizer)",
                 stacklevel=2,

@@ -294,12 +294,12 @@ class ClassifyTask(EncoderTask):
         return ClassifyBatch(self._collate(rows), torch.tensor(labels))
 
     def train_batches(self) -> Iterator[ClassifyBatch]:
-        s, p = self.sampler, self.opts.word_dropout
+        p = self.opts.word_dropout
         while True:
-            for idx in s:  # s.epoch, s.position: this batch's place, which seeds its word dropout
+            for idx in self.sampler:
                 rows = [self.train_x[i] for i in idx]
                 if p:
-                    rng = np.random.default_rng([self.cfg.seed, self.dist.rank, s.epoch, s.position])
+                    rng = self._batch_rng()
                     rows = [drop_words(row, p, rng) for row in rows]
                 yield self._batch(rows, [self.train_y[i] for i in idx])
 

@@ -111,6 +111,13 @@ class EncoderTask(Task):
     def epoch(self) -> int:
         return self.sampler.state_dict()["epoch"]
 
+    def _batch_rng(self) -> np.random.Generator:
+        """The random draws of the sampler's current training batch (masks, replacements, words left
+        out), seeded by the run's seed, the rank and the batch's place (``epoch``, ``position``), so a
+        resumed run draws what an uninterrupted one would."""
+        s = self.sampler
+        return np.random.default_rng([self.cfg.seed, self.dist.rank, s.epoch, s.position])
+
     def model_meta(self) -> dict[str, Any]:
         """``trained_max_len``: the longest row trained on (bos and eos included); the model's learned
         positions past it (it has ``max(max_len, 512)``) are untrained, which fine-tuning checks."""

@@ -150,11 +150,9 @@ class MLMTask(EncoderTask):
         return MaskedBatch(inputs, targets)
 
     def train_batches(self) -> Iterator[MaskedBatch]:
-        s = self.sampler
         while True:
-            for idx in s:  # s.epoch, s.position: this batch's place, which seeds its masks
-                rng = np.random.default_rng([self.cfg.seed, self.dist.rank, s.epoch, s.position])
-                yield self._batch([self.train[i] for i in idx], rng)
+            for idx in self.sampler:
+                yield self._batch([self.train[i] for i in idx], self._batch_rng())
 
     def valid_batches(self) -> Iterator[MaskedBatch]:
         for k, idx in enumerate(self._valid_order(self.valid)):
