@@ -1,7 +1,8 @@
-"""Decoding engines on the same weights: aiayn float32 and int8, CTranslate2 float32 and int8, HF.
+"""Decoding engines on the same weights: aiayn float32, int8 and bfloat16, CTranslate2 float32 and int8, HF.
 
 aiayn float32 also runs with oneDNN kernels on prepacked weights (``aiayn-fp32-onednn``) and with the
-kernel chosen per weight shape by a timing at load (``aiayn-fp32-auto``): ``--gemm onednn|auto``.
+kernel chosen per weight shape by a timing at load (``aiayn-fp32-auto``): ``--gemm onednn|auto``; and
+bfloat16 (``--quantize bf16``, ``aiayn-bf16``) likewise (``aiayn-bf16-onednn``).
 
 Two models: (a) a trained translation model directory (``--model``, e.g. ``make demo``'s
 runs/demo) over the 1,000 Multi30k test2016 sources, scored with sacreBLEU; (b) a random model of
@@ -34,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-ENGINES = ("aiayn-fp32", "aiayn-int8", "aiayn-fp32-onednn", "aiayn-fp32-auto", "ct2-fp32", "ct2-int8", "hf")
+ENGINES = ("aiayn-fp32", "aiayn-int8", "aiayn-bf16", "aiayn-fp32-onednn", "aiayn-fp32-auto",
+           "aiayn-bf16-onednn", "ct2-fp32", "ct2-int8", "hf")  # fmt: skip
 SETTINGS = {"b32-beam4": (32, 4), "b64-greedy": (64, 1), "b1-beam4": (1, 4)}
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.0)
 MAX_LEN = 100  # output limit of the trained model: above any Multi30k test translation
@@ -57,8 +59,9 @@ def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads
         from aiayn.models.quantize import quantize
 
         t = Translator.from_dir(model_dir)
-        quantize(t.model, "int8" if name.endswith("int8") else "none")
-        prepack(t.model, name.split("-")[2] if name.count("-") == 2 else "blas")
+        _, precision, *gemm = name.split("-")  # aiayn-PRECISION[-GEMM]
+        quantize(t.model, "none" if precision == "fp32" else precision)
+        prepack(t.model, gemm[0] if gemm else "blas")
         eos = t.model.config.eos_id
 
         def decode(batch, beam, fixed):
@@ -263,7 +266,7 @@ def summarise(reports: list[dict], detok, refs) -> list[dict]:
 
 def table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'engine':16} {'thr':>3} " + " ".join(f"{s:>24}" for s in SETTINGS) + "   RSS MB")
+    print(f"{'engine':18} {'thr':>3} " + " ".join(f"{s:>24}" for s in SETTINGS) + "   RSS MB")
     for row in rows:
         cells = []
         for s in SETTINGS:
@@ -271,7 +274,7 @@ def table(title: str, rows: list[dict]) -> None:
             extra = f" B{e['bleu']:.2f}" if "bleu" in e else f" ={e['same_output_as_aiayn_fp32']:.2f}"
             cells.append(f"{e['tokens_per_s']:7.0f} ({e['speed_vs_aiayn_fp32']:.2f}x){extra}")
         print(
-            f"{row['engine']:16} {row['threads']:3d} "
+            f"{row['engine']:18} {row['threads']:3d} "
             + " ".join(f"{c:>24}" for c in cells)
             + f" {row['peak_rss_mb']:8.0f}"
         )

@@ -51,7 +51,8 @@ def add_ensemble_argument(p: argparse.ArgumentParser) -> None:
 def add_quantize_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize", choices=QUANTIZATIONS, default="none",
-        help="int8: dynamic int8 quantization of every linear layer; pays at larger sizes (default: none)",
+        help="int8: dynamic int8 quantization of every linear layer; pays at larger sizes. bf16: bfloat16 "
+        "weights and activations; pays on CPUs with AVX512_BF16 or AMX (default: none)",
     )  # fmt: skip
 
     p.add_argument(

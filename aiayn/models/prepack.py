@@ -9,27 +9,25 @@ layout, does not have that problem; CTranslate2 picks oneDNN on such CPUs for th
 ``PackedLinear`` holding the reordered weight; ``"auto"`` decides per weight shape by timing both
 kernels on it (``faster_kernels``), so a CPU where the BLAS is faster keeps the BLAS.
 
-Outputs stay float32; they differ from the BLAS's by summation order only (about 1e-6 relative).
+Outputs keep the model's dtype (float32, or bfloat16 after ``--quantize bf16``, whose weights are packed
+for oneDNN's bfloat16 kernels); in float32 they differ from the BLAS's by summation order only (about
+1e-6 relative).
 Packed models are for inference only, like quantized ones: the packed weight is an opaque oneDNN
 tensor that cannot be trained, moved or saved.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 from torch import Tensor, nn
 
+from aiayn.device import bound_onednn_caches
 from aiayn.errors import ConfigError
 from aiayn.models.quantize import is_quantized, split_sliced_weights
 
 GEMMS = ("blas", "onednn", "auto")
-# oneDNN keeps a primitive (and ideep a computation) per input shape it has seen: with decoding's
-# ever-changing row counts both caches grow by their default 1,024 entries' worth of buffers. Bounded
-# here unless the user set them; read at oneDNN's first use, so ``prepack`` sets them before it.
-CACHE_ENTRIES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 TIMED_ROWS = (4, 128)  # auto times each shape at these rows: one sentence's beam, a batch's beams
 
 
@@ -81,13 +79,13 @@ def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
         if gemm == "auto":
             return model
         raise ConfigError("--gemm onednn: this PyTorch build has no oneDNN (mkldnn); use --gemm blas")
-    for name, entries in CACHE_ENTRIES.items():
-        os.environ.setdefault(name, entries)
+    bound_onednn_caches()
     split_sliced_weights(model, self_attention=False)
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]  # fmt: skip
     shapes = {_shape(child) for _, _, child in linears}
-    packed = shapes if gemm == "onednn" else faster_kernels(shapes)
+    dtype = next(model.parameters()).dtype
+    packed = shapes if gemm == "onednn" else faster_kernels(shapes, dtype=dtype)
     with torch.no_grad():
         for parent, name, child in linears:
             if _shape(child) in packed:
@@ -99,18 +97,20 @@ def _shape(linear: nn.Linear) -> tuple[int, int, bool]:
     return linear.in_features, linear.out_features, linear.bias is not None
 
 
-def faster_kernels(shapes: set[tuple[int, int, bool]], repeats: int = 5) -> set[tuple[int, int, bool]]:
-    """The (in, out, bias) shapes whose product oneDNN computes faster than the BLAS: timed on random
-    weights at each of ``TIMED_ROWS`` rows (best of ``repeats``), oneDNN wins when the product of
-    its time ratios is below 1 (so a few rows weigh as much as many)."""
+def faster_kernels(
+    shapes: set[tuple[int, int, bool]], repeats: int = 5, dtype: torch.dtype = torch.float32
+) -> set[tuple[int, int, bool]]:
+    """The (in, out, bias) shapes whose product oneDNN computes faster than the BLAS in ``dtype``: timed
+    on random weights at each of ``TIMED_ROWS`` rows (best of ``repeats``), oneDNN wins when the product
+    of its time ratios is below 1 (so a few rows weigh as much as many)."""
     faster = set()
     with torch.no_grad():
         for d_in, d_out, bias in shapes:
-            linear = nn.Linear(d_in, d_out, bias=bias)
+            linear = nn.Linear(d_in, d_out, bias=bias, dtype=dtype)
             packed = PackedLinear(linear)
             ratio = 1.0
             for rows in TIMED_ROWS:
-                x = torch.randn(rows, d_in)
+                x = torch.randn(rows, d_in, dtype=dtype)
                 ratio *= _best_time(packed, x, repeats) / _best_time(linear, x, repeats)
             if ratio < 1.0:
                 faster.add((d_in, d_out, bias))

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 
 import torch
-from torch import nn
 
+from aiayn.device import bf16_speedup
 from aiayn.errors import ConfigError
 from aiayn.training.distributed import DistInfo, all_reduce_sum
 
@@ -22,27 +21,6 @@ from aiayn.training.distributed import DistInfo, all_reduce_sum
 # runs at least this many times faster than a float32 one (CPUs with AVX512_BF16 or AMX, CUDA GPUs
 # with bfloat16); elsewhere bfloat16 is emulated and slower, and fp32 is kept.
 AUTO_BF16_MIN_SPEEDUP = 1.25
-
-
-def bf16_speedup(device: torch.device, tokens: int, d_model: int, d_ff: int) -> float:
-    """float32 time / bfloat16 time of a (tokens × d_model) · (d_model × d_ff) product on this
-    device now, each the best of 5 after one warm-up call (a fraction of a second on a CPU)."""
-
-    def best(dtype: torch.dtype) -> float:
-        x = torch.randn(tokens, d_model, device=device, dtype=dtype)
-        w = torch.randn(d_ff, d_model, device=device, dtype=dtype)
-        times = []
-        for _ in range(6):  # the first call warms up and is not counted
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            nn.functional.linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        return min(times[1:])
-
-    return best(torch.float32) / best(torch.bfloat16)
 
 
 def autocast(device: torch.device, precision: str):

@@ -87,10 +87,11 @@ def test_works_as_a_pipe(model_dirs):
     assert len(proc.stdout.decode().splitlines()) == 1
 
 
-def test_quantize_int8_translates_and_unknown_precisions_are_refused(model_dirs, monkeypatch, capsys):
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_quantize_translates_and_unknown_precisions_are_refused(model_dirs, monkeypatch, capsys, precision):
     args = ["translate", "--model", str(model_dirs["joint"]), "--beam", "2"]
     _stdin(monkeypatch, "Ein Mann fährt Fahrrad.\nZwei Hunde\n".encode())
-    assert main([*args, "--quantize", "int8"]) == 0
+    assert main([*args, "--quantize", precision]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--quantize", "int4"])

@@ -12,6 +12,7 @@ from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.models import prepack as prepack_module
+from aiayn.models import quantize as quantize_module
 from aiayn.models.prepack import PackedLinear, available, is_packed, prepack
 from aiayn.models.quantize import quantize
 from aiayn.modules.attention import MultiHeadAttention
@@ -47,6 +48,25 @@ def test_onednn_packs_every_linear_and_changes_no_output(name):
     assert sum(isinstance(m, PackedLinear) for m in packed.modules()) >= n_linear
     with torch.no_grad():
         assert_close(f"packed {name}", packed(*inputs), model(*inputs), atol=1e-4)
+
+
+@pytest.mark.parametrize("gemm", ["onednn", "auto"])
+def test_a_bf16_model_packs_its_bfloat16_weights_and_changes_no_output(gemm, monkeypatch):
+    monkeypatch.setattr(quantize_module, "bf16_speedup", lambda *a: 2.0)
+    timed, real_best_time = [], prepack_module._best_time
+    timer = lambda k, x, r: timed.append(x.dtype) or real_best_time(k, x, r)  # noqa: E731
+    monkeypatch.setattr(prepack_module, "_best_time", timer)
+    model, inputs = _models()["transformer"]
+    bf16 = quantize(copy.deepcopy(model), "bf16")
+    packed = prepack(copy.deepcopy(bf16), gemm)
+    assert {p.dtype for p in packed.parameters()} == {torch.bfloat16}
+    assert set(timed) == ({torch.bfloat16} if gemm == "auto" else set())  # auto times bfloat16 kernels
+    assert is_packed(packed) or gemm == "auto"
+    with torch.no_grad():
+        ours, ref = packed(*inputs), bf16(*inputs)
+    assert ours.dtype == torch.bfloat16
+    # the same bfloat16 products summed in another order: well within bfloat16's precision of float32
+    assert_close(f"packed bf16 ({gemm})", ours.float(), ref.float(), atol=0.1)
 
 
 def test_a_packed_translator_searches_as_the_plain_one():

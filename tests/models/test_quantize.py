@@ -1,5 +1,7 @@
 """Dynamic int8 quantization: every Linear becomes torch's quantized Linear, the split of the stacked
-attention projection changes nothing, and int8 outputs stay close to float32 for all three models."""
+attention projection changes nothing, and int8 outputs stay close to float32 for all three models.
+bfloat16: every weight and buffer in bfloat16, outputs within bfloat16's precision of float32's, and a
+warning where this device's bfloat16 products are slower than float32's."""
 
 import copy
 
@@ -8,7 +10,9 @@ import torch
 from torch import nn
 
 from aiayn import EncoderConfig, EncoderModel
+from aiayn import device as device_module
 from aiayn.errors import ConfigError
+from aiayn.models import quantize as quantize_module
 from aiayn.models.quantize import is_quantized, quantize
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_lm, tiny_transformer
@@ -98,3 +102,35 @@ def test_int8_output_layer_keeps_to_its_pieces():
     assert torch.equal(torch.isneginf(ours), torch.isneginf(ref))
     assert torch.isneginf(ref).sum() == 20 * src.size(0) * tgt.size(1)
     assert _relative_error(ours[..., 3:33], ref[..., 3:33]) < 0.05
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_bf16_casts_every_weight_and_buffer_and_stays_close_to_float32(name, monkeypatch, capsys):
+    monkeypatch.setattr(quantize_module, "bf16_speedup", lambda *a: 2.0)
+    model, inputs = _models()[name]
+    q = quantize(copy.deepcopy(model), "bf16")
+    floating = [t for t in (*q.parameters(), *q.buffers()) if t.is_floating_point()]
+    assert floating and {t.dtype for t in floating} == {torch.bfloat16}
+    assert not is_quantized(q) and capsys.readouterr().err == ""  # fast here: nothing to say
+    with torch.no_grad():
+        ref, ours = model(*inputs), q(*inputs)
+    assert ours.dtype == torch.bfloat16
+    # 8 bits of mantissa on every weight and activation: under 2% here (int8: about 2%)
+    assert _relative_error(ours.float(), ref) < 0.02
+    assert (ours.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+def test_bf16_where_its_products_are_slow_warns_and_int8_then_bf16_is_refused(monkeypatch, capsys):
+    measured = []
+    monkeypatch.setattr(quantize_module, "bf16_speedup", lambda *a: measured.append(a) or 0.12)
+    environ = {"LRU_CACHE_CAPACITY": "7"}  # set by the user: kept
+    monkeypatch.setattr(device_module.os, "environ", environ)
+    model = tiny_transformer(50)
+    quantize(model, "bf16")
+    assert environ == {"LRU_CACHE_CAPACITY": "7", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}  # bounded
+    err = capsys.readouterr().err
+    assert "0.12× as fast as float32" in err and "slower" in err and len(err.strip().splitlines()) == 1
+    d = model.config.d_model
+    assert measured == [(torch.device("cpu"), 64, d, 4 * d)]  # a batch's rows at the model's width
+    with pytest.raises(ConfigError, match="int8 already"):
+        quantize(quantize(tiny_transformer(50), "int8"), "bf16")

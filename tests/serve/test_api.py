@@ -201,14 +201,18 @@ def test_a_10mb_body_and_a_request_past_its_timeout(served):
         assert c.get("/health").json()["status"] == "ok"
 
 
-def test_quantized_services_answer_as_the_quantized_translator_does(served):
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_quantized_services_answer_as_the_quantized_translator_does(served, precision):
     from aiayn.models.quantize import is_quantized, quantize
 
     de_en_meta(served["de-en"])
-    services = [load_service(name, path, quantization="int8") for name, path in served.items()]
-    assert all(is_quantized(s.model) for s in services)
+    services = [load_service(name, path, quantization=precision) for name, path in served.items()]
+    if precision == "int8":
+        assert all(is_quantized(s.model) for s in services)
+    else:
+        assert all(next(s.model.parameters()).dtype == torch.bfloat16 for s in services)
     translator = Translator.from_dir(served["de-en"])
-    quantize(translator.model, "int8")
+    quantize(translator.model, precision)
     expected = translator.translate(["Ein Mann", "Zwei Hunde"], SearchConfig(beam=2))
     with TestClient(create_app(services, Settings())) as c:
         r = c.post("/v1/translate", json={"q": ["Ein Mann", "Zwei Hunde"], "beam": 2})
