@@ -34,6 +34,7 @@ from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.models.prepack import GEMMS, prepack  # noqa: E402
+from aiayn.models.quantize import QUANTIZATIONS, quantize  # noqa: E402
 
 GROUPS = {  # operation -> what it is in a decoding step
     "aten::addmm": "Linear layers (addmm)",
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=12, help="operations listed")
     ap.add_argument("--gemm", choices=GEMMS, default="blas", help="Linear kernels (aiayn.models.prepack)")
+    ap.add_argument("--quantize", choices=QUANTIZATIONS, default="none", help="aiayn.models.quantize")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -116,6 +118,7 @@ def main() -> None:
     if args.base:
         translator = base_translator(translator)
         config = dataclasses.replace(config, min_len=args.base_len, max_len=args.base_len)
+    quantize(translator.model, args.quantize)
     prepack(translator.model, args.gemm)
     test = load_parallel("multi30k", "test", "de", "en")
     sources = translator.encode([src for src, _ in list(test)[: args.sentences]])[0]
@@ -131,7 +134,7 @@ def main() -> None:
         print(f"         {op['share']:5.1f}%  {op['op']} ({op['calls']:,} calls)")
     if args.json:
         write_json(args.json, {"machine": machine(), "torch": torch.__version__, "model": args.model,
-                               "base": args.base, "gemm": args.gemm, "batch": args.batch, "beam": args.beam,
+                               "base": args.base, "gemm": args.gemm, "quantize": args.quantize, "batch": args.batch, "beam": args.beam,
                                "sentences": len(sources), "threads": args.threads, **out,
                                "command": " ".join(sys.argv)})  # fmt: skip
 

@@ -57,6 +57,8 @@ class KVCache:
         return self._len
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.static:  # stored contiguous (not as the heads' transposed view): every later step reads
+            k, v = k.contiguous(), v.contiguous()  # them, and a product over a view copies it each time
         if self.static or self._k is None:
             self._k, self._v, self._len, self._rows = k, v, k.size(2), k.size(0)
             return k, v

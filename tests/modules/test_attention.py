@@ -217,6 +217,11 @@ def test_cache_appends_self_attention_and_reuses_static_memory():
     steps = [mha(x[:, t : t + 1], memory, memory, cache=cache)[0] for t in range(5)]
     assert len(cache) == 7
     assert_close("MultiHeadAttention cached vs full (cross)", torch.cat(steps, 1), cross)
+    # held contiguous, not as the heads' transposed view, which every step's product would copy again
+    assert cache.k.is_contiguous() and cache.v.is_contiguous()
+    primed = KVCache(static=True)
+    primed.update(*mha.project_memory(memory))
+    assert primed.k.is_contiguous() and torch.equal(primed.k, cache.k) and torch.equal(primed.v, cache.v)
 
 
 def test_cache_buffer_grows_and_reorders_like_concatenation():
