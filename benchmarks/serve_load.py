@@ -44,6 +44,7 @@ from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.models.quantize import QUANTIZATIONS, quantize  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
 
 
@@ -66,12 +67,12 @@ MODES = {"one": ["--max-batch-texts", "0", "--scheduling", "batch"],  # one requ
 
 
 def start(
-    model: str, mode: str, threads: int, window_ms: float, workers: int
+    model: str, mode: str, threads: int, window_ms: float, workers: int, quantize: str = "none"
 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--threads",
             str(threads), *MODES[mode], "--queue-size", "256", "--batch-window-ms", str(window_ms),
-            "--workers", str(workers)]  # fmt: skip
+            "--workers", str(workers), "--quantize", quantize]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     for _ in range(300):
@@ -172,6 +173,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=None, help="the server's --batch-window-ms")
     ap.add_argument("--workers", type=int, default=1, help="the server's --workers (batches at once)")
+    ap.add_argument("--quantize", choices=QUANTIZATIONS, default="none", help="the server's --quantize")
     ap.add_argument(
         "--modes",
         nargs="+",
@@ -189,7 +191,7 @@ def main() -> int:
     rows = []
     window = Settings().batch_window_ms if args.window_ms is None else args.window_ms
     for mode in args.modes:
-        proc, url = start(args.model, mode, args.threads, window, args.workers)
+        proc, url = start(args.model, mode, args.threads, window, args.workers, args.quantize)
         mine = []
         try:
             one(url, texts[0], args.beam)  # warm-up
@@ -208,12 +210,13 @@ def main() -> int:
     # as in the server: start-up is not counted)
     torch.set_num_threads(args.threads)
     translator = Translator.from_dir(args.model)
+    quantize(translator.model, args.quantize)
     t0 = time.perf_counter()
     translator.translate(texts, SearchConfig(beam=args.beam))
     bound = len(texts) / (time.perf_counter() - t0)
     out = {"machine": machine(), "model": args.model, "beam": args.beam, "requests": len(texts),
            "batch_window_ms": window, "workers": args.workers, "threads": args.threads,
-           "command": "python " + " ".join(sys.argv), "rows": rows,
+           "quantize": args.quantize, "command": "python " + " ".join(sys.argv), "rows": rows,
            "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.plot and args.rates:
