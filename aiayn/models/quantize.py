@@ -44,8 +44,12 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         return model
     if name == "bf16":
         return to_bfloat16(model)
-    if next(model.parameters()).device.type != "cpu":
+    weight = next(model.parameters())
+    if weight.device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only: load the model with --device cpu")
+    if weight.dtype != torch.float32:
+        raise ConfigError(f"--quantize int8 quantizes float32 weights, not {weight.dtype}: take one of int8 "
+                          "and bf16")  # fmt: skip
     split_sliced_weights(model)
     with warnings.catch_warnings():  # torch.ao's dynamic quantization warns of a future deprecation
         warnings.simplefilter("ignore")

@@ -134,3 +134,5 @@ def test_bf16_where_its_products_are_slow_warns_and_int8_then_bf16_is_refused(mo
     assert measured == [(torch.device("cpu"), 64, d, 4 * d)]  # a batch's rows at the model's width
     with pytest.raises(ConfigError, match="int8 already"):
         quantize(quantize(tiny_transformer(50), "int8"), "bf16")
+    with pytest.raises(ConfigError, match="one of int8 and bf16"):
+        quantize(model, "int8")  # bfloat16 already
