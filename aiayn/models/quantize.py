@@ -4,6 +4,7 @@
 int8 weights (one scale per output row) and quantizes its input on the fly, per batch (PyTorch's
 dynamic quantization, fbgemm/x86 kernels). Embeddings, LayerNorm and softmax stay float32. A tied
 output projection gets an int8 copy of the embedding matrix; the embedding itself is untouched.
+The input is quantized to 8 bits on CPUs with VNNI and to 7 elsewhere (``Int8Linear``).
 
 ``bf16``: every weight and buffer cast to bfloat16, so that every product, the attention and the
 residual stream run in bfloat16 (CTranslate2's ``compute_type="bfloat16"``); the output layer's
@@ -18,8 +19,10 @@ Quantized models are for inference only: they cannot be trained or saved back as
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -55,7 +58,49 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         warnings.simplefilter("ignore")
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+    reduce_range = not has_vnni()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is DYNAMIC_LINEAR:
+                setattr(parent, name, Int8Linear(child, reduce_range))
     return model
+
+
+DYNAMIC_LINEAR = torch.ao.nn.quantized.dynamic.Linear
+
+
+class Int8Linear(nn.Module):
+    """torch.ao's dynamically quantized Linear, its input quantized to 8 bits (``reduce_range=False``)
+    or to 7 (``True``, what torch.ao does on every CPU).
+
+    fbgemm's int8 products on a CPU without VNNI add pairs of 8-bit products in 16 bits, which inputs
+    of the full 8-bit range can overflow; torch.ao therefore quantizes every input to 7 bits, which
+    doubles its rounding error. With VNNI (AVX512_VNNI, AVX-VNNI) the products accumulate in 32 bits
+    and the full range is exact: ``quantize`` uses it there (``has_vnni``).
+
+    Shape: x (..., in_features) -> (..., out_features)"""
+
+    def __init__(self, dynamic: nn.Module, reduce_range: bool = True):
+        super().__init__()
+        self.dynamic, self.reduce_range = dynamic, reduce_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self.dynamic._packed_params._packed_params
+        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=self.reduce_range).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"reduce_range={self.reduce_range}"
+
+
+def has_vnni(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has VNNI (8-bit products accumulated in 32 bits), read from ``/proc/cpuinfo``'s
+    flags (or ``cpuinfo``); False where they cannot be read, which keeps the safe 7-bit inputs."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return re.search(r"^flags\s*:.*\b(avx512_vnni|avx_vnni)\b", cpuinfo, re.MULTILINE) is not None
 
 
 def to_bfloat16(model: nn.Module) -> nn.Module:

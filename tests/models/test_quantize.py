@@ -13,7 +13,7 @@ from aiayn import EncoderConfig, EncoderModel
 from aiayn import device as device_module
 from aiayn.errors import ConfigError
 from aiayn.models import quantize as quantize_module
-from aiayn.models.quantize import is_quantized, quantize
+from aiayn.models.quantize import Int8Linear, has_vnni, is_quantized, quantize
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_lm, tiny_transformer
 from tests.helpers import assert_close
@@ -73,6 +73,31 @@ def test_int8_quantizes_every_linear_and_stays_close_to_float32(name):
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
 
 
+def test_int8_inputs_take_8_bits_only_on_cpus_with_vnni(monkeypatch):
+    for vnni in (True, False):
+        monkeypatch.setattr(quantize_module, "has_vnni", lambda v=vnni: v)
+        q = quantize(tiny_transformer(50), "int8")
+        ranges = {m.reduce_range for m in q.modules() if isinstance(m, Int8Linear)}
+        assert ranges == {not vnni}
+    assert has_vnni("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n")
+    assert has_vnni("flags : fpu avx2 avx_vnni\n")
+    assert not has_vnni("flags\t\t: fpu sse2 avx2 fma avx512f avx512bw\n")  # AVX-512 without VNNI
+
+
+@pytest.mark.skipif(not has_vnni(), reason="8-bit inputs are exact only with VNNI")
+def test_8_bit_inputs_halve_the_error_of_7_bit_ones_with_vnni():
+    """Against float32 (a reference nobody here wrote): the full range's rounding step is half the
+    reduced range's, and nothing overflows (an overflow would give a large error, not a smaller one)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 1024)
+    x = torch.randn(64, 512) * torch.rand(64, 1) * 3  # rows of different scales, as a batch has
+    dynamic = quantize(nn.Sequential(linear), "int8")[0].dynamic
+    with torch.no_grad():
+        ref = linear(x)
+        errors = {r: _relative_error(Int8Linear(dynamic, r)(x), ref) for r in (True, False)}
+    assert errors[False] < 0.7 * errors[True] and errors[False] < 0.02
+
+
 def test_a_wrong_block_would_be_caught():
     """The closeness bound above is tight enough to see a mis-wired cross-attention block."""
     model, inputs = _models()["transformer"]
@@ -96,7 +121,9 @@ def test_int8_output_layer_keeps_to_its_pieces():
     model = tiny_transformer(50, output_pieces=30)
     model.head.set_pieces(torch.arange(3, 33))
     q = quantize(copy.deepcopy(model), "int8")
-    assert isinstance(q.head.piece_proj, QUANTIZED_LINEAR)
+    assert isinstance(q.head.piece_proj, Int8Linear) and isinstance(
+        q.head.piece_proj.dynamic, QUANTIZED_LINEAR
+    )
     with torch.no_grad():
         ref, ours = model(src, tgt), q(src, tgt)
     assert torch.equal(torch.isneginf(ours), torch.isneginf(ref))
