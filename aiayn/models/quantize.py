@@ -47,6 +47,8 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         return model
     if name == "bf16":
         return to_bfloat16(model)
+    if is_quantized(model):
+        return model  # int8 already
     weight = next(model.parameters())
     if weight.device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only: load the model with --device cpu")
@@ -60,9 +62,9 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     reduce_range = not has_vnni()
     for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
+        for attr, child in list(parent.named_children()):
             if type(child) is DYNAMIC_LINEAR:
-                setattr(parent, name, Int8Linear(child, reduce_range))
+                setattr(parent, attr, Int8Linear(child, reduce_range))
     return model
 
 

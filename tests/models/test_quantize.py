@@ -82,6 +82,9 @@ def test_int8_inputs_take_8_bits_only_on_cpus_with_vnni(monkeypatch):
     assert has_vnni("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n")
     assert has_vnni("flags : fpu avx2 avx_vnni\n")
     assert not has_vnni("flags\t\t: fpu sse2 avx2 fma avx512f avx512bw\n")  # AVX-512 without VNNI
+    q = quantize(tiny_transformer(50), "int8")
+    n = sum(isinstance(m, Int8Linear) for m in q.modules())
+    assert quantize(q, "int8") is q and sum(isinstance(m, Int8Linear) for m in q.modules()) == n  # no-op
 
 
 @pytest.mark.skipif(not has_vnni(), reason="8-bit inputs are exact only with VNNI")
@@ -96,6 +99,14 @@ def test_8_bit_inputs_halve_the_error_of_7_bit_ones_with_vnni():
         ref = linear(x)
         errors = {r: _relative_error(Int8Linear(dynamic, r)(x), ref) for r in (True, False)}
     assert errors[False] < 0.7 * errors[True] and errors[False] < 0.02
+    # the case 16-bit pair sums would overflow: every input at 255, every weight at ±127
+    extreme = nn.Linear(256, 2, bias=False)
+    with torch.no_grad():
+        extreme.weight[0], extreme.weight[1] = 1.0, -1.0
+        x = torch.ones(3, 256)
+        x[:, 0] = 0.0  # the range starts at 0: the other inputs quantize to 255
+        out = quantize(nn.Sequential(extreme), "int8")(x)
+    assert out[0, 0] > 250 and out[0, 1] < -250  # 255 in float32; an overflow would saturate far lower
 
 
 def test_a_wrong_block_would_be_caught():
