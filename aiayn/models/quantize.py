@@ -10,9 +10,8 @@ The input is quantized to 8 bits on CPUs with VNNI and to 7 elsewhere (``Int8Lin
 residual stream run in bfloat16 (CTranslate2's ``compute_type="bfloat16"``); the output layer's
 logits are read in float32 (log-softmax, beam scores, class probabilities). It halves the weights'
 memory traffic and runs the products on the CPU's bfloat16 instructions (AVX512_BF16, AMX); where
-the CPU has none, bfloat16 is emulated and slower than float32, and ``quantize`` says so. It keeps
-more of float32's precision than int8 (8 bits of mantissa on every value instead of 8-bit integers
-with one scale per row), and runs on a GPU too.
+the CPU has none, bfloat16 is emulated and slower than float32, and ``quantize`` says so. Unlike
+int8 it also runs on a GPU; unlike int8 it rounds LayerNorm, the attention and the residual stream too.
 
 Quantized models are for inference only: they cannot be trained or saved back as checkpoints.
 """
