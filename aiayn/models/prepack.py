@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from aiayn.device import bound_onednn_caches
 from aiayn.errors import ConfigError
-from aiayn.models.quantize import is_quantized, split_sliced_weights
+from aiayn.models.quantize import children_of_type, is_quantized, split_sliced_weights
 
 GEMMS = ("blas", "onednn", "auto")
 TIMED_ROWS = (4, 128)  # auto times each shape at these rows: one sentence's beam, a batch's beams
@@ -81,8 +81,7 @@ def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
         raise ConfigError("--gemm onednn: this PyTorch build has no oneDNN (mkldnn); use --gemm blas")
     bound_onednn_caches()
     split_sliced_weights(model, self_attention=False)
-    linears = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]  # fmt: skip
+    linears = children_of_type(model, nn.Linear)
     shapes = {_shape(child) for _, _, child in linears}
     dtype = next(model.parameters()).dtype
     packed = shapes if gemm == "onednn" else faster_kernels(shapes, dtype=dtype)

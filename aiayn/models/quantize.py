@@ -32,6 +32,7 @@ from aiayn.modules.attention import MultiHeadAttention
 from aiayn.modules.embedding import OutputProjection
 
 QUANTIZATIONS = ("none", "int8", "bf16")
+DYNAMIC_LINEAR = torch.ao.nn.quantized.dynamic.Linear
 # bfloat16 products measured below this many times float32's speed are emulated: a warning says so
 BF16_SLOW = 1.0
 
@@ -60,14 +61,16 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     reduce_range = not has_vnni()
-    for parent in list(model.modules()):
-        for attr, child in list(parent.named_children()):
-            if type(child) is DYNAMIC_LINEAR:
-                setattr(parent, attr, Int8Linear(child, reduce_range))
+    for parent, attr, child in children_of_type(model, DYNAMIC_LINEAR):
+        setattr(parent, attr, Int8Linear(child, reduce_range))
     return model
 
 
-DYNAMIC_LINEAR = torch.ao.nn.quantized.dynamic.Linear
+def children_of_type(model: nn.Module, cls: type) -> list[tuple[nn.Module, str, nn.Module]]:
+    """``(parent, attribute, child)`` for every submodule of exactly type ``cls``, listed in full
+    before the caller replaces any (``setattr(parent, attribute, new)``)."""
+    return [(parent, attr, child) for parent in model.modules()
+            for attr, child in parent.named_children() if type(child) is cls]  # fmt: skip
 
 
 class Int8Linear(nn.Module):
