@@ -101,12 +101,18 @@ class EncoderModel(nn.Module):
         if not c.tie_output:
             init_weights(self.head, c.d_model)
 
-    def encode(self, ids: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """Shape: ids (B, T) -> states (B, T, d_model), [L × (B, h, T, T)] if asked."""
+    def encode(
+        self, ids: Tensor, need_weights: bool = False, embedded: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The encoder over ``embed(ids)``, or over ``embedded`` in its place (adversarial training
+        perturbs the embedded input; the masks still come from ``ids``).
+
+        Shape: ids (B, T) [, embedded (B, T, d_model)] -> states (B, T, d_model), [L × (B, h, T, T)] if asked
+        """
         mask = padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         if self.config.causal:
             mask = mask & causal_mask(ids.size(1), device=ids.device)  # (B, 1, T, T)
-        return self.encoder(self.embed(ids), mask, need_weights)
+        return self.encoder(self.embed(ids) if embedded is None else embedded, mask, need_weights)
 
     def token_states(self, h: Tensor) -> Tensor:
         """What the vocabulary projection reads: the states, through BERT's transform if any."""
@@ -129,11 +135,11 @@ class EncoderModel(nn.Module):
         real = real.to(states.dtype)
         return (states * real).sum(1) / real.sum(1).clamp(min=1)
 
-    def classify(self, ids: Tensor) -> Tensor:
-        """Class logits. Shape: ids (B, T) -> (B, n_classes)."""
+    def classify(self, ids: Tensor, embedded: Tensor | None = None) -> Tensor:
+        """Class logits (``embedded`` as in ``encode``). Shape: ids (B, T) -> (B, n_classes)."""
         if self.classifier is None:
             raise ValueError("this model has no classification head: set n_classes > 0")
-        return self.classifier(self.pool(ids, self.encode(ids)[0]))
+        return self.classifier(self.pool(ids, self.encode(ids, embedded=embedded)[0]))
 
     def detect(self, ids: Tensor) -> Tensor:
         """Replaced-token logits (positive = replaced). Shape: ids (B, T) -> (B, T)."""

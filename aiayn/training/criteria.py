@@ -19,7 +19,8 @@ Translation (no smoothing mass on padding):
 The other tasks: ``next_token_loss`` (a language model, every position), ``masked_lm_loss`` (BERT's,
 at the chosen positions only), ``replaced_token_loss`` (ELECTRA's discriminator, every real
 position), ``classification_loss`` (the pooled classifier, class-weighted) and its R-Drop,
-``classification_r_drop_loss``, and its mixup of pooled vectors, ``classification_mixup_loss``.
+``classification_r_drop_loss``, its mixup of pooled vectors, ``classification_mixup_loss``, and its
+adversarial training on the embedded input, ``classification_adversarial_loss``.
 """
 
 from __future__ import annotations
@@ -230,3 +231,31 @@ def classification_r_drop_loss(
     (``aiayn.modules.loss.r_drop_loss``). Training only: in evaluation both passes are equal."""
     logits_a, logits_b = model.classify(batch.ids.repeat(2, 1)).chunk(2)  # (B, n_classes) each
     return LossSums(*r_drop_loss_of_logits(logits_a, logits_b, batch.labels, epsilon, alpha))
+
+
+def classification_adversarial_loss(
+    model: EncoderModel,
+    batch: ClassifyBatch,
+    epsilon: float,
+    radius: float,
+    class_weight: Tensor | None = None,
+) -> LossSums:
+    """Adversarial training (Miyato et al. 2017, "Adversarial training methods for semi-supervised
+    text classification"; Goodfellow et al. 2015's fast gradient method on embeddings): with x the
+    embedded input and g_i = ∂L/∂x_i each text's gradient of the loss, the loss adds the loss at
+    x_i + r_i, r_i = radius · g_i / ‖g_i‖₂ (the norm over the text's T × d_model values), the step that
+    raises the loss most to first order; r is a constant (no gradient through it). The NLL is the
+    clean pass's. Costs a backward pass to x and a second forward per update. Training only.
+    Shape: ids (B, T), labels (B,) -> three scalars"""
+    ce = lambda logits, s: F.cross_entropy(  # noqa: E731
+        logits, batch.labels, class_weight, reduction="sum", label_smoothing=s
+    )
+    x = model.embed(batch.ids)  # (B, T, d_model)
+    logits = model.classify(batch.ids, embedded=x).float()  # (B, n_classes)
+    loss = ce(logits, epsilon)
+    (g,) = torch.autograd.grad(loss, x, retain_graph=True)  # (B, T, d_model)
+    norm = g.float().flatten(1).norm(dim=1).clamp(min=1e-12)  # (B,)
+    r = (radius * g.float() / norm[:, None, None]).to(x.dtype)
+    adversarial = model.classify(batch.ids, embedded=x + r).float()
+    nll = F.cross_entropy(logits.detach(), batch.labels, reduction="sum")
+    return LossSums(loss + ce(adversarial, epsilon), nll, batch.labels.new_tensor(batch.labels.numel()))

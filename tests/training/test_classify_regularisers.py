@@ -1,6 +1,6 @@
 """A classifier's regularisers: word dropout (``word_dropout``: training texts lose pieces, validation
 keeps all), R-Drop (``r_drop``: two dropout passes and their symmetric KL) and mixup of pooled
-vectors (``mixup``)."""
+vectors (``mixup``) and adversarial training on the embedded input (``adversarial``)."""
 
 import json
 
@@ -112,7 +112,60 @@ def test_mixup_mixes_pooled_vectors_and_both_labels_by_one_lambda():
     assert int(n) == 6
 
 
-@pytest.mark.parametrize("extra", [["r_drop=1.0"], ["mixup=0.4"]])
+def test_adversarial_loss_adds_the_loss_one_normalised_gradient_step_away_for_each_text():
+    """Against each text's own gradient, computed alone (dropout off, so a text's loss depends on it
+    only): the added term is Σ_i CE(x_i + r·g_i/‖g_i‖), and to first order it exceeds the clean loss
+    by r·Σ_i ‖g_i‖ (a sign error, or one norm for the whole batch, fails both)."""
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2, n_classes=3)
+    model = EncoderModel(config).eval()
+    ids = torch.randint(4, 40, (5, 7))
+    ids[1, 5:], ids[3, 4:] = 0, 0
+    labels, eps = torch.tensor([0, 2, 1, 1, 0]), 0.1
+    weight = torch.tensor([1.0, 2.0, 0.5])
+    ce = lambda logits, y: F.cross_entropy(logits, y, weight, reduction="sum", label_smoothing=eps)  # noqa: E731
+    clean = steps = 0.0
+    for radius in (0.5, 1e-3):
+        loss, nll, n = criteria.classification_adversarial_loss(
+            model, ClassifyBatch(ids, labels), eps, radius, weight
+        )
+        expected, clean, steps = torch.zeros(()), torch.zeros(()), torch.zeros(())
+        for i in range(5):
+            x = model.embed(ids[i : i + 1]).detach().requires_grad_()
+            li = ce(model.classify(ids[i : i + 1], embedded=x), labels[i : i + 1])
+            (g,) = torch.autograd.grad(li, x)
+            adv = ce(model.classify(ids[i : i + 1], embedded=x + radius * g / g.norm()), labels[i : i + 1])
+            expected, clean, steps = expected + li + adv, clean + li, steps + g.norm()
+        assert_close(f"adversarial loss (r={radius})", loss, expected, atol=1e-5)
+        assert_close(
+            "NLL (the clean pass's)", nll, F.cross_entropy(model.classify(ids), labels, reduction="sum")
+        )
+        assert int(n) == 5
+    assert float((loss - 2 * clean).detach()) == pytest.approx(1e-3 * float(steps), rel=0.02)  # 1st order
+
+
+def test_adversarial_loss_trains_the_embeddings_through_both_passes():
+    """At radius 0 the gradient is twice the plain loss's; at radius > 0 the perturbed pass adds its own."""
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=1, n_classes=2)
+    model = EncoderModel(config).eval()
+    batch = ClassifyBatch(torch.randint(4, 40, (4, 6)), torch.tensor([0, 1, 1, 0]))
+    weight = model.embed.tokens.embedding.weight
+
+    def grad(loss):
+        model.zero_grad()
+        loss.backward()
+        return weight.grad.clone()
+
+    plain = grad(criteria.classification_loss(model, batch, 0.0).loss)
+    assert_close(
+        "radius 0", grad(criteria.classification_adversarial_loss(model, batch, 0.0, 0.0).loss), 2 * plain
+    )
+    perturbed = grad(criteria.classification_adversarial_loss(model, batch, 0.0, 2.0).loss)
+    assert not torch.allclose(perturbed, 2 * plain, atol=1e-4)
+
+
+@pytest.mark.parametrize("extra", [["r_drop=1.0"], ["mixup=0.4"], ["adversarial=1.0"]])
 def test_r_drop_and_mixup_runs_resume_exactly_and_evaluate_plainly(rule_data, tmp_path, extra):  # noqa: F811
     args = ["task=classify", f"dataset={rule_data}", *extra, "eval_every=5", *TINY, "model.dropout=0.3"]
     args.append("label_smoothing=0")  # the loss is the NLL (but for R-Drop's KL term)
@@ -135,6 +188,8 @@ def test_r_drop_and_mixup_runs_resume_exactly_and_evaluate_plainly(rule_data, tm
         ("r_drop=1 class_weights=balanced", r"r_drop=1.0 does not weigh"),
         ("mixup=-1", r"mixup=-1.0 must be ≥ 0"),
         ("mixup=0.4 r_drop=1", r"mixup=0.4 and r_drop are two training losses"),
+        ("adversarial=-1", r"adversarial=-1.0 must be ≥ 0"),
+        ("adversarial=1 mixup=0.4", r"adversarial=1.0 and mixup are two training losses"),
     ],
 )
 def test_classify_r_drop_is_validated(override, message):

@@ -14,7 +14,8 @@ keeps a classifier's head (an aiayn run or a HF BERT classifier) when its labels
 by decay^(L + 1 − l), the embeddings' by decay^(L + 1), the heads' by 1 (BEiT's exponents; ELECTRA
 counts the heads one layer higher). Three regularisers, also off by default and open to a run from
 scratch: ``word_dropout`` leaves training pieces out (Iyyer et al. 2015), ``r_drop`` adds R-Drop's
-consistency term and ``mixup`` mixes pooled vectors and their labels (``criteria``).
+consistency term, ``mixup`` mixes pooled vectors and their labels and ``adversarial`` adds the loss
+at the worst nearby embedded input (``criteria``).
 A text longer than ``max_len`` is read as ``long_text`` says (``data/long_text.py``): its head (the
 default, BERT's truncation), its tail, head and tail, or overlapping windows of ``max_len`` every
 ``window_stride`` pieces, each window a training example with its text's label and, at validation
@@ -73,6 +74,7 @@ class ClassifyOptions(EncoderOptions):
     word_dropout: float = 0.0  # each training piece left out with this probability (0 = off)
     r_drop: float = 0.0  # R-Drop's α: two dropout passes per batch, their symmetric KL × α (0 = off)
     mixup: float = 0.0  # α of mixup's Beta(α, α) over pooled sentence vectors (0 = off)
+    adversarial: float = 0.0  # the L2 radius of each text's adversarial step on its embeddings (0 = off)
 
     ABOUT: ClassVar[dict[str, str]] = {
         "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
@@ -84,6 +86,7 @@ class ClassifyOptions(EncoderOptions):
         "word_dropout": "leaves pieces out of a classifier's training texts (task='classify')",
         "r_drop": "is R-Drop for translation models and classifiers",
         "mixup": "mixes a classifier's pooled training vectors (task='classify')",
+        "adversarial": "trains a classifier on adversarially perturbed embeddings (task='classify')",
     }
 
     def validate(self, cfg: TrainConfig) -> None:
@@ -111,8 +114,11 @@ class ClassifyOptions(EncoderOptions):
         for name in ("r_drop", "mixup"):
             if getattr(self, name) and self.class_weights != "none":
                 fail(self, name, f"does not weigh classes: set class_weights='none' or {name}=0")
-        if self.r_drop and self.mixup:
-            fail(self, "mixup", "and r_drop are two training losses: set one of them to 0")
+        if self.adversarial < 0:
+            fail(self, "adversarial", "must be ≥ 0 (the perturbation's L2 norm per text; 0 = off)")
+        losses = [name for name in ("r_drop", "mixup", "adversarial") if getattr(self, name)]
+        if len(losses) > 1:
+            fail(self, losses[-1], f"and {losses[0]} are two training losses: set one of them to 0")
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
@@ -313,6 +319,9 @@ class ClassifyTask(EncoderTask):
         if self.opts.mixup and model.training:
             return criteria.classification_mixup_loss(model, batch, smoothing, self.opts.mixup)
         weight = None if self.class_weight is None else self.class_weight.to(batch.ids.device)
+        if self.opts.adversarial and model.training:
+            radius = self.opts.adversarial
+            return criteria.classification_adversarial_loss(model, batch, smoothing, radius, weight)
         return criteria.classification_loss(model, batch, smoothing, weight)
 
     def n_targets(self, batch: ClassifyBatch) -> int:
