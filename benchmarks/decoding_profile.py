@@ -134,7 +134,8 @@ def main() -> None:
         print(f"         {op['share']:5.1f}%  {op['op']} ({op['calls']:,} calls)")
     if args.json:
         write_json(args.json, {"machine": machine(), "torch": torch.__version__, "model": args.model,
-                               "base": args.base, "gemm": args.gemm, "quantize": args.quantize, "batch": args.batch, "beam": args.beam,
+                               "base": args.base, "gemm": args.gemm, "quantize": args.quantize,
+                               "batch": args.batch, "beam": args.beam,
                                "sentences": len(sources), "threads": args.threads, **out,
                                "command": " ".join(sys.argv)})  # fmt: skip
 

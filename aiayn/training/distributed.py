@@ -68,5 +68,10 @@ def all_reduce_max(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Every rank meets at a barrier, then tears the group down: a rank that destroyed its side of
+    the group while another was still finishing a collective left that one waiting (a hang seen
+    once in the tests' 2-process runs on gloo; the barrier is the usual cure). Called only after a
+    run ended normally: a rank that raised would leave the others at the barrier."""
     if info.enabled and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
