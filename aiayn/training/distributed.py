@@ -7,6 +7,7 @@ them everything here is a no-op and the run is a single process. Only rank 0 wri
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+GLOO_DRAIN_S = 0.05  # shutdown: the GIL released for gloo's worker thread to drop its last collective
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,16 @@ def all_reduce_max(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def shutdown(info: DistInfo) -> None:
-    """Every rank meets at a barrier, then tears the group down: a rank that destroyed its side of
-    the group while another was still finishing a collective left that one waiting (a hang seen
-    once in the tests' 2-process runs on gloo; the barrier is the usual cure). Called only after a
-    run ended normally: a rank that raised would leave the others at the barrier."""
+    """Tear the process group down once every rank is done with it (after a normal end only: a
+    rank that raised would leave the others waiting at the barrier).
+
+    The pause after the barrier is for gloo: its worker thread drops each finished collective
+    after waking the caller, and that drop takes the GIL (the collective's tensors belong to
+    Python). Destroying the group joins that thread while holding the GIL, so a destruction that
+    came first deadlocked now and then at the end of 2-process runs (py-spy: the main thread in
+    ~ProcessGroupGloo joining, the worker waiting for the GIL); sleeping releases the GIL for the
+    worker to finish."""
     if info.enabled and dist.is_initialized():
         dist.barrier()
+        time.sleep(GLOO_DRAIN_S)
         dist.destroy_process_group()
