@@ -12,7 +12,7 @@ keeps a classifier's head (an aiayn run or a HF BERT classifier) when its labels
 (intermediate-task training, Phang et al. 2018); ``reinit_layers`` starts the top encoder layers afresh
 (Zhang et al. 2021); ``layer_decay`` scales the learning rate of layer l = 1…L (``encoder.layers.{l-1}``)
 by decay^(L + 1 − l), the embeddings' by decay^(L + 1), the heads' by 1 (BEiT's exponents; ELECTRA
-counts the heads one layer higher). Three regularisers, also off by default and open to a run from
+counts the heads one layer higher). Four regularisers, also off by default and open to a run from
 scratch: ``word_dropout`` leaves training pieces out (Iyyer et al. 2015), ``r_drop`` adds R-Drop's
 consistency term, ``mixup`` mixes pooled vectors and their labels and ``adversarial`` adds the loss
 at the worst nearby embedded input (``criteria``).
