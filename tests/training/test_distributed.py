@@ -195,3 +195,22 @@ def test_ranks_train_in_one_precision_and_stay_identical(corpus, tmp_path, preci
     err = _finish(proc, pids)
     assert err.count("precision=auto chose") == (precision == "auto"), err[-3000:]
     assert _same_final_state(dump, tmp_path / "run") == 4
+
+
+def test_shutdown_meets_at_a_barrier_and_releases_the_gil_before_destroying_the_group(monkeypatch):
+    """gloo's worker thread drops its last collective under the GIL, and destroying the group joins
+    that thread while holding it: the group may only go after a barrier and a sleep (py-spy showed
+    the deadlock in the 2-process tests above). Recorded with the calls replaced."""
+    from aiayn.training import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.time, "sleep", lambda s: calls.append(("sleep", s)))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    distributed.shutdown(distributed.DistInfo(rank=1, local_rank=1, world_size=2))
+    assert calls == ["barrier", ("sleep", distributed.GLOO_DRAIN_S), "destroy"]
+    assert distributed.GLOO_DRAIN_S >= 0.01
+    calls.clear()
+    distributed.shutdown(distributed.DistInfo())  # one process: nothing to tear down
+    assert calls == []
