@@ -5,13 +5,15 @@ so a typo or a GPU that is not there is one ``DeviceError`` naming the value and
 any work starts, instead of PyTorch's assertion deep inside the first ``.to(device)``.
 ``bf16_speedup`` measures whether this device's bfloat16 matrix products are faster than its
 float32 ones (CPUs with AVX512_BF16 or AMX, most GPUs) or emulated and slower: training's
-``precision="auto"`` and decoding's ``--quantize bf16`` read it.
+``precision="auto"`` and decoding's ``--quantize bf16`` read it. ``cpu_flags`` reads the CPU's
+instruction-set flags (``/proc/cpuinfo``), for what measurement cannot tell as cheaply.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -50,6 +52,21 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 # oneDNN keeps a primitive (and ideep a computation) per input shape it has seen: with decoding's
 # ever-changing row counts both caches grow by their default 1,024 entries' worth of buffers.
 ONEDNN_CACHE_ENTRIES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The first processor's ``flags`` in ``/proc/cpuinfo`` (or in the text ``cpuinfo``); empty
+    where they cannot be read (another OS), so callers fall back to what every CPU has."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return set()
+    for line in cpuinfo.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
 
 
 def bound_onednn_caches() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from aiayn.atomic import check_output, write_text
+from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
@@ -161,6 +162,6 @@ def describe_cpu(cpuinfo: str) -> str:
     pairs = (line.partition(":") for line in block.splitlines())
     fields = {key.strip(): value.strip() for key, _, value in pairs}
     model = fields.get("model name") or platform.processor() or platform.machine()
-    flags = set(fields.get("flags", "").split())
+    flags = cpu_flags(cpuinfo)
     isa = next((name for flag, name in VECTOR_ISAS if flag in flags), None)
     return f"{model} ({isa})" if isa else model

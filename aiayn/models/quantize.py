@@ -18,15 +18,13 @@ Quantized models are for inference only: they cannot be trained or saved back as
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from aiayn.device import bf16_speedup, bound_onednn_caches
+from aiayn.device import bf16_speedup, bound_onednn_caches, cpu_flags
 from aiayn.errors import ConfigError
 from aiayn.modules.attention import MultiHeadAttention
 from aiayn.modules.embedding import OutputProjection
@@ -97,14 +95,9 @@ class Int8Linear(nn.Module):
 
 
 def has_vnni(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU has VNNI (8-bit products accumulated in 32 bits), read from ``/proc/cpuinfo``'s
-    flags (or ``cpuinfo``); False where they cannot be read, which keeps the safe 7-bit inputs."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
-    return re.search(r"^flags\s*:.*\b(avx512_vnni|avx_vnni)\b", cpuinfo, re.MULTILINE) is not None
+    """Whether this CPU has VNNI (8-bit products accumulated in 32 bits), from its flags
+    (``aiayn.device.cpu_flags``); False where they cannot be read, which keeps the safe 7-bit inputs."""
+    return bool(cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni"})
 
 
 def to_bfloat16(model: nn.Module) -> nn.Module:
