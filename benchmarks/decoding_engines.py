@@ -40,6 +40,12 @@ ENGINES = ("aiayn-fp32", "aiayn-int8", "aiayn-bf16", "aiayn-fp32-onednn", "aiayn
 SETTINGS = {"b32-beam4": (32, 4), "b64-greedy": (64, 1), "b1-beam4": (1, 4)}
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.0)
 MAX_LEN = 100  # output limit of the trained model: above any Multi30k test translation
+# ``--isa``: each library's documented switch to the same ceiling, for every engine's worker: PyTorch's
+# own kernels, oneDNN (PyTorch's and CTranslate2's), MKL, fbgemm (int8), CTranslate2's own kernels
+ISA_CEILINGS = {
+    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"},
+}  # fmt: skip
 
 
 def machine() -> str:
@@ -350,6 +356,8 @@ def main() -> None:
         metavar="NAME=VAR=VALUE[,VAR=VALUE]",
         help="also run CTranslate2 with these environment switches, e.g. dnnl=CT2_USE_MKL=0",
     )
+    p.add_argument("--isa", choices=ISA_CEILINGS, help="run every engine at most with these instructions "
+                   "(an AVX2-only CPU's kernels on this one; not its cores, caches or clock)")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     p.add_argument(
         "--verdict", metavar="JSON", help="print the goal's comparison of an earlier --json; run nothing"
@@ -366,7 +374,9 @@ def main() -> None:
     from aiayn.data.corpus import load_parallel
     from aiayn.interop.model_dir import load_translation_dir
 
-    print(f"{machine()}; threads {args.threads}", flush=True)
+    if args.isa:
+        os.environ.update(ISA_CEILINGS[args.isa])  # the workers inherit it
+    print(f"{machine()}; threads {args.threads}; instructions {args.isa or 'all'}", flush=True)
     _, src_tok, tgt_tok = load_translation_dir(args.model)
     test = load_parallel("multi30k", "test", "de", "en")
     srcs, refs = (list(side)[: args.sentences] for side in zip(*test))
@@ -378,7 +388,7 @@ def main() -> None:
 
     result = {"machine": machine(), "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
               "transformers": transformers.__version__, "settings": SETTINGS, "max_len": MAX_LEN,
-              "command": " ".join(sys.argv)}  # fmt: skip
+              "command": " ".join(sys.argv), "isa_ceiling": ISA_CEILINGS.get(args.isa)}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print(f"(a) trained model {args.model}: {len(ids)} test2016 sources", flush=True)

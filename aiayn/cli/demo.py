@@ -26,9 +26,10 @@ from aiayn.errors import ConfigError
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
 REFERENCE = RECIPE.parents[1] / "results" / "demo.json"  # the README's demo figures and their machines
-# Variables that make ATen, MKL and oneDNN use a lesser instruction set (e.g. AVX2 on an AVX-512 CPU): a
-# way to measure what a slower CPU gets, which a result must then say it was measured under.
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+# Variables that make ATen, fbgemm (int8), MKL and oneDNN use a lesser instruction set (e.g. AVX2 on an
+# AVX-512 CPU): a way to measure what a slower CPU gets, which a result must then say it was measured under.
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS",
+              "ONEDNN_MAX_CPU_ISA")  # fmt: skip
 # /proc/cpuinfo flags, widest first, and how results name them: a CPU's model name alone does not tell
 # its speed (one name covers generations with and without AVX-512, far apart on the tiny model).
 VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))

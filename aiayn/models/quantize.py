@@ -4,7 +4,8 @@
 int8 weights (one scale per output row) and quantizes its input on the fly, per batch (PyTorch's
 dynamic quantization, fbgemm/x86 kernels). Embeddings, LayerNorm and softmax stay float32. A tied
 output projection gets an int8 copy of the embedding matrix; the embedding itself is untouched.
-The input is quantized to 8 bits on CPUs with VNNI and to 7 elsewhere (``Int8Linear``).
+The input is quantized to 8 bits where fbgemm's products are exact for them (AVX512_VNNI) and to 7
+elsewhere (``Int8Linear``, ``exact_8_bit_inputs``).
 
 ``bf16``: every weight and buffer cast to bfloat16, so that every product, the attention and the
 residual stream run in bfloat16 (CTranslate2's ``compute_type="bfloat16"``); the output layer's
@@ -18,13 +19,14 @@ Quantized models are for inference only: they cannot be trained or saved back as
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 
 import torch
 from torch import nn
 
-from aiayn.device import bf16_speedup, bound_onednn_caches, cpu_flags
+from aiayn.device import bf16_speedup, bound_onednn_caches
 from aiayn.errors import ConfigError
 from aiayn.modules.attention import MultiHeadAttention
 from aiayn.modules.embedding import OutputProjection
@@ -58,7 +60,7 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         warnings.simplefilter("ignore")
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
-    reduce_range = not has_vnni()
+    reduce_range = not exact_8_bit_inputs()
     for parent, attr, child in children_of_type(model, DYNAMIC_LINEAR):
         setattr(parent, attr, Int8Linear(child, reduce_range))
     return model
@@ -77,8 +79,8 @@ class Int8Linear(nn.Module):
 
     fbgemm's int8 products on a CPU without VNNI add pairs of 8-bit products in 16 bits, which inputs
     of the full 8-bit range can overflow; torch.ao therefore quantizes every input to 7 bits, which
-    doubles its rounding error. With VNNI (AVX512_VNNI, AVX-VNNI) the products accumulate in 32 bits
-    and the full range is exact: ``quantize`` uses it there (``has_vnni``).
+    doubles its rounding error. With AVX512_VNNI the products accumulate in 32 bits and the full range
+    is exact: ``quantize`` uses it where fbgemm runs those kernels (``exact_8_bit_inputs``).
 
     Shape: x (..., in_features) -> (..., out_features)"""
 
@@ -94,10 +96,27 @@ class Int8Linear(nn.Module):
         return f"reduce_range={self.reduce_range}"
 
 
-def has_vnni(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU has VNNI (8-bit products accumulated in 32 bits), from its flags
-    (``aiayn.device.cpu_flags``); False where they cannot be read, which keeps the safe 7-bit inputs."""
-    return bool(cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni"})
+@functools.cache
+def exact_8_bit_inputs() -> bool:
+    """Whether fbgemm's int8 products are exact for inputs of the full 8-bit range on this CPU,
+    measured on the products that overflow 16-bit pair sums (every input 255, every weight 127), at
+    one row and at 64.
+
+    The CPU's flags do not say it: fbgemm has VNNI kernels for AVX512_VNNI only, so a CPU with
+    AVX-VNNI alone (many laptops) runs its AVX2 kernels and overflows, and ``FBGEMM_ENABLE_INSTRUCTIONS``
+    can make any CPU run them. Measured once per process (a fraction of a millisecond)."""
+    linear = nn.Linear(256, 1, bias=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        linear.weight.fill_(1.0)
+        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})[0]
+        x = torch.ones(64, 256)
+        x[:, 0] = 0.0  # the range starts at 0: the other inputs quantize to 255
+        packed = dynamic._packed_params._packed_params
+        outs = [torch.ops.quantized.linear_dynamic(rows, packed, reduce_range=False) for rows in (x[:1], x)]
+    # 255 when exact; a saturated sum of pairs gives about half
+    return all(bool((out > 250).all()) for out in outs)
 
 
 def to_bfloat16(model: nn.Module) -> nn.Module:

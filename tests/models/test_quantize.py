@@ -4,6 +4,11 @@ bfloat16: every weight and buffer in bfloat16, outputs within bfloat16's precisi
 warning where this device's bfloat16 products are slower than float32's."""
 
 import copy
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +16,10 @@ from torch import nn
 
 from aiayn import EncoderConfig, EncoderModel
 from aiayn import device as device_module
+from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError
 from aiayn.models import quantize as quantize_module
-from aiayn.models.quantize import Int8Linear, has_vnni, is_quantized, quantize
+from aiayn.models.quantize import Int8Linear, exact_8_bit_inputs, is_quantized, quantize
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_lm, tiny_transformer
 from tests.helpers import assert_close
@@ -73,21 +79,58 @@ def test_int8_quantizes_every_linear_and_stays_close_to_float32(name):
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
 
 
-def test_int8_inputs_take_8_bits_only_on_cpus_with_vnni(monkeypatch):
-    for vnni in (True, False):
-        monkeypatch.setattr(quantize_module, "has_vnni", lambda v=vnni: v)
+def test_int8_inputs_take_8_bits_only_where_they_are_exact(monkeypatch):
+    for exact in (True, False):
+        monkeypatch.setattr(quantize_module, "exact_8_bit_inputs", lambda e=exact: e)
         q = quantize(tiny_transformer(50), "int8")
         ranges = {m.reduce_range for m in q.modules() if isinstance(m, Int8Linear)}
-        assert ranges == {not vnni}
-    assert has_vnni("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n")
-    assert has_vnni("flags : fpu avx2 avx_vnni\n")
-    assert not has_vnni("flags\t\t: fpu sse2 avx2 fma avx512f avx512bw\n")  # AVX-512 without VNNI
+        assert ranges == {not exact}
     q = quantize(tiny_transformer(50), "int8")
     n = sum(isinstance(m, Int8Linear) for m in q.modules())
     assert quantize(q, "int8") is q and sum(isinstance(m, Int8Linear) for m in q.modules()) == n  # no-op
 
 
-@pytest.mark.skipif(not has_vnni(), reason="8-bit inputs are exact only with VNNI")
+X86_AVX2 = platform.machine() in ("x86_64", "AMD64") and "avx2" in cpu_flags()
+FORCED = "FBGEMM_ENABLE_INSTRUCTIONS" in os.environ
+
+
+@pytest.mark.skipif(not X86_AVX2 or FORCED, reason="fbgemm's kernels are chosen by the x86 flags")
+def test_8_bit_inputs_are_exact_where_fbgemm_runs_avx512_vnni_kernels():
+    """fbgemm has VNNI kernels for AVX512_VNNI only: an AVX-VNNI CPU (flag ``avx_vnni``) runs its
+    AVX2 kernels, whose 16-bit pair sums overflow."""
+    assert exact_8_bit_inputs() == ("avx512_vnni" in cpu_flags())
+
+
+def extreme_outputs() -> tuple[float, float]:
+    """``quantize``'s int8 output for the product whose 16-bit pair sums overflow: every input at
+    255, every weight at ±127; ±255 in float32, about ±129 where the sums saturate."""
+    extreme = nn.Linear(256, 2, bias=False)
+    with torch.no_grad():
+        extreme.weight[0], extreme.weight[1] = 1.0, -1.0
+        x = torch.ones(3, 256)
+        x[:, 0] = 0.0  # the range starts at 0: the other inputs quantize to 255
+        out = quantize(nn.Sequential(extreme), "int8")(x)
+    return out[0, 0].item(), out[0, 1].item()
+
+
+EXTREME = """from tests.models.test_quantize import exact_8_bit_inputs, extreme_outputs
+print(exact_8_bit_inputs(), *(round(v) for v in extreme_outputs()))"""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(not X86_AVX2, reason="FBGEMM_ENABLE_INSTRUCTIONS=AVX2 needs an x86 CPU with AVX2")
+def test_int8_stays_exact_when_fbgemm_is_made_to_run_its_avx2_kernels():
+    """On a VNNI CPU with fbgemm forced to AVX2 (as on an AVX-VNNI laptop), 8-bit inputs would
+    saturate (129 for 255): the probe sees it and ``quantize`` keeps 7-bit inputs."""
+    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", EXTREME], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    exact, first, second = done.stdout.split()
+    assert exact == "False" and int(first) > 250 and int(second) < -250  # 255 in float32
+
+
+@pytest.mark.skipif(not exact_8_bit_inputs(), reason="8-bit inputs are exact only with AVX512_VNNI")
 def test_8_bit_inputs_halve_the_error_of_7_bit_ones_with_vnni():
     """Against float32 (a reference nobody here wrote): the full range's rounding step is half the
     reduced range's, and nothing overflows (an overflow would give a large error, not a smaller one)."""
@@ -99,14 +142,8 @@ def test_8_bit_inputs_halve_the_error_of_7_bit_ones_with_vnni():
         ref = linear(x)
         errors = {r: _relative_error(Int8Linear(dynamic, r)(x), ref) for r in (True, False)}
     assert errors[False] < 0.7 * errors[True] and errors[False] < 0.02
-    # the case 16-bit pair sums would overflow: every input at 255, every weight at ±127
-    extreme = nn.Linear(256, 2, bias=False)
-    with torch.no_grad():
-        extreme.weight[0], extreme.weight[1] = 1.0, -1.0
-        x = torch.ones(3, 256)
-        x[:, 0] = 0.0  # the range starts at 0: the other inputs quantize to 255
-        out = quantize(nn.Sequential(extreme), "int8")(x)
-    assert out[0, 0] > 250 and out[0, 1] < -250  # 255 in float32; an overflow would saturate far lower
+    first, second = extreme_outputs()  # the case 16-bit pair sums would overflow
+    assert first > 250 and second < -250  # 255 in float32; an overflow would saturate far lower
 
 
 def test_a_wrong_block_would_be_caught():

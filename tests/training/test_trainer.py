@@ -224,7 +224,8 @@ def test_the_demo_compares_its_speed_and_tells_a_slower_machine_how_long_to_trai
 
 
 def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch):
-    """A figure measured with ATen/MKL/oneDNN held to AVX2 must not read as the unrestricted machine's."""
+    """A figure measured with ATen/fbgemm/MKL/oneDNN held to AVX2 must not read as the unrestricted
+    machine's."""
     from aiayn.cli.demo import ISA_LIMITS, machine
 
     for name in ISA_LIMITS:
@@ -234,6 +235,9 @@ def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert machine() == f"{plain}, limited by ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")  # int8's kernels
+    limits = "ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"
+    assert machine() == f"{plain}, limited by {limits}"
 
 
 def test_the_machine_names_the_widest_vector_instructions_of_the_first_cpu():
