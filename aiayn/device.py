@@ -7,19 +7,24 @@ any work starts, instead of PyTorch's assertion deep inside the first ``.to(devi
 float32 ones (CPUs with AVX512_BF16 or AMX, most GPUs) or emulated and slower: training's
 ``precision="auto"`` and decoding's ``--quantize bf16`` read it. ``cpu_flags`` reads the CPU's
 instruction-set flags (``/proc/cpuinfo``), for what measurement cannot tell as cheaply.
+``in_passing_thread`` and ``set_threads`` keep PyTorch's CPU threads off a server's main thread.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from aiayn.errors import DeviceError
 
 KNOWN = ("auto", "cpu", "cuda", "cuda:N", "mps")
+T = TypeVar("T")
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -95,3 +100,35 @@ def bf16_speedup(device: torch.device, tokens: int, d_model: int, d_ff: int) -> 
         return min(times[1:])
 
     return best(torch.float32) / best(torch.bfloat16)
+
+
+def set_threads(threads: int) -> None:
+    """PyTorch's CPU threads for the calling thread's operations; 0 leaves PyTorch's default."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def in_passing_thread(fn: Callable[[], T], threads: int = 0) -> T:
+    """``fn()`` run on a thread of its own with ``threads`` CPU threads, which ends when it returns.
+
+    A thread that runs parallel operations keeps a team of OpenMP threads for as long as it lives.
+    GNU OpenMP (PyTorch's) stops spinning between parallel regions once its threads outnumber the
+    CPUs, so a server whose main thread had loaded the models with two threads ran its worker's
+    small decoding products at half the speed, each waiting to be woken (docs/serve.md). Loading on a
+    passing thread leaves no team behind; its exception is raised here."""
+    out: list = []
+
+    def run() -> None:
+        set_threads(threads)
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # re-raised on the calling thread
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name="aiayn-load")
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value

@@ -38,9 +38,10 @@ ROUTES = {r.path for router in ROUTERS for r in router.routes if "{" not in r.pa
 }
 
 
-def create_app(services: list, settings: Settings | None = None) -> FastAPI:
-    """The FastAPI application serving ``services`` (see ``services.load_service``)."""
-    server = Server(services, settings or Settings())
+def create_app(services: list, settings: Settings | None = None, threads: int = 0) -> FastAPI:
+    """The FastAPI application serving ``services`` (see ``services.load_service``), its worker
+    threads each on ``threads`` PyTorch CPU threads (0: PyTorch's default)."""
+    server = Server(services, settings or Settings(), threads)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

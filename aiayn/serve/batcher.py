@@ -67,7 +67,8 @@ class Batcher:
 
     ``on_batch(n_jobs, n_items, seconds, tokens)`` is called after each batch and each step of a
     running search (``tokens``: one per text of the step; None for a batch), ``on_wait(seconds)``
-    when a job starts, with the time it waited (for metrics). ``stepwise(kind)`` returns a running
+    when a job starts, with the time it waited (for metrics); ``on_start()`` first on each worker
+    thread (its PyTorch threads). ``stepwise(kind)`` returns a running
     search for a kind decoded step by step, or None (the default for every kind): run in batches.
     """
 
@@ -81,8 +82,10 @@ class Batcher:
         workers: int = 1,
         stepwise: Callable[[Any], Any] | None = None,
         on_wait: Callable[[float], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ):
         self.run, self.window, self.max_items = run, window, max_items
+        self.on_start = on_start or (lambda: None)
         self.on_batch = on_batch or (lambda *_: None)
         self.on_wait = on_wait or (lambda _: None)
         self.stepwise = stepwise or (lambda _: None)
@@ -149,6 +152,7 @@ class Batcher:
     def _work(self) -> None:
         running: list[tuple[Any, Any]] = []  # (kind, its running search): stepwise kinds, this worker's
         jobs: dict[int, Job] = {}  # id(job) -> job, for the jobs in those searches
+        self.on_start()
         try:
             while True:
                 busy = bool(jobs)

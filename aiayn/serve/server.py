@@ -18,6 +18,7 @@ from fastapi import Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from aiayn.decoding.options import SearchConfig
+from aiayn.device import set_threads
 from aiayn.errors import AiaynError
 from aiayn.serve.batcher import Batcher, QueueFull
 from aiayn.serve.jobs import JobKind
@@ -79,16 +80,18 @@ class Metrics:
 
 
 class Server:
-    """The models (by name), the batcher and the settings behind the routes."""
+    """The models (by name), the batcher and the settings behind the routes; each worker thread runs
+    with ``threads`` PyTorch CPU threads (0: PyTorch's default)."""
 
-    def __init__(self, services: list, settings: Settings):
+    def __init__(self, services: list, settings: Settings, threads: int = 0):
         if not services:
             raise AiaynError("give at least one --model")
         self.services, self.settings = {s.name: s for s in services}, settings
         self.metrics = Metrics(lambda: self.batcher.depth(), lambda: self.batcher.in_flight())
         self.batcher = Batcher(self._run, settings.queue_size, settings.batch_window_ms / 1000,
                                settings.max_batch_texts, self._on_batch, settings.workers,
-                               self._stepwise, self.metrics.waiting.observe)  # fmt: skip
+                               self._stepwise, self.metrics.waiting.observe,
+                               lambda: set_threads(threads))  # fmt: skip
         self._batch = threading.local()  # each worker's last batch: output tokens, for the metrics
 
     # -- the worker side -------------------------------------------------------------------------

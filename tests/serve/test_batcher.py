@@ -306,3 +306,22 @@ def test_a_failing_step_reaches_the_jobs_of_its_search_and_the_worker_goes_on():
     b.close()
     assert [str(e) for e in first] == ["step failed"] * 2
     assert later == "done after 2"  # a new search for the next job
+
+
+def test_each_worker_thread_runs_on_start_before_its_first_job():
+    """The server sets each worker's PyTorch threads there (``on_start``), not on the main thread."""
+    started, ran = [], []
+
+    def on_start():
+        started.append(threading.current_thread())
+
+    b = Batcher(lambda key, payloads: ran.append(threading.current_thread()) or payloads, max_queue=8,
+                window=0.0, max_items=4, workers=2, on_start=on_start)  # fmt: skip
+
+    async def go():
+        return await asyncio.gather(*(b.submit("k", i) for i in range(4)))
+
+    assert asyncio.run(go()) == [0, 1, 2, 3]
+    b.close()
+    assert sorted(t.name for t in started) == ["aiayn-model-0", "aiayn-model-1"]
+    assert set(ran) <= set(started) and threading.main_thread() not in started
