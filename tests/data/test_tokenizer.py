@@ -209,3 +209,13 @@ def test_translation_pair_joint_or_per_side(tmp_path, write_lines, joint):
     src2, tgt2 = load_translation_tokenizers(save_translation_tokenizers(tmp_path / "t", src, tgt))
     assert (src2 is tgt2) is joint
     assert (src2.model_bytes(), tgt2.model_bytes()) == (src.model_bytes(), tgt.model_bytes())
+
+
+def test_few_and_many_texts_encode_to_the_same_ids(tok):
+    """Few texts are encoded one call each, many by sentencepiece's threaded call: the same ids."""
+    from aiayn.data.tokenizer import SP_THREADED_BATCH
+
+    many = CORPUS[: 2 * SP_THREADED_BATCH]
+    one_by_one = [tok.encode(t) for t in many]
+    assert tok.encode_batch(many) == one_by_one
+    assert tok.encode_batch(many[:3]) == one_by_one[:3] and tok.encode_batch([]) == []
