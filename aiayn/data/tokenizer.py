@@ -115,8 +115,8 @@ class _Guarded:
             self.error = e
 
 
-# texts from which sentencepiece's threaded call for a list is faster than one call per text: it costs
-# about 120-200 µs more for one text than a call for a string (12 µs), and gains ~4 µs per text with 2 threads
+# texts from which sentencepiece's threaded call for a list is faster than one call per text: starting its
+# threads costs about ten texts' encoding, which it wins back only over dozens (docs/serve.md has the figures)
 SP_THREADED_BATCH = 48
 
 
