@@ -154,8 +154,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         xlabel="offered load (sentences/s, Poisson arrivals)",
         ylabel="latency (ms)",
         yscale="log",
-        title=title,
     )
+    ax.set_title(title, fontsize=10)  # two lines: the machine's name is long
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -220,7 +220,7 @@ def main() -> int:
            "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
     if args.plot and args.rates:
-        plot(rows, args.plot, f"aiayn serve, beam {args.beam}, {out['machine']}")
+        plot(rows, args.plot, f"aiayn serve, beam {args.beam}\n{out['machine']}")
     if args.json:
         write_json(args.json, out)  # temp file + rename: nothing half-written
     return 0
