@@ -13,7 +13,7 @@ cached corpus (``CorpusFilter``, on the sampled lengths); the translation task h
 ``batching.CorpusEpochs``, so epoch ``e`` is batched from sample ``e mod SEGMENTATIONS``. ``sides``
 samples only the source (or target) side and keeps the other deterministic. A sample costs one
 encoding pass of the training pairs and one ``.npz`` file (docs/results.md has the figures for
-Multi30k).
+Multi30k). ``sampled_texts`` does the same for one side of texts, a classifier's training texts.
 """
 
 from __future__ import annotations
@@ -106,6 +106,33 @@ def segmentations(resegmenter: Resegmenter, directory: Path, seed: int, n: int =
         if not path.is_file():
             resegmenter.sample([seed, k]).save(path)
         samples.append(SampledParallel.load(path))
+    return samples
+
+
+def sampled_texts(texts: Sequence[str], tok: SentencePieceTokenizer, dropout: float, directory: Path,
+                  seed: int, n: int = SEGMENTATIONS) -> list[Ragged]:  # fmt: skip
+    """``n`` segmentations of ``texts`` (one side, unfiltered: a classifier's training texts), drawn
+    with ``dropout`` (seeded by ``(seed, k)``) and saved where ``directory`` lacks them, then read
+    back, as ``segmentations`` does for pairs."""
+    if not 0 < dropout < 1:
+        raise ValueError(f"dropout={dropout} must be in (0, 1)")
+    directory.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for k in range(n):
+        path = directory / f"texts-{k}.npz"
+        if not path.is_file():
+            seed_k = int(np.random.default_rng([seed, k]).integers(2**32))
+            ids = _ragged(tok.sample_batch(list(texts), dropout, seed_k))
+            buffer = io.BytesIO()
+            np.savez(buffer, ids=ids.ids, offsets=ids.offsets)
+            write_bytes(path, buffer.getvalue())
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                samples.append(Ragged(z["ids"], z["offsets"]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
+        if len(samples[-1]) != len(texts):
+            raise DataError(f"{path} segments {len(samples[-1])} texts, not these {len(texts)}; delete it")
     return samples
 
 

@@ -1,6 +1,7 @@
 """A classifier's regularisers: word dropout (``word_dropout``: training texts lose pieces, validation
 keeps all), R-Drop (``r_drop``: two dropout passes and their symmetric KL) and mixup of pooled
-vectors (``mixup``) and adversarial training on the embedded input (``adversarial``)."""
+vectors (``mixup``), adversarial training on the embedded input (``adversarial``) and random
+re-segmentation of the training texts (``subword_dropout``)."""
 
 import json
 
@@ -14,7 +15,7 @@ from aiayn.data.batching import ClassifyBatch
 from aiayn.errors import ConfigError
 from aiayn.training import criteria
 from aiayn.training.recipe import load_recipe
-from aiayn.training.tasks.classify import drop_words
+from aiayn.training.tasks.classify import SAMPLES_DIR, drop_words
 from aiayn.training.trainer import Trainer
 from tests.helpers import assert_close
 from tests.training.test_encoder_tasks import TINY, rule_data  # noqa: F401 (a fixture)
@@ -58,6 +59,32 @@ def test_training_batches_leave_pieces_out_and_validation_reads_every_piece(rule
             kept, total = kept + len(short), total + len(long)
     assert 0.5 < kept / total < 0.7  # 60% kept in expectation
     for a, b in zip(tasks[0.0].valid_batches(), tasks[0.4].valid_batches(), strict=True):
+        assert a.ids.equal(b.ids) and a.labels.equal(b.labels)
+
+
+def test_subword_dropout_trains_on_saved_resegmentations_of_the_same_texts(rule_data, tmp_path):  # noqa: F811
+    """Each epoch reads one of the run's saved samples (epoch mod their number): every row spells
+    the same text as the deterministic one, in other pieces; validation reads the deterministic ones."""
+    args = ["task=classify", f"dataset={rule_data}", *TINY]
+    plain = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'plain'}"])).task
+    task = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'bpe'}", "subword_dropout=0.3"])).task
+    files = sorted(p.name for p in (tmp_path / "bpe" / SAMPLES_DIR).iterdir())
+    assert files == [f"texts-{k}.npz" for k in range(8)] and len(task.samples) == 8
+    tok, differ = task.tok, 0
+    for sample in task.samples:
+        for i, row in enumerate(plain.train_x):
+            assert tok.decode(sample[i]) == tok.decode(row)  # the same text
+            differ += not np.array_equal(sample[i], row)
+    assert differ > len(plain.train_x)  # other pieces, in many rows of the 8 samples
+    pad = task.special_ids["pad_id"]
+    rows = _pieces(next(task.train_batches()), pad)
+    sampled = {
+        tuple(r.tolist())
+        for r in (task.samples[task.sampler.epoch % 8][i] for i in range(len(plain.train_x)))
+    }
+    deterministic = {tuple(r.tolist()) for r in plain.train_x}
+    assert all(tuple(r) in sampled for r in rows) and any(tuple(r) not in deterministic for r in rows)
+    for a, b in zip(plain.valid_batches(), task.valid_batches(), strict=True):
         assert a.ids.equal(b.ids) and a.labels.equal(b.labels)
 
 
@@ -165,7 +192,9 @@ def test_adversarial_loss_trains_the_embeddings_through_both_passes():
     assert not torch.allclose(perturbed, 2 * plain, atol=1e-4)
 
 
-@pytest.mark.parametrize("extra", [["r_drop=1.0"], ["mixup=0.4"], ["adversarial=1.0"]])
+@pytest.mark.parametrize(
+    "extra", [["r_drop=1.0"], ["mixup=0.4"], ["adversarial=1.0"], ["subword_dropout=0.3"]]
+)
 def test_r_drop_and_mixup_runs_resume_exactly_and_evaluate_plainly(rule_data, tmp_path, extra):  # noqa: F811
     args = ["task=classify", f"dataset={rule_data}", *extra, "eval_every=5", *TINY, "model.dropout=0.3"]
     args.append("label_smoothing=0")  # the loss is the NLL (but for R-Drop's KL term)
@@ -190,6 +219,8 @@ def test_r_drop_and_mixup_runs_resume_exactly_and_evaluate_plainly(rule_data, tm
         ("mixup=0.4 r_drop=1", r"mixup=0.4 and r_drop are two training losses"),
         ("adversarial=-1", r"adversarial=-1.0 must be ≥ 0"),
         ("adversarial=1 mixup=0.4", r"adversarial=1.0 and mixup are two training losses"),
+        ("subword_dropout=1", r"subword_dropout=1.0 must be in \[0, 1\)"),
+        ("subword_dropout=0.1 long_text=windows", r"subword_dropout=0.1 re-segments whole texts"),
     ],
 )
 def test_classify_r_drop_is_validated(override, message):

@@ -37,9 +37,12 @@ import torch
 from torch import nn
 
 from aiayn.data.batching import ClassifyBatch
+from aiayn.data.cache import Ragged
 from aiayn.data.labelled import LabelMap
 from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
+from aiayn.data.subword import sampled_texts
+from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, load_encoder_tokenizer
@@ -75,6 +78,7 @@ class ClassifyOptions(EncoderOptions):
     r_drop: float = 0.0  # R-Drop's α: two dropout passes per batch, their symmetric KL × α (0 = off)
     mixup: float = 0.0  # α of mixup's Beta(α, α) over pooled sentence vectors (0 = off)
     adversarial: float = 0.0  # the L2 radius of each text's adversarial step on its embeddings (0 = off)
+    subword_dropout: float = 0.0  # training texts re-segmented at random (BPE-dropout's p; 0 = off)
 
     ABOUT: ClassVar[dict[str, str]] = {
         "init_from": "starts a classifier from a pre-trained encoder (task='classify')",
@@ -87,6 +91,7 @@ class ClassifyOptions(EncoderOptions):
         "r_drop": "is R-Drop for translation models and classifiers",
         "mixup": "mixes a classifier's pooled training vectors (task='classify')",
         "adversarial": "trains a classifier on adversarially perturbed embeddings (task='classify')",
+        "subword_dropout": "re-segments a classifier's training texts at random (task='classify')",
     }
 
     def validate(self, cfg: TrainConfig) -> None:
@@ -119,10 +124,19 @@ class ClassifyOptions(EncoderOptions):
         losses = [name for name in ("r_drop", "mixup", "adversarial") if getattr(self, name)]
         if len(losses) > 1:
             fail(self, losses[-1], f"and {losses[0]} are two training losses: set one of them to 0")
+        if not 0 <= self.subword_dropout < 1:
+            fail(self, "subword_dropout", "must be in [0, 1) (BPE-dropout's p, a unigram model's α; 0.1 is "
+                 "usual)")  # fmt: skip
+        if self.subword_dropout and self.long_text == "windows":
+            fail(self, "subword_dropout", "re-segments whole texts, and windows depend on the segmentation: "
+                 "use long_text='head', 'tail' or 'head+tail', or subword_dropout=0")  # fmt: skip
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
+
+
+SAMPLES_DIR = "segmentations"  # subword_dropout's samples, in the run directory
 
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -171,6 +185,7 @@ class ClassifyTask(EncoderTask):
         self.valid_x, self.valid_owner = self.long_text.rows(self._encode(valid.texts), cfg.max_len)
         self.valid_y = [self.valid_text_y[i] for i in self.valid_owner]
         self.sampler = self._sampler(self.train_x, seed=cfg.seed)
+        self.samples = self._segmentations() if o.subword_dropout else []
         counts = np.bincount(self.train_y, minlength=len(self.labels))
         self.class_weight = None
         if o.class_weights == "balanced":
@@ -299,11 +314,31 @@ class ClassifyTask(EncoderTask):
     def _batch(self, rows, labels) -> ClassifyBatch:
         return ClassifyBatch(self._collate(rows), torch.tensor(labels))
 
+    def _segmentations(self) -> list[Ragged]:
+        """subword_dropout's samples of the training texts (``data/subword.py``: drawn once by rank 0,
+        saved in the run, read by every rank and resume); epoch e reads sample e mod their number.
+        Batches are planned on the deterministic lengths, so a sampled batch holds a few more pieces."""
+        if not isinstance(self.tok, SentencePieceTokenizer):
+            name = type(self.tok).__name__
+            raise ConfigError(f"subword_dropout={self.opts.subword_dropout} samples a sentencepiece "
+                              f"vocabulary, not this {name}: set subword_dropout=0")  # fmt: skip
+        tok, p, seed = self.tok, self.opts.subword_dropout, self.cfg.seed
+        return main_first(
+            self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SAMPLES_DIR, seed)
+        )
+
+    def _train_row(self, i: int) -> np.ndarray:
+        """Training row ``i``: the deterministic segmentation, or this epoch's sample (its head/tail)."""
+        if not self.samples:
+            return self.train_x[i]
+        sample = self.samples[self.sampler.epoch % len(self.samples)]
+        return self.long_text.pieces(sample[i], self.cfg.max_len)[0]
+
     def train_batches(self) -> Iterator[ClassifyBatch]:
         p = self.opts.word_dropout
         while True:
             for idx in self.sampler:
-                rows = [self.train_x[i] for i in idx]
+                rows = [self._train_row(i) for i in idx]
                 if p:
                     rng = self._batch_rng()
                     rows = [drop_words(row, p, rng) for row in rows]
