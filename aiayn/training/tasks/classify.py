@@ -136,7 +136,7 @@ class ClassifyOptions(EncoderOptions):
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
 
-SAMPLES_DIR = "segmentations"  # subword_dropout's samples, in the run directory
+SUBWORD_DIR = "subword"  # subword_dropout: the run's saved samples of the training texts (as translation's)
 
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -324,7 +324,7 @@ class ClassifyTask(EncoderTask):
                               f"vocabulary, not this {name}: set subword_dropout=0")  # fmt: skip
         tok, p, seed = self.tok, self.opts.subword_dropout, self.cfg.seed
         return main_first(
-            self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SAMPLES_DIR, seed)
+            self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SUBWORD_DIR, seed)
         )
 
     def _train_row(self, i: int) -> np.ndarray:
