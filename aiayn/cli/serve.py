@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port (1..65535)")
+    if args.threads < 0:
+        raise ConfigError(f"--threads {args.threads} must be ≥ 0 (0 = PyTorch's default)")
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name != "api_keys"}
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
     settings = Settings(**fields, api_keys=keys)
@@ -103,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
     reserve_descriptors(settings.max_connections + 2 * backlog)
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
     sock = guard.listener(bind(args.host, args.port))  # before the models load and "on http://…" prints
-    if args.threads < 0:
-        raise ConfigError(f"--threads {args.threads} must be ≥ 0 (0 = PyTorch's default)")
     # the main thread runs no parallel operation: the models load on a thread that then ends (why:
     # aiayn.device.in_passing_thread), and each worker thread sets its own threads
     services = in_passing_thread(lambda: [load_service(name, dirs, args.device, args.quantize, args.gemm)

@@ -38,7 +38,7 @@ def test_resume_across_epochs_is_exact_and_the_segmentation_changes(corpus, tmp_
     [
         (["subword_dropout=1.0"], "subword_dropout=1.0 must be in [0, 1)"),
         (["subword_dropout=-0.1"], "subword_dropout=-0.1 must be in [0, 1)"),
-        (["task=lm", "subword_dropout=0.1"], "re-segments translation pairs"),
+        (["task=lm", "subword_dropout=0.1"], "re-segments training texts at random"),
         (["subword_dropout_sides=neither"], "subword_dropout_sides='neither' is not one of"),
         (["subword_dropout_sides=source"], "does nothing while subword_dropout=0"),
     ],

@@ -91,7 +91,7 @@ class ClassifyOptions(EncoderOptions):
         "r_drop": "is R-Drop for translation models and classifiers",
         "mixup": "mixes a classifier's pooled training vectors (task='classify')",
         "adversarial": "trains a classifier on adversarially perturbed embeddings (task='classify')",
-        "subword_dropout": "re-segments a classifier's training texts at random (task='classify')",
+        "subword_dropout": "re-segments training texts at random (task='translation' or 'classify')",
     }
 
     def validate(self, cfg: TrainConfig) -> None:

@@ -103,7 +103,7 @@ class TranslationOptions(TaskOptions):
     ABOUT: ClassVar[dict[str, str]] = {
         "lowercase": "is for a translation model's subword vocabulary",
         "output_vocab": "picks a translation model's output ids",
-        "subword_dropout": "re-segments translation pairs",
+        "subword_dropout": "re-segments training texts at random (task='translation' or 'classify')",
         "r_drop": "is R-Drop for translation models and classifiers",
     }
 
