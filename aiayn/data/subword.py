@@ -44,18 +44,11 @@ class SampledParallel:
         self.src, self.tgt, self.stats = src, tgt, stats
 
     def save(self, path: Path) -> None:
-        buffer = io.BytesIO()
-        np.savez(buffer, src_ids=self.src.ids, src_offsets=self.src.offsets, tgt_ids=self.tgt.ids,
-                 tgt_offsets=self.tgt.offsets)  # fmt: skip
-        write_bytes(path, buffer.getvalue())
+        _save_raggeds(path, src=self.src, tgt=self.tgt)
 
     @classmethod
     def load(cls, path: Path) -> SampledParallel:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(Ragged(z["src_ids"], z["src_offsets"]), Ragged(z["tgt_ids"], z["tgt_offsets"]))
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
+        return cls(*_load_raggeds(path, "src", "tgt"))
 
     def __len__(self) -> int:
         return len(self.src)
@@ -122,18 +115,30 @@ def sampled_texts(texts: Sequence[str], tok: SentencePieceTokenizer, dropout: fl
         path = directory / f"texts-{k}.npz"
         if not path.is_file():
             seed_k = int(np.random.default_rng([seed, k]).integers(2**32))
-            ids = _ragged(tok.sample_batch(list(texts), dropout, seed_k))
-            buffer = io.BytesIO()
-            np.savez(buffer, ids=ids.ids, offsets=ids.offsets)
-            write_bytes(path, buffer.getvalue())
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                samples.append(Ragged(z["ids"], z["offsets"]))
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
-        if len(samples[-1]) != len(texts):
-            raise DataError(f"{path} segments {len(samples[-1])} texts, not these {len(texts)}; delete it")
+            _save_raggeds(path, texts=_ragged(tok.sample_batch(list(texts), dropout, seed_k)))
+        (sample,) = _load_raggeds(path, "texts")
+        if len(sample) != len(texts):
+            raise DataError(f"{path} segments {len(sample)} texts, not these {len(texts)}; delete it")
+        samples.append(sample)
     return samples
+
+
+def _save_raggeds(path: Path, **raggeds: Ragged) -> None:
+    """Each ``name=ragged`` as its ``name_ids`` and ``name_offsets`` arrays in one ``.npz`` (no pickle)."""
+    arrays = {f"{name}_{part}": getattr(ragged, part)
+              for name, ragged in raggeds.items() for part in ("ids", "offsets")}  # fmt: skip
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes(path, buffer.getvalue())
+
+
+def _load_raggeds(path: Path, *names: str) -> list[Ragged]:
+    """The ``names``' ragged arrays that ``_save_raggeds`` wrote to ``path``."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return [Ragged(z[f"{name}_ids"], z[f"{name}_offsets"]) for name in names]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
 
 
 def _ragged(seqs: list[list[int]]) -> Ragged:
