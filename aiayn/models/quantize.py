@@ -4,8 +4,8 @@
 int8 weights (one scale per output row) and quantizes its input on the fly, per batch (PyTorch's
 dynamic quantization, fbgemm/x86 kernels). Embeddings, LayerNorm and softmax stay float32. A tied
 output projection gets an int8 copy of the embedding matrix; the embedding itself is untouched.
-The input is quantized to 8 bits where fbgemm's products are exact for them (AVX512_VNNI) and to 7
-elsewhere (``Int8Linear``, ``exact_8_bit_inputs``).
+The input is quantized to 8 bits everywhere (``Int8Linear``); the weights to 8 bits where fbgemm's
+products are exact for both (AVX512_VNNI) and to 7 elsewhere (``int8_qconfig``, ``exact_8_bit_inputs``).
 
 ``bf16``: every weight and buffer cast to bfloat16, so that every product, the attention and the
 residual stream run in bfloat16 (CTranslate2's ``compute_type="bfloat16"``); the output layer's
@@ -56,14 +56,31 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
         raise ConfigError(f"--quantize int8 quantizes float32 weights, not {weight.dtype}: take one of int8 "
                           "and bf16")  # fmt: skip
     split_sliced_weights(model)
+    qconfig = int8_qconfig(weight_bits=8 if exact_8_bit_inputs() else 7)
     with warnings.catch_warnings():  # torch.ao's dynamic quantization warns of a future deprecation
         warnings.simplefilter("ignore")
-        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
-    reduce_range = not exact_8_bit_inputs()
     for parent, attr, child in children_of_type(model, DYNAMIC_LINEAR):
-        setattr(parent, attr, Int8Linear(child, reduce_range))
+        setattr(parent, attr, Int8Linear(child))
     return model
+
+
+def int8_qconfig(weight_bits: int = 8) -> torch.ao.quantization.QConfig:
+    """torch.ao's per-channel dynamic qconfig (one symmetric scale per output row), its weights in
+    [-128, 127] (``weight_bits=8``) or in [-64, 63] (7).
+
+    Without VNNI, fbgemm adds pairs of products of an 8-bit input (0..255) and an 8-bit weight in 16
+    bits, which overflow past 32,767: 2 × 255 × 64 = 32,640 fits, 2 × 255 × 127 does not. torch.ao
+    keeps the sums in range by taking 7 bits from every input (``reduce_range``); ``quantize`` takes
+    them from the weights instead, where each output row has its own scale, which halves the error of
+    a product whose rows have different scales (``tests/models/test_quantize.py``)."""
+    if weight_bits not in (7, 8):
+        raise ConfigError(f"int8 weights take 7 or 8 bits, not {weight_bits}")
+    weight = torch.ao.quantization.PerChannelMinMaxObserver.with_args(
+        dtype=torch.qint8, qscheme=torch.per_channel_symmetric, reduce_range=weight_bits == 7
+    )
+    return torch.ao.quantization.QConfig(activation=torch.ao.quantization.default_dynamic_quant_observer,
+                                         weight=weight)  # fmt: skip
 
 
 def children_of_type(model: nn.Module, cls: type) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -78,13 +95,14 @@ class Int8Linear(nn.Module):
     or to 7 (``True``, what torch.ao does on every CPU).
 
     fbgemm's int8 products on a CPU without VNNI add pairs of 8-bit products in 16 bits, which inputs
-    of the full 8-bit range can overflow; torch.ao therefore quantizes every input to 7 bits, which
-    doubles its rounding error. With AVX512_VNNI the products accumulate in 32 bits and the full range
-    is exact: ``quantize`` uses it where fbgemm runs those kernels (``exact_8_bit_inputs``).
+    and weights of the full 8-bit range can overflow; torch.ao therefore quantizes every input to 7
+    bits, which doubles its rounding error. With AVX512_VNNI the products accumulate in 32 bits and
+    the full range is exact; elsewhere ``quantize`` gives the weights 7 bits instead (``int8_qconfig``),
+    so that 8-bit inputs are exact on every CPU.
 
     Shape: x (..., in_features) -> (..., out_features)"""
 
-    def __init__(self, dynamic: nn.Module, reduce_range: bool = True):
+    def __init__(self, dynamic: nn.Module, reduce_range: bool = False):
         super().__init__()
         self.dynamic, self.reduce_range = dynamic, reduce_range
 
@@ -98,9 +116,9 @@ class Int8Linear(nn.Module):
 
 @functools.cache
 def exact_8_bit_inputs() -> bool:
-    """Whether fbgemm's int8 products are exact for inputs of the full 8-bit range on this CPU,
-    measured on the products that overflow 16-bit pair sums (every input 255, every weight 127), at
-    one row and at 64.
+    """Whether fbgemm's int8 products are exact for inputs and weights of the full 8-bit range on this
+    CPU, measured on the products that overflow 16-bit pair sums (every input 255, every weight 127),
+    at one row and at 64.
 
     The CPU's flags do not say it: fbgemm has VNNI kernels for AVX512_VNNI only, so a CPU with
     AVX-VNNI alone (many laptops) runs its AVX2 kernels and overflows, and ``FBGEMM_ENABLE_INSTRUCTIONS``
@@ -109,8 +127,8 @@ def exact_8_bit_inputs() -> bool:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         linear.weight.fill_(1.0)
-        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-        dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})[0]
+        qconfig = {nn.Linear: int8_qconfig()}
+        dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), qconfig)[0]
         x = torch.ones(64, 256)
         x[:, 0] = 0.0  # the range starts at 0: the other inputs quantize to 255
         packed = dynamic._packed_params._packed_params
