@@ -43,7 +43,7 @@ def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None
 # Keys up to this many are attended with the explicit products on the CPU: for sentence-length
 # sequences the three batched products beat the fused kernel in forward + backward, which tiles for
 # long ones and, with one thread, wins a little past this length. A single query (a decoding step)
-# keeps the fused kernel, which is as fast there and faster for few keys. benchmarks/attention_kernels.py
+# has its own rule (below). benchmarks/attention_kernels.py
 # measures both paths by key length; docs/results.md ("Attention over short keys") has the figures.
 EXPLICIT_MAX_KEYS = 40
 # Training in bfloat16 (autocast) moves the crossover far out: the fused kernel's backward is slow in
@@ -54,9 +54,20 @@ EXPLICIT_MAX_KEYS = 40
 EXPLICIT_MAX_KEYS_BF16_TRAINING = 256
 
 
+# A single query per row (a decoding step) keeps the fused kernel where there are few rows, which it
+# serves faster; over a batch of beams (batch × heads ≥ 512 rows) with 8–256 keys the explicit products
+# take 0.5–0.8 of its time in float32. docs/inference.md ("One query per row") has the figures.
+EXPLICIT_MIN_SINGLE_QUERIES = 512
+EXPLICIT_SINGLE_QUERY_KEYS = (8, 256)
+
+
 def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
-    if q.device.type != "cpu" or q.size(-2) == 1:
+    if q.device.type != "cpu":
         return False
+    if q.size(-2) == 1:
+        fewest, most = EXPLICIT_SINGLE_QUERY_KEYS
+        many_rows = q.numel() // q.size(-1) >= EXPLICIT_MIN_SINGLE_QUERIES  # batch × heads
+        return q.dtype == torch.float32 and many_rows and fewest <= k.size(-2) <= most
     bf16_training = q.dtype == torch.bfloat16 and torch.is_grad_enabled() and q.requires_grad
     return k.size(-2) <= (EXPLICIT_MAX_KEYS_BF16_TRAINING if bf16_training else EXPLICIT_MAX_KEYS)
 

@@ -16,8 +16,11 @@ from tests.helpers import assert_close, copy_mha, random_mask
 @pytest.fixture(params=["fused", "explicit"])
 def kernel(request, monkeypatch):
     """Run a test with each path: the threshold on the number of keys forces one or the other."""
+    explicit = request.param == "explicit"
     for name in ("EXPLICIT_MAX_KEYS", "EXPLICIT_MAX_KEYS_BF16_TRAINING"):
-        monkeypatch.setattr(attention, name, 0 if request.param == "fused" else 1 << 30)
+        monkeypatch.setattr(attention, name, 1 << 30 if explicit else 0)
+    monkeypatch.setattr(attention, "EXPLICIT_MIN_SINGLE_QUERIES", 0 if explicit else 1 << 30)
+    monkeypatch.setattr(attention, "EXPLICIT_SINGLE_QUERY_KEYS", (0, 1 << 30))
     return request.param
 
 
@@ -130,6 +133,25 @@ def test_short_keys_take_the_explicit_products_on_the_cpu_long_ones_or_one_query
         q, k = torch.randn(2, 3, t_q, 8), torch.randn(2, 3, t_k, 8)
         out, _ = scaled_dot_product_attention(q, k, k)
         assert_close(f"attention {t_q}×{t_k} vs F.scaled_dot_product_attention", out, fused(q, k, k))
+        assert len(calls) == expected
+
+
+def test_one_query_per_row_takes_the_explicit_products_over_many_rows_and_8_to_256_keys(fused_calls):
+    """A decoding step over a batch of beams (batch × heads ≥ EXPLICIT_MIN_SINGLE_QUERIES rows):
+    explicit products for 8-256 keys in float32, the fused kernel otherwise; the same output."""
+    calls, fused = fused_calls
+    many, few = attention.EXPLICIT_MIN_SINGLE_QUERIES, attention.EXPLICIT_MIN_SINGLE_QUERIES - 1
+    fewest, most = attention.EXPLICIT_SINGLE_QUERY_KEYS
+    # (rows, keys, dtype) -> calls of the fused kernel so far
+    f32 = torch.float32
+    cases = [(many, fewest, f32, 0), (many, most, f32, 0), (few, fewest, f32, 1), (many, fewest - 1, f32, 2),
+             (many, most + 1, f32, 3), (many, fewest, torch.bfloat16, 4)]  # fmt: skip
+    for rows, t_k, dtype, expected in cases:
+        q = torch.randn(rows, 1, 1, 8, dtype=dtype)  # (B·h as one axis, 1 head, one query, d)
+        k, v = torch.randn(rows, 1, t_k, 8, dtype=dtype), torch.randn(rows, 1, t_k, 8, dtype=dtype)
+        out, _ = scaled_dot_product_attention(q, k, v)
+        assert_close(f"one query, {rows} rows × {t_k} keys ({dtype}) vs the kernel", out.float(),
+                     fused(q, k, v).float(), 2e-2 if dtype == torch.bfloat16 else 1e-5)  # fmt: skip
         assert len(calls) == expected
 
 
