@@ -55,8 +55,9 @@ EXPLICIT_MAX_KEYS_BF16_TRAINING = 256
 
 
 # A single query per row (a decoding step) keeps the fused kernel where there are few rows, which it
-# serves faster; over a batch of beams (batch × heads ≥ 512 rows) with 8–256 keys the explicit products
-# take 0.5–0.8 of its time in float32. docs/inference.md ("One query per row") has the figures.
+# serves faster; over a batch of beams (batch × heads rows) with 8–256 keys the explicit products are
+# faster in float32, whose tiles hold one query each. docs/inference.md ("One query per row") has the
+# figures.
 EXPLICIT_MIN_SINGLE_QUERIES = 512
 EXPLICIT_SINGLE_QUERY_KEYS = (8, 256)
 

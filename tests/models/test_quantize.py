@@ -129,8 +129,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_int8_stays_exact_when_fbgemm_is_made_to_run_its_avx2_kernels():
     """On a VNNI CPU with fbgemm forced to AVX2 (as on an AVX-VNNI laptop), 8-bit inputs and weights
     would saturate (129 for 255): the probe sees it and ``quantize`` gives the weights 7 bits, so the
-    extreme product is exact and a batch of rows of different scales keeps its inputs' 8 bits (torch.ao's
-    7-bit inputs: 2.6-2.8% error here; 8-bit weights with 8-bit inputs overflow: 8-18%)."""
+    extreme product is exact and a batch of rows of different scales keeps its inputs' 8 bits: under 2%
+    error, which torch.ao's 7-bit inputs exceed and 8-bit weights with 8-bit inputs (overflowing) far
+    exceed (docs/inference.md, "int8")."""
     env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
     done = subprocess.run([sys.executable, "-c", EXTREME], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
