@@ -22,8 +22,9 @@ worker keeps that search going and, between two of its decoding steps, takes the
 arrived (their encoder pass and first step run then) as long as the texts in flight stay within
 ``max_items``; every job is answered the moment its last text is done, and a job whose caller gave
 up leaves the search at the next step. So a request never waits for another request's whole
-search, only for one step of it. When nothing runs, the worker waits ``window`` for more jobs, as
-above, so that a burst starts as one batch.
+search, only for one step of it. Such a job starts at once even when nothing runs, with the jobs
+already queued beside it: later ones join at the next step, so waiting ``window`` for company (as
+whole batches do) would only delay it (measured: docs/serve.md, "The batch window").
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class Batcher:
                         with self.held_lock:
                             self.held.appendleft(first)  # it waits for texts to leave
                     else:
-                        batch, _ = self._gather(first, max(self._room(running), first.size), wait=not busy)
+                        batch, _ = self._gather(first, max(self._room(running), first.size), wait=False)
                         self._admit(search, batch, jobs)
                 self._step(running, jobs)
         finally:

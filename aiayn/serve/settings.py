@@ -19,7 +19,7 @@ class Settings:
     batch_limit: int = 32  # texts per request (LibreTranslate's --batch-limit)
     max_body_bytes: int = 1 << 20  # a larger request body is refused (413) before it is read whole
     queue_size: int = 64  # requests waiting for the model; one more is answered 429 with Retry-After
-    batch_window_ms: float = 5.0  # how long the worker waits for more requests to decode together
+    batch_window_ms: float = 5.0  # how long a whole batch waits for more requests (stepwise jobs join later)
     max_batch_texts: int = 64  # texts decoded together at most (0 = one request at a time)
     workers: int = 1  # batches decoded at once, each on its own thread (with 2+, give --threads 1)
     scheduling: str = (

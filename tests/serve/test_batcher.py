@@ -262,6 +262,25 @@ def test_a_job_arriving_during_a_running_search_is_answered_without_waiting_for_
     assert max(search.in_flight) == 4  # both jobs were in the search at once
 
 
+def test_a_job_reaching_an_idle_worker_starts_its_search_at_once_not_after_the_window():
+    """Later jobs join between steps, so a stepwise job never waits ``window`` for company; a job
+    run in whole batches still does."""
+    search = FakeRunning(delay=0.001)
+    b = Batcher(Recorder(), max_queue=16, window=0.5, max_items=8, stepwise=_stepwise(search))
+
+    async def go():
+        timings = []
+        for kind, payload in (("steps", 2), ("other", 1)):
+            t0 = time.perf_counter()
+            await b.submit(kind, payload, size=2 if kind == "steps" else 1)
+            timings.append(time.perf_counter() - t0)
+        return timings
+
+    stepwise, whole = asyncio.run(go())
+    b.close()
+    assert stepwise < 0.25 and whole >= 0.45  # the whole batch waited its window for company
+
+
 def test_texts_in_flight_stay_within_max_items_and_the_rest_wait():
     search = FakeRunning(delay=0.002)
     b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=4, stepwise=_stepwise(search))
