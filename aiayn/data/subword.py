@@ -34,6 +34,7 @@ from aiayn.errors import DataError
 
 SIDES = ("both", "source", "target")
 SEGMENTATIONS = 8  # samples a run cycles through: epoch e reads sample e mod 8
+SAMPLES_DIR = "subword"  # where a run keeps its saved samples (translation pairs or classifier texts)
 
 
 class SampledParallel:

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 
 from aiayn import EncoderConfig, EncoderModel
 from aiayn.data.batching import ClassifyBatch
+from aiayn.data.subword import SAMPLES_DIR
 from aiayn.errors import ConfigError
 from aiayn.training import criteria
 from aiayn.training.recipe import load_recipe
-from aiayn.training.tasks.classify import SUBWORD_DIR, drop_words
+from aiayn.training.tasks.classify import drop_words
 from aiayn.training.trainer import Trainer
 from tests.helpers import assert_close
 from tests.training.test_encoder_tasks import TINY, rule_data  # noqa: F401 (a fixture)
@@ -68,7 +69,7 @@ def test_subword_dropout_trains_on_saved_resegmentations_of_the_same_texts(rule_
     args = ["task=classify", f"dataset={rule_data}", *TINY]
     plain = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'plain'}"])).task
     task = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'bpe'}", "subword_dropout=0.3"])).task
-    files = sorted(p.name for p in (tmp_path / "bpe" / SUBWORD_DIR).iterdir())
+    files = sorted(p.name for p in (tmp_path / "bpe" / SAMPLES_DIR).iterdir())
     assert files == [f"texts-{k}.npz" for k in range(8)] and len(task.samples) == 8
     tok, differ = task.tok, 0
     for sample in task.samples:

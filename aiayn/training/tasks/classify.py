@@ -41,7 +41,7 @@ from aiayn.data.cache import Ragged
 from aiayn.data.labelled import LabelMap
 from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
-from aiayn.data.subword import sampled_texts
+from aiayn.data.subword import SAMPLES_DIR, sampled_texts
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, ModelDirError
@@ -134,9 +134,6 @@ class ClassifyOptions(EncoderOptions):
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
         LongText(self.long_text, self.window_stride).check(cfg.max_len)
-
-
-SUBWORD_DIR = "subword"  # subword_dropout: the run's saved samples of the training texts (as translation's)
 
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -324,7 +321,7 @@ class ClassifyTask(EncoderTask):
                               f"vocabulary, not this {name}: set subword_dropout=0")  # fmt: skip
         tok, p, seed = self.tok, self.opts.subword_dropout, self.cfg.seed
         return main_first(
-            self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SUBWORD_DIR, seed)
+            self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SAMPLES_DIR, seed)
         )
 
     def _train_row(self, i: int) -> np.ndarray:

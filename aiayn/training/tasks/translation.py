@@ -35,7 +35,7 @@ from aiayn.data import (
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
-from aiayn.data.subword import Resegmenter, segmentations
+from aiayn.data.subword import SAMPLES_DIR, Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.data.views import Concat, PairView, PseudoPairs, halves
 from aiayn.errors import ConfigError
@@ -46,8 +46,6 @@ from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.pseudo import init_from_r2l, pseudo_targets, r2l_tokenizers
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
-
-SUBWORD_DIR = "subword"  # subword_dropout: the run's saved training-set samples
 
 
 @dataclass
@@ -236,7 +234,7 @@ class TranslationTask(Task):
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, o.subword_dropout,
                                 CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
                                 o.subword_dropout_sides)  # fmt: skip
-            corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SUBWORD_DIR, cfg.seed))
+            corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SAMPLES_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
         self.target_pieces = None
