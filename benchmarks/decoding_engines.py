@@ -20,6 +20,7 @@ sentence at batch 1, peak RSS, and the ratios against aiayn float32 (speed-ups >
 
     python benchmarks/decoding_engines.py --model runs/demo --json results/decoding-engines.json
     python benchmarks/decoding_engines.py --model runs/demo --threads 1 --sentences 200 --skip-base
+    python benchmarks/decoding_engines.py --model runs/demo --threads 2 --rounds 3  # drift-robust ratios
 """
 
 from __future__ import annotations
@@ -213,11 +214,14 @@ def run_worker(job_file: Path, env: dict[str, str]) -> list[str]:
 
 
 def run_engines(args, model_dir, ct2_dir, hf_dir, sources, latency, fixed, work: Path) -> list[dict]:
-    reports = []
-    for threads in args.threads:
-        for engine, label, env in (
-            (e, label, env) for e in args.engines for label, env in variants(e, args.ct2_env)
-        ):
+    """Every engine's report. With ``--rounds N`` the whole list of engines runs N times, every
+    other round in reverse order, and each engine keeps its fastest round per setting (every
+    round's seconds listed), so a VM whose speed drifts during the run slows every engine alike."""
+    runs = [(threads, engine, label, env) for threads in args.threads for engine in args.engines
+            for label, env in variants(engine, args.ct2_env)]  # fmt: skip
+    reports: dict[tuple[str, int], dict] = {}
+    for round_ in range(args.rounds):
+        for threads, engine, label, env in runs if round_ % 2 == 0 else runs[::-1]:
             job = {
                 "engine": engine,
                 "threads": threads,
@@ -232,17 +236,33 @@ def run_engines(args, model_dir, ct2_dir, hf_dir, sources, latency, fixed, work:
             }
             (work / "job.json").write_text(json.dumps(job))
             log = run_worker(work / "job.json", env)
-            reports.append({**json.loads((work / "report.json").read_text()), "engine": label})
-            r = reports[-1]
+            r = {**json.loads((work / "report.json").read_text()), "engine": label}
             if log:
                 r["ct2_log"], r["env"] = log, env
             print(
                 f"  {label:10} {threads} thr  "
                 + "  ".join(f"{k} {v['tokens_per_s']:8.1f} tok/s" for k, v in r["runs"].items())
-                + f"  rss {r['peak_rss_mb']:.0f} MB",
+                + f"  rss {r['peak_rss_mb']:.0f} MB"
+                + (f"  (round {round_ + 1})" if args.rounds > 1 else ""),
                 flush=True,
             )
-    return reports
+            reports[label, threads] = merge_rounds(reports.get((label, threads)), r)
+    return [reports[label, threads] for threads, _, label, _ in runs]
+
+
+def merge_rounds(kept: dict | None, new: dict) -> dict:
+    """One engine's report over rounds: per setting the fastest round, every round's seconds."""
+    if kept is None:
+        for run in new["runs"].values():
+            run["round_seconds"] = [run["seconds"]]
+        return new
+    for setting, run in new["runs"].items():
+        seconds = kept["runs"][setting]["round_seconds"] + [run["seconds"]]
+        if run["seconds"] < kept["runs"][setting]["seconds"]:
+            kept["runs"][setting] = run
+        kept["runs"][setting]["round_seconds"] = seconds
+    kept["peak_rss_mb"] = max(kept["peak_rss_mb"], new["peak_rss_mb"])
+    return kept
 
 
 def summarise(reports: list[dict], detok, refs) -> list[dict]:
@@ -257,7 +277,9 @@ def summarise(reports: list[dict], detok, refs) -> list[dict]:
         for setting, run in r["runs"].items():
             base = ref["runs"][setting]
             same = sum(a == b for a, b in zip(run["outputs"], base["outputs"])) / len(base["outputs"])
-            entry = {k: run[k] for k in ("tokens_per_s", "ms_per_sentence", "tokens", "sentences")}
+            entry = {
+                k: run[k] for k in ("tokens_per_s", "ms_per_sentence", "tokens", "sentences", "round_seconds")
+            }
             entry |= {
                 "speed_vs_aiayn_fp32": round(run["tokens_per_s"] / base["tokens_per_s"], 3),
                 "same_output_as_aiayn_fp32": round(same, 4),
@@ -347,7 +369,11 @@ def main() -> None:
     p.add_argument("--base-len", type=int, default=30, help="the base model's fixed output length")
     p.add_argument("--latency-sentences", type=int, default=100, help="sentences for batch 1")
     p.add_argument("--base-latency-sentences", type=int, default=16, help="batch-1 sentences, base model")
-    p.add_argument("--repeats", type=int, default=2, help="rounds per setting; the fastest is reported")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="passes per setting in one worker; the fastest is kept"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="runs of the whole list of engines, alternating its "
+                   "order; each engine's fastest round is reported")  # fmt: skip
     p.add_argument("--skip-base", action="store_true")
     p.add_argument(
         "--ct2-env",
