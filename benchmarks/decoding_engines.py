@@ -342,8 +342,19 @@ def verdict(result: dict, tolerance: float = 0.3) -> dict:
                 out.setdefault(part, []).append({
                     "threads": threads, "setting": setting, "aiayn": best["aiayn"]["engine"],
                     "ct2": best["ct2"]["engine"], "aiayn_vs_ct2": round(ratio, 3), "met": ratio >= 1.0,
-                })  # fmt: skip
+                } | _round_ratios(best["aiayn"][setting], best["ct2"][setting], setting))  # fmt: skip
     return out
+
+
+def _round_ratios(a: dict, c: dict, setting: str) -> dict:
+    """With ``--rounds``: the same two engines' ratio in each round (the same sweep of the engines),
+    beside the ratio of their fastest rounds, to show how far the VM's drift moves it."""
+    if len(a.get("round_seconds", [])) < 2 or len(c.get("round_seconds", [])) < 2:
+        return {}
+    pairs = zip(a["round_seconds"], c["round_seconds"])
+    if setting == "b1-beam4":  # the same sentences: seconds per sentence, lower wins
+        return {"aiayn_vs_ct2_rounds": [round(sc / sa, 3) for sa, sc in pairs]}
+    return {"aiayn_vs_ct2_rounds": [round(a["tokens"] / sa / (c["tokens"] / sc), 3) for sa, sc in pairs]}
 
 
 def _speed(row: dict, setting: str) -> float:
@@ -355,8 +366,10 @@ def print_verdict(goal: dict) -> None:
     print("\naiayn's fastest vs CTranslate2's fastest at equal quality (> 1: aiayn faster)")
     for part, rows in goal.items():
         for v in rows:
+            rounds = ", ".join(f"{r:.2f}" for r in v.get("aiayn_vs_ct2_rounds", []))
             print(f"  ({part}) {v['threads']} thr {v['setting']:10} {v['aiayn']:12} vs {v['ct2']:18} "
-                  f"{v['aiayn_vs_ct2']:.2f}x  {'met' if v['met'] else 'NOT met'}")  # fmt: skip
+                  f"{v['aiayn_vs_ct2']:.2f}x  {'met' if v['met'] else 'NOT met'}"
+                  + (f"  (each round: {rounds})" if rounds else ""))  # fmt: skip
 
 
 def main() -> None:
