@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TORCH_INDEX ?=
 
 .PHONY: test test-fast demo lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned: the CPU wheel on this disk; otherwise pip may pull a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
+	# torch first, pinned: the CPU wheel on this disk; elsewhere pip may pull a multi-GB CUDA build,
+	# which TORCH_INDEX=https://download.pytorch.org/whl/cpu (PyTorch's CPU-only index) avoids.
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[test,serve]'
 	touch $(STAMP)
 

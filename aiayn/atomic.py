@@ -347,3 +347,35 @@ def check_output(
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
     return given
+
+
+def check_figure_dir(
+    path: str | os.PathLike,
+    figure: Callable[[str], bool],
+    inputs: tuple[str | os.PathLike | None, ...] = (),
+    *,
+    option: str = "--out",
+) -> Path:
+    """The output rule for a folder of figures, each written whole (by rename) and named by the
+    command (``aiayn attention``, ``aiayn plot --out``); raises ``OutputError`` naming ``option``.
+
+    The folder may be new, empty, or hold only names ``figure`` accepts (the same command's
+    figures, which a rerun replaces); never an input, nor inside one, nor a folder that holds
+    anything else (it is not this command's). Returns the path as given."""
+    given = Path(path)
+    out = given.resolve()
+    for item in inputs:
+        if item is not None and _within(out, Path(item).resolve()):
+            raise OutputError(
+                f"{option} {given} is inside {item}, an input of this command; choose another {option}"
+            )
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{option} {given} is a file; give a folder")
+    entries = out.iterdir() if out.is_dir() else ()
+    others = sorted(p.name for p in entries if not (p.is_file() and figure(p.name)))
+    if others:
+        raise OutputError(
+            f"{option} {given} holds files this command does not write ({', '.join(others[:3])}"
+            f"{', …' if len(others) > 3 else ''}); choose a new or empty folder"
+        )
+    return given

@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from aiayn.atomic import check_figure_dir
 from aiayn.cli.decode_options import add_model_argument, formatter
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import BidirectionalAdapter
@@ -15,7 +16,7 @@ from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir
-from aiayn.viz.attention import save_attention_maps
+from aiayn.viz.attention import is_attention_map, save_attention_maps
 
 EXAMPLES = """examples:
   aiayn attention --model runs/de-en --src "Ein Mann fährt Fahrrad." --out plots/
@@ -44,7 +45,8 @@ def add_parser(sub) -> None:
     add_model_argument(p, quantize=False)
     p.add_argument("--src", required=True, help="source sentence (a language model: the text)")
     p.add_argument("--tgt", help="target sentence (default: the model's greedy translation)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="folder for the PNG files: new, empty, or holding only attention maps")  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -123,6 +125,7 @@ def _encoder_maps(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_figure_dir(args.out, is_attention_map, (args.model,))
     kind = check_kind(args.model, ("transformer", "lm", "encoder"))
     read = {"transformer": _translation_maps, "lm": _lm_maps, "encoder": _encoder_maps}[kind]
     maps, labels = read(args)

@@ -1,11 +1,12 @@
 """``aiayn``: entry point. Each subcommand module has ``add_parser(subparsers)`` and ``run(args)``.
 
-Anything the user got wrong (a bad option, missing or corrupt data, an unusable model directory, an
+Anything the user got wrong (a bad option value, missing or corrupt data, an unusable model directory, an
 output that would destroy something, a device that is not there) is raised as an ``AiaynError``
 (``aiayn.errors``) and reported as one line on stderr with exit status 1, as is an ``OSError`` (a
 file that cannot be read or written), and so is a command-line argument that is not UTF-8 (before
 parsing: a text or a name the commands could not encode); ``AIAYN_DEBUG=1`` shows the traceback
-instead. Any other exception is a bug and keeps its traceback.
+instead. A command line that argparse refuses (an unknown or missing option, a value of the wrong
+type) is one line too, with argparse's status 2. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from aiayn.cli import (
     attention,
@@ -49,8 +51,16 @@ COMMANDS = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose refusal of a command line is one line, as
+    every other mistake is, with argparse's exit status 2 (the usage is under ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need', from scratch.",
     )

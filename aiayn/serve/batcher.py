@@ -116,8 +116,10 @@ class Batcher:
         now = time.perf_counter()
         return [now - t for t in list(self.started.values())]
 
-    async def submit(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> Any:
-        """``run(kind, [payload, …])``'s result for this payload; ``size`` is its number of texts."""
+    def enqueue(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> asyncio.Future:
+        """Queue the job now, or raise ``QueueFull``; the future is ``run(kind, [payload, …])``'s
+        result for this payload (``size``: its number of texts). Cancelling the future before the
+        job starts gives its place up."""
         loop = asyncio.get_running_loop()
         job = Job(kind, payload, size, loop.create_future(), loop, alone)
         with self.waiting_lock:
@@ -125,7 +127,11 @@ class Batcher:
                 raise QueueFull
             self.waiting += 1
         self.queue.put_nowait(job)
-        return await job.future
+        return job.future
+
+    async def submit(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> Any:
+        """``enqueue``, then its result."""
+        return await self.enqueue(kind, payload, size, alone=alone)
 
     def close(self) -> None:
         for _ in self.threads:

@@ -39,15 +39,20 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, f"the body is over {limit} bytes")
-    chunks, size, seconds = [], 0, server.settings.body_timeout_s
-    try:
-        async with asyncio.timeout(seconds):  # a client that sends slowly holds a connection no longer
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPError(413, f"the body is over {limit} bytes")
-                chunks.append(chunk)
-    except TimeoutError:
+    chunks: list[bytes] = []
+    seconds = server.settings.body_timeout_s
+
+    async def receive() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the body is over {limit} bytes")
+            chunks.append(chunk)
+
+    try:  # a client that sends slowly holds a connection no longer (wait_for: Python 3.10 too)
+        await asyncio.wait_for(receive(), seconds)
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         raise HTTPError(408, f"the body did not arrive within {seconds:g} s (--body-timeout)",
                         {"Connection": "close"}) from None  # fmt: skip
     try:

@@ -119,26 +119,38 @@ class Server:
     async def submit(self, kind: JobKind, payload: Any, size: int, request: Request | None = None) -> Any:
         """The job's result; 429 when the queue is full, 503 past the timeout, a freed slot when the
         client disconnects first."""
-        task = asyncio.ensure_future(self.batcher.submit(kind, payload, size, alone=kind.alone))
+        return await self.result(self.enqueue(kind, payload, size), request)
+
+    def enqueue(self, kind: JobKind, payload: Any, size: int) -> asyncio.Future:
+        """The job queued now (its result to come), or 429 at once when the queue is full."""
+        try:
+            return self.batcher.enqueue(kind, payload, size, alone=kind.alone)
+        except QueueFull:
+            raise HTTPError(429, "Slowdown: too many requests are waiting; retry shortly",
+                            {"Retry-After": "1"}) from None  # fmt: skip
+
+    async def result(self, future: asyncio.Future, request: Request | None = None) -> Any:
+        """An ``enqueue``d job's result; 503 past the timeout, a freed slot when the client
+        disconnects first or the caller is cancelled (a stream whose client left)."""
         watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
         try:
-            waiting = {task} | ({watch} if watch else set())
+            waiting = {future} | ({watch} if watch else set())
             done, _ = await asyncio.wait(
                 waiting, timeout=self.settings.timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
+        except asyncio.CancelledError:
+            future.cancel()  # the batcher skips a cancelled job that has not run
+            raise
         finally:
             if watch is not None:
                 watch.cancel()
-        if task not in done:
-            task.cancel()  # the batcher skips a cancelled job that has not run
+        if future not in done:
+            future.cancel()
             if watch is not None and watch in done:
                 raise HTTPError(499, "client closed the request")
             raise HTTPError(503, f"the request waited more than {self.settings.timeout_s:g} s; retry later")
         try:
-            return task.result()
-        except QueueFull:
-            raise HTTPError(429, "Slowdown: too many requests are waiting; retry shortly",
-                            {"Retry-After": "1"}) from None  # fmt: skip
+            return future.result()
         except AiaynError as e:  # the request's fault: 400, or the status the error names
             raise HTTPError(getattr(e, "status", 400), str(e)) from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import matplotlib
@@ -17,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from torch import Tensor  # noqa: E402
 
-from aiayn.atomic import atomic_path  # noqa: E402
+from aiayn.viz.figures import png_bytes, write_figures  # noqa: E402
 
 KINDS = {  # kind -> (title, which labels are the queries, which the keys)
     "encoder": ("encoder self-attention", "src", "src"),
@@ -54,6 +55,11 @@ def plot_heads(weights: Tensor, queries: list[str], keys: list[str], title: str)
     return fig
 
 
+def is_attention_map(name: str) -> bool:
+    """Whether a file name is one that ``save_attention_maps`` writes (``{kind}_layer{l}.png``)."""
+    return re.fullmatch(rf"({'|'.join(KINDS)})_layer\d+\.png", name) is not None
+
+
 def save_attention_maps(
     maps: dict[str, list[Tensor]], labels: dict[str, list[str]], out_dir: str | os.PathLike, example: int = 0
 ) -> list[Path]:
@@ -61,17 +67,13 @@ def save_attention_maps(
 
     ``maps`` is a model's ``attention_weights`` output (``{kind: [L × (B, h, T_q, T_k)]}``);
     ``labels`` maps ``"src"`` / ``"tgt"`` (/ ``"r2l"``) to the token strings; ``example`` picks the batch row.
+    Every figure is drawn before the first is written, and each is written whole (by rename).
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
+    pngs = {}
     for kind, layers in maps.items():
         title, q, k = KINDS[kind]
         for layer, weights in enumerate(layers):
             fig = plot_heads(weights[example], labels[q], labels[k], f"{title}, layer {layer}")
-            path = out_dir / f"{kind}_layer{layer}.png"
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=100, format="png")
-            plt.close(fig)
-            paths.append(path)
-    return paths
+            pngs[out_dir / f"{kind}_layer{layer}.png"] = png_bytes(fig)
+    return write_figures(out_dir, pngs)

@@ -12,9 +12,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from aiayn.atomic import atomic_path  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.textfiles import read_text  # noqa: E402
+from aiayn.viz.figures import png_bytes, write_figures  # noqa: E402
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -44,13 +44,19 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+CURVES = ("loss", "lr", "bleu", "accuracy")  # the PNGs plot_curves may write, without ".png"
+
+
+def is_curve(name: str) -> bool:
+    """Whether a file name is one that ``plot_curves`` writes."""
+    return name in {f"{c}.png" for c in CURVES}
+
+
 def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write loss.png, lr.png, and bleu.png or accuracy.png where the metrics have them; return
-    their paths."""
+    their paths. Every figure is drawn before the first is written, and each is written whole."""
     records = read_metrics(run_dir)
     out = Path(out_dir or (Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent))
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
     panels = [
         ("loss", "loss (per token)", [("train", "loss", "train"), ("valid", "loss", "valid"),
                                       ("valid", "nll", "valid NLL")]),
@@ -59,6 +65,7 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
         ("accuracy", "validation accuracy (%)", [("valid", "accuracy", "accuracy"),
                                                  ("valid", "macro_f1", "macro-F1")]),
     ]  # fmt: skip
+    pngs = {}
     for name, ylabel, lines in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
@@ -67,17 +74,15 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
             if x:
                 ax.plot(x, y, label=label, marker="o" if split == "valid" else None, markersize=3)
                 drawn = True
-        if drawn:
-            ax.set_xlabel("step")
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            ax.legend()
-            fig.tight_layout()
-            path = out / f"{name}.png"
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=100, format="png")
-            written.append(path)
-        plt.close(fig)
-    if not written:
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        pngs[out / f"{name}.png"] = png_bytes(fig)
+    if not pngs:
         raise ModelDirError(f"{run_dir}: metrics hold nothing to plot yet; train for a few steps first")
-    return written
+    return write_figures(out, pngs)

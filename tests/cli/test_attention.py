@@ -65,3 +65,27 @@ def test_a_right_to_left_model_reads_the_given_target_backwards(model_dirs, tmp_
     tok = Translator.from_dir(r2l).tgt_tokenizer
     pieces = [tok.decode([i]).replace(" ", "␣") for i in tok.encode("A man rides")]
     assert labels["tgt"] == ["<s>", *pieces[::-1]]
+
+
+def test_the_maps_go_only_where_nothing_else_is_overwritten(model_dirs, tmp_path, capsys):
+    """A rerun replaces its own maps; a folder holding anything else, a file, and a folder inside the
+    model are refused with one line before any work, and nothing in them changes."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dirs["joint"], model)
+    args = ["attention", "--model", str(model), "--src", "Ein Mann", "--out"]
+    maps = tmp_path / "maps"
+    assert main([*args, str(maps)]) == 0 and main([*args, str(maps)]) == 0  # a rerun, over its own maps
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n")
+    before = sorted(p.name for p in model.iterdir())
+    capsys.readouterr()
+    for out, fragment in ((notes, "holds files this command does not write (todo.txt)"),
+                          (notes / "todo.txt", "is a file; give a folder"),
+                          (model / "maps", "is inside")):  # fmt: skip
+        assert main([*args, str(out)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err
+    assert sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
+    assert (notes / "todo.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in model.iterdir()) == before

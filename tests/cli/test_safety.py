@@ -119,6 +119,7 @@ CASES = [
         "an input of this command",
     ),
     ("export-over-a-model", None, ["export", "--model", "model", "--to", "hf", "lm"], "pass --force"),
+    ("plot-into-foreign-dir", None, ["plot", "run", "--out", "notes"], "files this command does not write"),
     (
         "export-into-foreign-dir",
         None,
@@ -364,3 +365,13 @@ def test_force_replaces_a_model_only_when_asked(ws, capsys):
     assert main(["average", "run", "--last", "2"]) == 1  # averaged/ now holds a model
     assert main(["average", "run", "--last", "2", "--force"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv", [["translate"], ["translate", "--model", "m", "--beam", "x"], ["transl"]])
+def test_a_command_line_argparse_refuses_is_one_line_with_status_2(argv, capsys):
+    """Before, argparse printed its usage and then the error: two lines."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("aiayn") and ": error: " in err[0] and "--help)" in err[0]

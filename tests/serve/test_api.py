@@ -407,6 +407,51 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_gauges_say_so(served)
         assert 'aiayn_requests_total{route="/translate",status="429"} 1.0' in metrics
 
 
+def test_a_streamed_generation_is_refused_429_before_its_stream_begins(served):
+    """With the queue full, ``stream: true`` is answered 429 in JSON like every route (before, the
+    stream began with 200 and the refusal came as an event), and once the worker is free it streams."""
+    Blocking, submit = blocking_kind()
+    de_en_meta(served["de-en"])
+    services = [load_service(name, served[name]) for name in ("de-en", "lm")]
+    app = create_app(services, Settings(queue_size=1, batch_window_ms=0))
+    body = {"prompt": "Ein", "max_new_tokens": 3, "stream": True, "greedy": True, "model": "lm"}
+    with TestClient(app) as c:
+        jobs = [submit(app)]
+        time.sleep(0.3)  # the worker runs the first job
+        jobs.append(submit(app))  # the second waits: the queue is full
+        time.sleep(0.3)
+        r = c.post("/v1/generate", json=body)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and "Slowdown" in r.json()["error"]
+        Blocking.release.set()
+        for job in jobs:
+            job.join(5)
+        with c.stream("POST", "/v1/generate", json=body) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        assert s.status_code == 200 and events[-1]["done"]
+
+
+def test_a_stream_that_ends_early_cancels_its_job_and_stops_the_sampling():
+    """The client leaves (the server closes the event generator): the queued job is cancelled, so
+    the worker skips it, and ``emit`` tells a running sampler to stop."""
+    import asyncio
+
+    from aiayn.serve.routers.v1 import _Stream
+    from aiayn.serve.schemas import GenerateRequest
+
+    async def scenario() -> tuple[bool, bool, list[str]]:
+        loop = asyncio.get_running_loop()
+        stream, job = _Stream(loop), loop.create_future()
+        prompt = stream.prompt(GenerateRequest(prompt="Ein"), SearchConfig(beam=1))
+        events = stream.events(job)
+        assert prompt.emit("a") is True  # the worker's first piece
+        first = await events.__anext__()
+        await events.aclose()  # what the server does when the client disconnects
+        return job.cancelled(), prompt.emit("b"), [first]
+
+    cancelled, go_on, seen = asyncio.run(scenario())
+    assert cancelled and go_on is False and seen == ['data: {"text": "a"}\n\n']
+
+
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):
     """A route that fails with an exception no handler knows (a bug, here planted in the tokenizing
     step) is answered 500 in the JSON shape of every error, logged with its traceback, counted in

@@ -31,7 +31,7 @@ from aiayn.serve.schemas import (
     NativeTranslateResponse,
     request_body,
 )
-from aiayn.serve.server import HTTPError, Server, invalid, text_problem
+from aiayn.serve.server import HTTPError, invalid, text_problem
 from aiayn.serve.services import EncoderService, LMService, TranslationService
 
 router = APIRouter(prefix="/v1", tags=["native"], responses=ERRORS)
@@ -88,41 +88,48 @@ async def generate(
         prompt = Prompt(body.prompt, body.max_new_tokens, config, lambda _: True)
         text = await server.submit(Generation(service.name), prompt, 1, request)
         return GenerateResponse(model=service.name, prompt=body.prompt, text=text)
-    return StreamingResponse(_stream(server, service.name, body, config), media_type="text/event-stream")
+    stream = _Stream(asyncio.get_running_loop())
+    # queued before the answer starts: a full queue is a 429, not an event of a stream already 200
+    queued = server.enqueue(Generation(service.name), stream.prompt(body, config), 1)
+    job = asyncio.ensure_future(server.result(queued))
+    return StreamingResponse(stream.events(job), media_type="text/event-stream")
 
 
-async def _stream(
-    server: Server, model: str, body: GenerateRequest, config: SearchConfig
-) -> AsyncIterator[str]:
-    """Server-sent events: each piece as the worker thread makes it, then the whole text (or the
-    error). Leaving the loop (the client went away, or the end) tells the worker to stop."""
-    events: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    alive = True
+class _Stream:
+    """Server-sent events of one generation: each piece as the worker thread makes it, then the whole
+    text, or the error of a job that failed after the stream began (its status is 200 by then).
+    Leaving ``events`` (the client went away, or the end) tells the worker to stop, and a job still
+    queued gives its place up."""
 
-    def emit(piece: str) -> bool:
-        loop.call_soon_threadsafe(events.put_nowait, {"text": piece})
-        return alive
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.queue, self.alive = loop, asyncio.Queue(), True
 
-    prompt = Prompt(body.prompt, body.max_new_tokens, config, emit)
-    job = asyncio.ensure_future(server.submit(Generation(model), prompt, 1))
-    try:
-        while True:
-            getter = asyncio.ensure_future(events.get())
-            done, _ = await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                yield _event(getter.result())
-                continue
-            getter.cancel()
-            while not events.empty():
-                yield _event(events.get_nowait())
-            try:
-                yield _event({"done": True, "text": job.result()})
-            except HTTPError as e:
-                yield _event({"error": e.message})
-            return
-    finally:
-        alive = False  # the client left, or the stream ended: stop sampling
+    def prompt(self, body: GenerateRequest, config: SearchConfig) -> Prompt:
+        def emit(piece: str) -> bool:  # called from the worker thread
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"text": piece})
+            return self.alive
+
+        return Prompt(body.prompt, body.max_new_tokens, config, emit)
+
+    async def events(self, job: asyncio.Future) -> AsyncIterator[str]:
+        try:
+            while True:
+                getter = asyncio.ensure_future(self.queue.get())
+                done, _ = await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield _event(getter.result())
+                    continue
+                getter.cancel()
+                while not self.queue.empty():
+                    yield _event(self.queue.get_nowait())
+                try:
+                    yield _event({"done": True, "text": job.result()})
+                except HTTPError as e:
+                    yield _event({"error": e.message})
+                return
+        finally:
+            self.alive = False  # stop sampling
+            job.cancel()  # a job not yet started leaves the queue
 
 
 def _event(data: dict) -> str:
