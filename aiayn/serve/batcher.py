@@ -118,8 +118,8 @@ class Batcher:
 
     def enqueue(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> asyncio.Future:
         """Queue the job now, or raise ``QueueFull``; the future is ``run(kind, [payload, …])``'s
-        result for this payload (``size``: its number of texts). Cancelling the future before the
-        job starts gives its place up."""
+        result for this payload (``size``: its number of texts). A future cancelled before its job
+        starts is skipped, not run (it counts as waiting until a worker reaches it)."""
         loop = asyncio.get_running_loop()
         job = Job(kind, payload, size, loop.create_future(), loop, alone)
         with self.waiting_lock:

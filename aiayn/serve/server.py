@@ -130,8 +130,9 @@ class Server:
                             {"Retry-After": "1"}) from None  # fmt: skip
 
     async def result(self, future: asyncio.Future, request: Request | None = None) -> Any:
-        """An ``enqueue``d job's result; 503 past the timeout, a freed slot when the client
-        disconnects first or the caller is cancelled (a stream whose client left)."""
+        """An ``enqueue``d job's result; 503 past the timeout; the job is cancelled (skipped if it has
+        not started) when the client disconnects first or the caller is cancelled (a stream whose
+        client left)."""
         watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
         try:
             waiting = {future} | ({watch} if watch else set())

@@ -99,7 +99,7 @@ class _Stream:
     """Server-sent events of one generation: each piece as the worker thread makes it, then the whole
     text, or the error of a job that failed after the stream began (its status is 200 by then).
     Leaving ``events`` (the client went away, or the end) tells the worker to stop, and a job still
-    queued gives its place up."""
+    queued is cancelled: the worker skips it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.queue, self.alive = loop, asyncio.Queue(), True
@@ -129,7 +129,7 @@ class _Stream:
                 return
         finally:
             self.alive = False  # stop sampling
-            job.cancel()  # a job not yet started leaves the queue
+            job.cancel()  # a job not yet started is skipped
 
 
 def _event(data: dict) -> str:
