@@ -44,12 +44,20 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-CURVES = ("loss", "lr", "bleu", "accuracy")  # the PNGs plot_curves may write, without ".png"
+# (PNG name, y label, [(split, metric, legend)]): what plot_curves draws where the metrics have it
+PANELS = [
+    ("loss", "loss (per token)", [("train", "loss", "train"), ("valid", "loss", "valid"),
+                                  ("valid", "nll", "valid NLL")]),
+    ("lr", "learning rate", [("train", "lr", "lr")]),
+    ("bleu", "validation BLEU", [("valid", "bleu", "greedy BLEU")]),
+    ("accuracy", "validation accuracy (%)", [("valid", "accuracy", "accuracy"),
+                                             ("valid", "macro_f1", "macro-F1")]),
+]  # fmt: skip
 
 
 def is_curve(name: str) -> bool:
     """Whether a file name is one that ``plot_curves`` writes."""
-    return name in {f"{c}.png" for c in CURVES}
+    return name in {f"{panel}.png" for panel, _, _ in PANELS}
 
 
 def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -57,16 +65,8 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
     their paths. Every figure is drawn before the first is written, and each is written whole."""
     records = read_metrics(run_dir)
     out = Path(out_dir or (Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent))
-    panels = [
-        ("loss", "loss (per token)", [("train", "loss", "train"), ("valid", "loss", "valid"),
-                                      ("valid", "nll", "valid NLL")]),
-        ("lr", "learning rate", [("train", "lr", "lr")]),
-        ("bleu", "validation BLEU", [("valid", "bleu", "greedy BLEU")]),
-        ("accuracy", "validation accuracy (%)", [("valid", "accuracy", "accuracy"),
-                                                 ("valid", "macro_f1", "macro-F1")]),
-    ]  # fmt: skip
     pngs = {}
-    for name, ylabel, lines in panels:
+    for name, ylabel, lines in PANELS:
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
         for split, key, label in lines:
