@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from aiayn.atomic import check_output
+from aiayn.data.files import BOM
 from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
@@ -83,7 +84,8 @@ CHUNK_LINES = 10_000  # lines decoded at a time: memory stays flat whatever the 
 
 def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """The lines of a UTF-8 byte stream, one at a time, split on "\\n" only (a "\\r" before it is
-    dropped); a line over ``MAX_LINE_BYTES`` is a ``DataError`` naming it."""
+    dropped, as is a byte-order mark before the first); a line over ``MAX_LINE_BYTES`` is a
+    ``DataError`` naming it."""
     for i in itertools.count(1):
         raw = stream.readline(MAX_LINE_BYTES + 1)
         if not raw:
@@ -93,6 +95,8 @@ def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
                 f"{name}: line {i} is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES); is it a text "
                 "file, one text per line?"
             )
+        if i == 1:
+            raw = raw.removeprefix(BOM)
         try:
             yield raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
         except UnicodeDecodeError as e:

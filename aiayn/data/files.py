@@ -6,8 +6,10 @@ rejects a missing path, a directory, an empty or all-blank file, a broken gzip s
 UTF-8 with a ``DataError`` naming the file (and the 1-based line), and returns the line count,
 character count and a SHA-256 of the decompressed bytes (the cache key). ``iter_lines`` splits
 on ``"\\n"`` only (plus one ``"\\r"`` before it), never on the other characters ``str.splitlines``
-treats as line breaks, so line i of a source file stays aligned with line i of its target file.
-It does not tokenize, filter or pair lines; see ``corpus.py``.
+treats as line breaks, so line i of a source file stays aligned with line i of its target file,
+and drops a UTF-8 byte-order mark (``BOM``, which Excel's "CSV UTF-8" and Notepad write) from the
+start of the first line, which would otherwise hide a header and enter the vocabulary. It does not
+tokenize, filter or pair lines; see ``corpus.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aiayn.errors import DataError
 
 BLOCK = 1 << 20  # bytes read at a time: memory stays flat whatever the file size
 GZIP_MAGIC = b"\x1f\x8b"
+BOM = b"\xef\xbb\xbf"  # U+FEFF encoded: a byte-order mark some editors put before a UTF-8 file's text
 
 
 def repo_root() -> Path:
@@ -127,10 +130,12 @@ def _first_bad_line(path: Path) -> int:
 
 
 def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending."""
+    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending (nor a ``BOM``)."""
     try:
         with open_bytes(path) as f:
             for i, raw in enumerate(f, start=1):
+                if i == 1:
+                    raw = raw.removeprefix(BOM)
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError:
@@ -144,14 +149,16 @@ def iter_lines(path: Path) -> Iterator[str]:
 
 def iter_text(path: Path, start: int, stop: int, size: int = BLOCK) -> Iterator[str]:
     """Characters ``start:stop`` of a checked file, in pieces of about ``size`` characters, each
-    ending after a newline where the piece has one (so a subword tokenizer sees whole lines)."""
+    ending after a newline where the piece has one (so a subword tokenizer sees whole lines); a
+    ``BOM`` is not among them."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     pos, pending = 0, ""
     try:
         with open_bytes(path) as f:
             while pos < stop and (block := f.read(size)):
                 text = decoder.decode(block)
-                lo, hi = max(start - pos, 0), min(stop - pos, len(text))
+                skip = int(pos == 0 and text.startswith("\ufeff"))  # the BOM: no text
+                lo, hi = max(start - pos, skip), min(stop - pos, len(text))
                 pos += len(text)
                 pending += text[lo:hi] if lo < hi else ""
                 cut = pending.rfind("\n") + 1

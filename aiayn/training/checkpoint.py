@@ -96,6 +96,22 @@ def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
     random.setstate((meta["version"], tuple(meta["state"]), meta["gauss"]))
 
 
+def rank_rng_state(device: torch.device) -> torch.Tensor:
+    """This process's random state as one uint8 vector: the CPU generator's, then on CUDA its
+    device's (dropout draws from the generator of the device the model runs on)."""
+    parts = [torch.get_rng_state()]
+    if device.type == "cuda":
+        parts.append(torch.cuda.get_rng_state(device))
+    return torch.cat(parts)
+
+
+def _set_rank_rng_state(state: torch.Tensor, device: torch.device) -> None:
+    n = torch.get_rng_state().numel()
+    torch.set_rng_state(state[:n].clone())
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state[n:].clone(), device)
+
+
 # -- save / load ------------------------------------------------------------------------------------
 
 
@@ -107,11 +123,14 @@ def save_checkpoint(
     state: dict,
     write_extra: Callable[[Path], None] | None = None,
     model_meta: dict | None = None,
+    rank_rngs: list[torch.Tensor] | None = None,
 ) -> Path:
     """Write ``RUN/step-{step}`` atomically; ``state`` is the trainer's JSON-able state.
 
     ``write_extra(dir)`` writes further files (the tokenizer) into the temporary directory;
-    ``model_meta`` goes into ``config.json`` (e.g. the languages of a translation model).
+    ``model_meta`` goes into ``config.json`` (e.g. the languages of a translation model);
+    ``rank_rngs``: every rank's ``rank_rng_state`` under torchrun (each rank's own dropout stream,
+    which a resumed rank continues).
     """
     run_dir = Path(run_dir)
     final = run_dir / f"step-{step:06d}"
@@ -121,11 +140,13 @@ def save_checkpoint(
             write_extra(tmp)
         opt_meta, tensors = _split_optimizer(optimizer)
         rng_meta, rng_tensors = _rng_state()
+        rng_tensors.update({f"{RANK_RNG}{r}": t for r, t in enumerate(rank_rngs or [])})
         save_file({**tensors, **rng_tensors}, str(tmp / STATE_TENSORS))
         write_json(tmp / STATE_JSON, {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta})
     return final
 
 
+RANK_RNG = "rng.rank."  # + the rank: that process's rank_rng_state
 STATE_KEYS = ("step", "best", "bad_evals", "elapsed", "sampler", "optimizer", "rng")
 
 
@@ -143,8 +164,11 @@ def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return meta, tensors
 
 
-def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model weights, optimizer and RNG states; return the trainer's JSON state.
+def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0,
+                    device: torch.device | None = None) -> dict:  # fmt: skip
+    """Restore model weights, optimizer and RNG states; return the trainer's JSON state, with
+    ``"rank_rng": True`` when the random state restored is ``rank``'s own (saved by every rank of a
+    torchrun run; otherwise it is rank 0's, which only rank 0 should continue).
 
     A checkpoint that cannot be used raises ``ModelDirError`` naming the file; its trainer state
     is read and checked before anything is restored (``--resume`` then tries an older checkpoint,
@@ -158,6 +182,10 @@ def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.O
         load_model(model, weights, strict=True)
         optimizer.load_state_dict(_join_optimizer(meta.pop("optimizer"), tensors))
         _set_rng_state(meta.pop("rng"), tensors)
+        own = tensors.get(f"{RANK_RNG}{rank}")
+        if own is not None:
+            _set_rank_rng_state(own, device or torch.device("cpu"))
+        meta["rank_rng"] = own is not None or rank == 0
     except (OSError, SafetensorError, RuntimeError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelDirError(f"{checkpoint} does not fit this run or is corrupt ({first})") from None

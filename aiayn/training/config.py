@@ -66,7 +66,9 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=dict)
     # -- batches --------------------------------------------------------------------------------
     max_tokens: int = 4096  # token-budget batches: padded tokens (per side) per batch (fairseq's)
-    max_len: int = 256  # tokens: translation drops pairs with a longer side; mlm/classify truncate
+    # tokens: translation drops training pairs with a longer side (or one no batch holds); mlm, classify
+    # truncate
+    max_len: int = 256
     update_freq: int = 1  # gradient accumulation: batches per optimizer update
     # -- optimisation ---------------------------------------------------------------------------
     optimizer: str = "adam"  # "adam" (decoupled weight decay off) or "adamw"

@@ -69,6 +69,17 @@ def all_reduce_max(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value
 
 
+def all_gather(value: torch.Tensor, info: DistInfo, device: torch.device) -> list[torch.Tensor]:
+    """Every rank's ``value`` (one shape on every rank) in rank order, on the CPU; moved through
+    ``device`` on the way (NCCL gathers CUDA tensors only)."""
+    if not info.enabled:
+        return [value]
+    moved = value.to(device)
+    out = [torch.empty_like(moved) for _ in range(info.world_size)]
+    dist.all_gather(out, moved)
+    return [t.cpu() for t in out]
+
+
 def shutdown(info: DistInfo) -> None:
     """Tear the process group down once every rank is done with it (after a normal end only: a
     rank that raised would leave the others waiting at the barrier).

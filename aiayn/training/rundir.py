@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from aiayn.atomic import remove_temporaries, write_json, write_text
+from aiayn.data.subword import SAMPLES_DIR
 from aiayn.errors import ConfigError, ModelDirError, OutputError
 from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
@@ -37,8 +38,9 @@ METRICS = "metrics.jsonl"
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
                      "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
                      "compile", "out_dir", "short_budget"}  # fmt: skip
-# what a run that never reached a checkpoint leaves; removed when it is started again
-RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, "tensorboard")
+# what a run that never reached a checkpoint leaves; removed when it is started again (its subword
+# samples too: drawn with its tokenizer, they would feed a restarted run with other settings old ids)
+RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, SAMPLES_DIR, "tensorboard")
 LOCK = ".train.lock"  # held (flock) by the run training in the directory; holds that process's PID
 
 

@@ -73,6 +73,11 @@ class Task:
         if cfg.short_budget == "halve_max_tokens" and not cls.token_batches:
             raise ConfigError(f"short_budget='halve_max_tokens' resizes a run's token batches; "
                               f"task={cls.name!r} has none to resize (use 'warn')")  # fmt: skip
+        if cfg.max_epochs and cls.epoch is Task.epoch:  # a task that samples endlessly never ends an epoch
+            raise ConfigError(
+                f"max_epochs={cfg.max_epochs}: task={cls.name!r} samples its training data endlessly and "
+                "counts no epochs; stop it with max_steps or max_minutes"
+            )
         cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
 
     @classmethod

@@ -36,7 +36,14 @@ from aiayn.training import checkpoint as ckpt
 from aiayn.training import rundir
 from aiayn.training.budget import BudgetWatch, ShortBudget, budget_used
 from aiayn.training.config import TrainConfig
-from aiayn.training.distributed import all_reduce_max, all_reduce_sum, barrier, init_distributed, shutdown
+from aiayn.training.distributed import (
+    all_gather,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    shutdown,
+)
 from aiayn.training.optim import make_optimizer, make_schedule
 from aiayn.training.precision import autocast, resolve_precision
 from aiayn.training.rundir import METRICS, plan_run_dir, prepare_run_dir, truncate_metrics
@@ -144,7 +151,7 @@ class Trainer:
         for path in checkpoints:
             try:
                 self._check_meta(path)
-                state = ckpt.load_checkpoint(path, self.model, self.optimizer)  # restores rank 0's RNG
+                state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.dist.rank, self.device)
                 if state.get("run_id", self.run_id) != self.run_id:
                     raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")
                 break
@@ -161,7 +168,7 @@ class Trainer:
         self.task.sampler.load_state_dict(state["sampler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        if self.dist.rank:
+        if not state["rank_rng"]:  # a checkpoint without this rank's random state (older, or fewer ranks)
             torch.manual_seed(self.cfg.seed + 1000 * self.dist.rank + self.step)
         if self.dist.is_main:
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
@@ -266,6 +273,9 @@ class Trainer:
         return False
 
     def save(self, improved: bool) -> Path | None:
+        """Rank 0 writes the checkpoint, with every rank's random state (gathered: each rank's dropout
+        masks continue on resume as they would have, so a resumed torchrun run is bit-exact too)."""
+        rank_rngs = all_gather(ckpt.rank_rng_state(self.device), self.dist, self.device)
         if not self.dist.is_main:
             return None
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
@@ -273,7 +283,8 @@ class Trainer:
                  "epoch": self.task.epoch, "run_id": self.run_id,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
-                                    self.task.save_tokenizers, self.task.model_meta())  # fmt: skip
+                                    self.task.save_tokenizers, self.task.model_meta(),
+                                    rank_rngs if self.dist.enabled else None)  # fmt: skip
         if improved or not (self.run_dir / "best").exists():
             ckpt.mark_best(self.run_dir, path)
         ckpt.prune(self.run_dir, self.cfg.keep_last)

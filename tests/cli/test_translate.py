@@ -22,6 +22,14 @@ def test_stdin_to_stdout_keeps_line_alignment(model_dirs, monkeypatch, capsys):
     assert len(lines) == 5 and lines[1] == "" and lines[3] == ""
 
 
+def test_a_byte_order_mark_before_the_first_line_is_not_text():
+    from aiayn.cli.decode_options import read_lines
+    from aiayn.data.files import BOM
+
+    lines = read_lines(io.BytesIO(BOM + b"Ein Hund\r\n" + BOM + b"x\n"), "in.txt")
+    assert list(lines) == ["Ein Hund", "\ufeffx"]  # only the file's first line can start with one
+
+
 def test_files_nbest_and_sampling(model_dirs, tmp_path, capsys):
     src = tmp_path / "in.de"
     src.write_text("Ein Mann\nZwei Hunde spielen\n", encoding="utf-8")

@@ -3,7 +3,7 @@ import gzip
 import pytest
 
 from aiayn.data import DataError, check_file, data_dir
-from aiayn.data.files import iter_lines, iter_text
+from aiayn.data.files import BOM, iter_lines, iter_text
 
 
 def test_data_dir_is_the_repository_data_folder_unless_overridden(tmp_path, monkeypatch):
@@ -80,3 +80,13 @@ def test_iter_text_returns_exactly_the_character_range(tmp_path, start, stop):
     pieces = list(iter_text(tmp_path / "t", start, stop, size=5))  # tiny blocks split characters
     assert "".join(pieces) == text[start:stop]
     assert all(p.endswith("\n") for p in pieces[:-1] if "\n" in p)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_a_byte_order_mark_is_not_text(tmp_path, gz):
+    """Excel's "CSV UTF-8" and Notepad start the file with U+FEFF: not part of the first line."""
+    data = BOM + "héllo\nwörld\n".encode()
+    (tmp_path / "a").write_bytes(gzip.compress(data) if gz else data)
+    assert list(iter_lines(tmp_path / "a")) == ["héllo", "wörld"]
+    assert "".join(iter_text(tmp_path / "a", 0, 13, size=4)) == "héllo\nwörld\n"
+    assert "".join(iter_text(tmp_path / "a", 3, 13)) == "llo\nwörld\n"  # offsets count the mark

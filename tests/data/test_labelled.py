@@ -35,6 +35,11 @@ def test_csv_quotes_and_multiline_field(tmp_path):
     assert c.lines == [2, 4, 5]
 
 
+def test_a_csv_saved_by_excel_has_its_header_read_through_the_byte_order_mark(tmp_path):
+    c = load_labelled(write(tmp_path / "a.csv", "\ufeffsentence,label\ngood,pos\nbad,neg\n"))
+    assert c.texts == ["good", "bad"] and c.labels == ["pos", "neg"]
+
+
 def test_no_header_needs_column_numbers(tmp_path):
     path = write(tmp_path / "a.tsv", "1\tgood\n0\tbad\n")
     with pytest.raises(DataError, match=r"a.tsv: line 1 is not a header .*text_column"):

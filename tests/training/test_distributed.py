@@ -3,6 +3,7 @@ accumulates the same global batch (update_freq=2); every decision to stop is tak
 at the same step (a time budget, a signal to one rank)."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -195,6 +196,31 @@ def test_ranks_train_in_one_precision_and_stay_identical(corpus, tmp_path, preci
     err = _finish(proc, pids)
     assert err.count("precision=auto chose") == (precision == "auto"), err[-3000:]
     assert _same_final_state(dump, tmp_path / "run") == 4
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+@pytest.mark.slow
+def test_a_resumed_torchrun_run_is_bit_exact_with_dropout(corpus, tmp_path):
+    """Every rank's random state is in the checkpoint: rank 1's dropout masks after ``--resume`` are
+    the ones it would have drawn, so losses and weights equal those of a run that never stopped (a
+    rank that reseeded on resume drew other masks from the first update after it)."""
+    dropout, pids = ["model.dropout=0.3", "eval_every=3"], tmp_path / "pids"
+    ref, stopped = tmp_path / "ref", tmp_path / "stopped"
+    for folder in (ref / "dump", stopped / "dump", pids):
+        folder.mkdir(parents=True)
+    options = ["--dump-params", str(ref / "dump")]
+    _finish(_torchrun(corpus, ref, 29547, options, "max_steps=6", *dropout), pids)
+    _finish(_torchrun(corpus, stopped, 29548, [], "max_steps=3", *dropout), pids)
+    options = ["--dump-params", str(stopped / "dump")]
+    _finish(_torchrun(corpus, stopped, 29549, options, "max_steps=6", *dropout, "--resume"), pids)
+    losses = _losses(ref / "run")
+    assert _losses(stopped / "run") == losses and sorted(losses) == [1, 2, 3, 4, 5, 6]
+    resumed, reference = (load_file(str(d / "dump" / "rank1.safetensors")) for d in (stopped, ref))
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
 
 
 def test_shutdown_meets_at_a_barrier_and_releases_the_gil_before_destroying_the_group(monkeypatch):

@@ -79,18 +79,23 @@ def test_a_checkpoint_of_another_run_is_skipped(corpus, tmp_path, capsys, refere
 
 @pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["again", "resume"])
 def test_a_run_that_stopped_before_its_first_checkpoint_starts_again(corpus, tmp_path, capsys, resume):
-    """What a crash before the first checkpoint leaves (settings, a few metrics, a tokenizer trained
-    with other settings) blocks nothing: the run starts again, with the new settings."""
+    """What a crash before the first checkpoint leaves (settings, a few metrics, a tokenizer and
+    BPE-dropout samples made with other settings) blocks nothing: the run starts again, with the new
+    settings and samples drawn anew."""
     run = tmp_path / "run"
-    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=100", "vocab_size=400")]) == 0
+    first = ["max_steps=2", "eval_every=100", "vocab_size=400", "subword_dropout=0.1", "seed=1"]
+    assert main(["train", *tiny_args(corpus, run, *first)]) == 0
+    old_sample = (run / "subword" / "segmentation-0.npz").read_bytes()
     for ckpt in run.glob("step-*"):
         shutil.rmtree(ckpt)
     (run / "best").unlink()
     capsys.readouterr()
-    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2"), *resume]) == 0
+    again = ["max_steps=2", "eval_every=2", "subword_dropout=0.1", "seed=2"]
+    assert main(["train", *tiny_args(corpus, run, *again), *resume]) == 0
     assert "has no checkpoint: starting it again" in capsys.readouterr().err
     saved = json.loads((run / "train_config.json").read_text())
     assert saved["vocab_size"] == 300 and saved["eval_every"] == 2  # the new settings, a new tokenizer
+    assert (run / "subword" / "segmentation-0.npz").read_bytes() != old_sample  # drawn with seed 2
     assert sorted(_losses(run)) == [1, 2] and (run / "step-000002").is_dir()
 
 

@@ -160,6 +160,7 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoin
         (["model.d_model=33"], "d_model=33 must be divisible by n_heads=2"),
         (["dataset=/nonexistent/corpus"], "corpus.de: no such file"),
         (["task=poetry"], "task='poetry' is not one of"),
+        (["task=lm", "max_epochs=2"], "max_epochs=2: task='lm' samples its training data endlessly"),
     ],
 )
 def test_bad_configuration_is_one_line_and_leaves_nothing(corpus, tmp_path, capsys, args, message):
@@ -169,6 +170,40 @@ def test_bad_configuration_is_one_line_and_leaves_nothing(corpus, tmp_path, caps
     assert err.startswith("aiayn train: error:") and "\n" not in err
     assert __import__("re").search(message, err), err
     assert not run.exists()
+
+
+def _replace_line(path, index: int, text: str) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[index] = text
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_a_validation_pair_over_max_tokens_is_named_before_any_update(corpus, tmp_path, capsys):
+    """Validation keeps every pair; one that cannot fit a batch used to end the run at its first
+    evaluation, after eval_every updates, with a message about a pair index and CorpusFilter."""
+    _replace_line(corpus / "valid.de", 2, " ".join(["hund katze"] * 40))
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2", "max_tokens=64")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn train: error:") and "\n" not in err, err
+    assert "valid.de" in err and "validation line 3 needs" in err and "max_tokens=64" in err, err
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_a_training_pair_longer_than_a_batch_is_dropped_not_fatal(corpus, tmp_path):
+    """max_len (256) allows the pair, max_tokens=64 cannot batch it: it is dropped as max_len drops."""
+    _replace_line(corpus / "train.de", 5, " ".join(["hund katze"] * 40))
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2", "max_tokens=64")]) == 0
+    assert (run / "step-000002").is_dir()
+
+
+def test_eval_max_sentences_over_the_validation_set_scores_the_whole_set(corpus, tmp_path):
+    run = tmp_path / "run"
+    args = ["max_steps=2", "eval_every=2", "eval_bleu=true", "eval_max_sentences=300"]  # 30 in the set
+    assert main(["train", *tiny_args(corpus, run, *args)]) == 0
+    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in valid if r["split"] == "valid" and "bleu" in r] == [2]
 
 
 def test_resume_refuses_an_incompatible_run_and_a_new_run_refuses_an_old_directory(corpus, tmp_path, capsys):

@@ -25,6 +25,8 @@ from torch import nn
 from aiayn.data import (
     CorpusEpochs,
     CorpusFilter,
+    EncodedParallel,
+    ParallelCorpus,
     TokenBatchSampler,
     TranslationBatch,
     collate_translation,
@@ -38,7 +40,7 @@ from aiayn.data import (
 from aiayn.data.subword import SAMPLES_DIR, Resegmenter, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.data.views import Concat, PairView, PseudoPairs, halves
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DataError
 from aiayn.models import BidirectionalTransformer, R2LMemory, Transformer, build_transformer
 from aiayn.models.config import TransformerConfig
 from aiayn.training import criteria
@@ -164,6 +166,19 @@ class TranslationOptions(TaskOptions):
             fail(self, "subword_dropout", "re-segments the pairs the cache was made for: 0 with r2l_model")
 
 
+def check_fits(pairs: EncodedParallel, corpus: ParallelCorpus, max_tokens: int) -> None:
+    """Validation keeps every pair, so each must fit a batch of ``max_tokens`` (with its eos or
+    bos): checked before training, not at the first evaluation, with the line to look at."""
+    sizes = np.maximum(pairs.src.lengths, pairs.tgt.lengths) + 1
+    over = np.flatnonzero(sizes > max_tokens)
+    if len(over):
+        raise DataError(
+            f"{corpus.src.path} and {corpus.tgt.path}: validation line {over[0] + 1} needs {sizes[over[0]]} "
+            f"ids on one side, over max_tokens={max_tokens} ({len(over)} such lines); raise max_tokens "
+            "or shorten those lines (validation keeps every pair)"
+        )
+
+
 def target_pieces(targets: list[np.ndarray]) -> torch.Tensor:
     """The ids that occur in the training targets (every BPE-dropout sample's included), with eos and
     the unknown piece, which every output layer must be able to give."""
@@ -226,6 +241,7 @@ class TranslationTask(Task):
 
         self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
+        check_fits(self.valid, valid, cfg.max_tokens)
         self.valid_refs = [tgt.lower() if self.tgt_tok.lowercase else tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
@@ -266,8 +282,9 @@ class TranslationTask(Task):
 
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
+        fits = CorpusFilter(max_len=min(self.cfg.max_len, self.cfg.max_tokens - 1))  # pair + eos fit a batch
         return (
-            encode_parallel(train, self.src_tok, self.tgt_tok, CorpusFilter(max_len=self.cfg.max_len)),
+            encode_parallel(train, self.src_tok, self.tgt_tok, fits),
             encode_parallel(valid, self.src_tok, self.tgt_tok, keep_all),
         )
 
@@ -365,7 +382,7 @@ class TranslationTask(Task):
         from aiayn.decoding.options import SearchConfig
         from aiayn.decoding.translator import Translator
 
-        n = self.opts.eval_max_sentences or len(self.valid)
+        n = min(self.opts.eval_max_sentences or len(self.valid), len(self.valid))
         translator = Translator(model, self.src_tok, self.tgt_tok, reverse=self.opts.reverse_target)
         sources = [self.valid[i][0].tolist() for i in range(n)]
         hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
