@@ -24,7 +24,7 @@ from aiayn.data.files import BOM
 from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
-from aiayn.errors import DataError, OutputError
+from aiayn.errors import ConfigError, DataError, OutputError
 from aiayn.models.io import resolve_model_dir
 from aiayn.models.prepack import GEMMS, prepack
 from aiayn.models.quantize import QUANTIZATIONS, quantize
@@ -62,6 +62,17 @@ def add_quantize_argument(p: argparse.ArgumentParser) -> None:
         "CPUs where the BLAS is slow at decoding's shapes), auto (per shape, whichever a "
         "timing at load finds faster) (default: blas)",
     )  # fmt: skip
+
+
+def check_bidirectional_options(args: argparse.Namespace, translator) -> None:
+    """``--r2l-beam`` (and translate's ``--show-r2l``) read a bidirectional model's right-to-left
+    pass: for another model they are a one-line error, not silently ignored."""
+    if translator.model.config.bidirectional:
+        return
+    given = {"--r2l-beam": args.r2l_beam is not None, "--show-r2l": getattr(args, "show_r2l", False)}
+    for flag in (f for f, on in given.items() if on):
+        raise ConfigError(f"{flag}: {args.model} is not a bidirectional model (model.bidirectional=true); "
+                          f"leave {flag} out")  # fmt: skip
 
 
 def quantized(args: argparse.Namespace, runner: T) -> T:

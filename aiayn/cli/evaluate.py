@@ -15,6 +15,7 @@ from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_model_argument,
     add_search_arguments,
+    check_bidirectional_options,
     check_outputs,
     formatter,
     quantized,
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_parallel(source, args.split, src_lang, tgt_lang)
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
     translator = quantized(args, Translator.from_dirs([args.model, *args.ensemble_with], args.device))
+    check_bidirectional_options(args, translator)
     srcs, refs = (list(side) for side in zip(*corpus))
     hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
     if args.output:

@@ -11,6 +11,7 @@ from aiayn.cli.decode_options import (
     add_io_arguments,
     add_model_argument,
     add_search_arguments,
+    check_bidirectional_options,
     check_outputs,
     formatter,
     quantized,
@@ -104,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
             )
     translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
     translator = quantized(args, translator)
-    if args.show_r2l and not translator.model.config.bidirectional:
-        raise ConfigError(f"--show-r2l: {args.model} is not a bidirectional model "
-                          "(model.bidirectional=true); leave --show-r2l out")  # fmt: skip
+    check_bidirectional_options(args, translator)
     scorer = None
     if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))

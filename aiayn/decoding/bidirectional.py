@@ -52,9 +52,12 @@ def r2l_translation(
     Shape:
         src (B, S), context.memory (B, S, d_model) -> B lists of hypotheses, (B, 1 + longest hypothesis)
     """
+    c = model.config
+    if c.positional == "learned":  # [bos] + a hypothesis cut at the limit (no eos) must fit the positions
+        room = c.max_len - 1
+        max_len = max_len.clamp(max=room) if isinstance(max_len, Tensor) else min(max_len, room)
     backward = _Started(R2LAdapter(model, use_cache), context)
     hyps = search(backward, src, config, max_len)
-    c = model.config
     return hyps, r2l_inputs(hyps, c.bos_id, c.eos_id, c.pad_id, src.device)
 
 

@@ -176,3 +176,6 @@ def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(bidir
     assert main(["translate", "--model", str(plain), "--input", str(src), "--show-r2l"]) == 1
     err = capsys.readouterr().err
     assert "--show-r2l" in err and "not a bidirectional model" in err and len(err.strip().splitlines()) == 1
+    assert main(["translate", "--model", str(plain), "--input", str(src), "--r2l-beam", "2"]) == 1
+    err = capsys.readouterr().err  # read by a bidirectional model only: refused, not ignored
+    assert "--r2l-beam" in err and "not a bidirectional model" in err and len(err.strip().splitlines()) == 1

@@ -6,12 +6,16 @@ import torch
 from aiayn.decoding.topk import BLOCK, topk
 
 
-@pytest.mark.parametrize("vocab", [BLOCK * 40, BLOCK * 40 + 37, 50])
+@pytest.mark.parametrize("size", ["long", "long-ragged", "just-blocked"])
 @pytest.mark.parametrize("k", [1, 5])
-def test_block_topk_equals_torch_topk(vocab, k):
+def test_block_topk_equals_torch_topk(size, k):
+    # "just-blocked": one block more than the 2k under which torch.topk is called directly
+    sizes = {"long": BLOCK * 40, "long-ragged": BLOCK * 40 + 37, "just-blocked": BLOCK * (2 * k + 1) + 3}
+    vocab = sizes[size]
     x = torch.randn(33, vocab, generator=torch.Generator().manual_seed(vocab + k))
     x[0, :-3] = float("-inf")  # the best entries sit in the tail
-    x[1, 5 * BLOCK : 6 * BLOCK] += 10.0  # all of the best entries in one block
+    middle = BLOCK * (vocab // BLOCK // 2)
+    x[1, middle : middle + BLOCK] += 10.0  # all of the best entries in one block
     x[2, min(BLOCK, vocab) - 1], x[2, -1] = 100.0, 99.0  # block edges
     values, indices = topk(x, k)
     expected = x.topk(k, dim=-1)

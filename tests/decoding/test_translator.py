@@ -59,6 +59,16 @@ def test_learned_positions_bound_source_and_output(tmp_path):
     assert len(hyp.tokens) == 12  # bos + 11 fed tokens: every position the decoder has
 
 
+def test_a_bidirectional_model_with_learned_positions_reads_a_right_to_left_pass_cut_at_the_limit(tmp_path):
+    """The right-to-left hypothesis is fed back as [bos] + its tokens: cut at the limit (no eos), it
+    must still fit the learned positions (it stops one token earlier than the left-to-right pass)."""
+    model_dir = translation_dir(tmp_path / "m", positional="learned", max_len=12, bidirectional=True)
+    translator = Translator.from_dir(model_dir)
+    sources, _ = translator.encode(["Ein Mann fährt Fahrrad."])
+    hyp = translator.search(sources, SearchConfig(beam=2, min_len=10_000))[0][0]
+    assert len(hyp.tokens) == 12 and len(hyp.r2l.tokens) == 11
+
+
 def test_generator_samples_reproducibly(model_dirs):
     gen = Generator.from_dir(model_dirs["lm"])
     cfg = SearchConfig(beam=1, sample=True, nbest=2, seed=5, top_k=10, min_len=15)

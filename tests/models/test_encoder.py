@@ -50,11 +50,6 @@ def test_mlm_loss_is_cross_entropy_at_chosen_positions_only(kw):
     assert int(n) == 3
     assert_close("EncoderModel MLM loss", loss, ref, atol=1e-4)
     assert_close("EncoderModel MLM nll", nll, ref_nll, atol=1e-4)
-    # what is predicted elsewhere does not matter: a different token at an unchosen position
-    # changes the input, not which positions are scored
-    other = targets.clone()
-    other[2, 1] = 0
-    assert torch.equal(masked_lm_loss(m, MaskedBatch(ids, other), 0.0).n, n)
 
 
 def test_mlm_gradient_reaches_only_through_chosen_positions():
@@ -63,9 +58,18 @@ def test_mlm_gradient_reaches_only_through_chosen_positions():
     ids = padded_batch()
     targets = torch.zeros_like(ids)
     targets[0, 2] = 7
+    states, encode = {}, m.encode
+
+    def keep_states(x):
+        out = encode(x)
+        out[0].retain_grad()
+        states["h"] = out[0]  # (B, T, d_model): the encoder's output, before the vocabulary head
+        return out
+
+    m.encode = keep_states
     masked_lm_loss(m, MaskedBatch(ids, targets), 0.0).loss.backward()
-    rows = m.head.proj.weight.grad.abs().sum(1)  # tied: also the embedding's gradient
-    assert rows[7] > 0
+    reached = states["h"].grad.abs().sum(-1) > 0  # (B, T)
+    assert reached[0, 2] and int(reached.sum()) == 1  # the chosen position's state only
 
 
 @pytest.mark.parametrize("pooling", ["mean", "first", "max"])
