@@ -192,7 +192,8 @@ def test_a_validation_pair_over_max_tokens_is_named_before_any_update(corpus, tm
 
 def test_a_training_pair_longer_than_a_batch_is_dropped_not_fatal(corpus, tmp_path):
     """max_len (256) allows the pair, max_tokens=64 cannot batch it: it is dropped as max_len drops."""
-    _replace_line(corpus / "train.de", 5, " ".join(["hund katze"] * 40))
+    _replace_line(corpus / "train.de", 5, " ".join(["hund katze"] * 10))  # ≈ 80 pieces: under max_len
+    _replace_line(corpus / "train.en", 5, " ".join(["dog cat"] * 10))  # a translation: no ratio filter
     run = tmp_path / "run"
     assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2", "max_tokens=64")]) == 0
     assert (run / "step-000002").is_dir()
