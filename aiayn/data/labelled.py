@@ -202,7 +202,8 @@ def check_label(label: str, where: str) -> None:
 
 
 class LabelMap:
-    """Label strings <-> class ids 0..n-1, in a fixed order saved with the model (``labels.json``)."""
+    """Label strings <-> class ids 0..n-1, in a fixed order saved with the model (``labels`` in
+    ``config.json``)."""
 
     def __init__(self, labels: Sequence[str]):
         self.labels = list(labels)
