@@ -206,8 +206,11 @@ def variants(engine: str, ct2_env: list[str]) -> list[tuple[str, dict[str, str]]
 def run_worker(job_file: Path, env: dict[str, str]) -> list[str]:
     """Run one engine's worker; CTranslate2's own log lines (CT2_VERBOSE=1: the CPU, the ISA and the
     GEMM backend it chose) are returned."""
-    done = subprocess.run([sys.executable, __file__, "--worker", str(job_file)], check=True, text=True,
+    done = subprocess.run([sys.executable, __file__, "--worker", str(job_file)], text=True,
                           stderr=subprocess.PIPE, env={**os.environ, "CT2_VERBOSE": "1", **env})  # fmt: skip
+    if done.returncode:  # its traceback, not only the exit status
+        sys.stderr.write(done.stderr)
+        raise subprocess.CalledProcessError(done.returncode, done.args)
     log = [line.split("] ", 3)[-1] for line in done.stderr.splitlines() if "[ctranslate2]" in line]
     sys.stderr.write("".join(f"{line}\n" for line in done.stderr.splitlines() if "[ctranslate2]" not in line))
     return log
@@ -403,6 +406,11 @@ def main() -> None:
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if not args.worker and not args.verdict and "aiayn-fp32" not in args.engines:
+        p.error(
+            "--engines must include aiayn-fp32: the other engines' speeds, agreement and BLEU are given "
+            "against it"
+        )
     if args.worker:
         return worker(args)
     if args.verdict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from reproduce import git_commit, machine
 
-from aiayn.atomic import atomic_path, write_json
+from aiayn.atomic import atomic_path, write_bytes, write_json
 from aiayn.data.sentences import load_examples
 from aiayn.decoding.classifier import TextClassifier
 from aiayn.models.common import count_parameters
@@ -169,4 +169,4 @@ def publish_predictions(run_dir: Path, test: Path, out: Path, text_column: str) 
 def curves(run_dir: Path, prefix: str) -> None:
     """The run's learning curves as ``results/{prefix}-*.png``."""
     for png in plot_curves(run_dir, run_dir / "plots"):
-        shutil.copy(png, ROOT / "results" / f"{prefix}-{png.name}")
+        write_bytes(ROOT / "results" / f"{prefix}-{png.name}", png.read_bytes())

@@ -40,13 +40,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from aiayn.atomic import write_json  # noqa: E402
+from aiayn.atomic import write_bytes, write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.cli.evaluate import score  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.device import resolve_device  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.models.common import count_parameters  # noqa: E402
 from aiayn.models.io import load_model  # noqa: E402
 from aiayn.training.average import average_checkpoints, last_checkpoints  # noqa: E402
@@ -326,10 +327,13 @@ def write_results(name: str, run_dir: Path, results: Path, out: dict) -> None:
     for d in member_dirs(run_dir) or [run_dir]:  # results/NAME[-member-K]-{loss,lr,bleu}.png
         prefix = f"{name}-{d.name}" if d != run_dir else name
         for png in plot_curves(d, d / "plots"):
-            shutil.copy(png, results / f"{prefix}-{png.name}")
+            write_bytes(results / f"{prefix}-{png.name}", png.read_bytes())
     write_json(results / f"{name}.json", out)
     print(json.dumps({k: v for k, v in out.items() if k != "config"}, indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AiaynError as e:  # a recipe, override, dataset or run directory that is wrong: one line
+        sys.exit(f"{Path(__file__).name}: error: {e}")

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aiayn.atomic import write_json  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.training.distributed import DistInfo  # noqa: E402
 from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.task import get_task  # noqa: E402
@@ -189,4 +190,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AiaynError as e:  # a recipe, override, dataset or run directory that is wrong: one line
+        sys.exit(f"{Path(__file__).name}: error: {e}")

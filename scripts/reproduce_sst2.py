@@ -121,6 +121,8 @@ def main() -> int:
     if train_file is None or dev is None:
         ap.error(f"{args.sst2} must hold train.tsv (or .tsv.gz) and dev.tsv")
     test = args.test or args.sst2 / "test-unlabelled.tsv"
+    if args.test and not args.test.is_file():
+        ap.error(f"--test {args.test}: no such file")
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)

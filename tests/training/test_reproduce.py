@@ -40,6 +40,19 @@ def test_arguments_are_checked_before_anything_runs(args, message):
     assert message in run.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no-such-recipe"], "recipes/no-such-recipe.toml does not exist"),
+        (["multi30k-de-en", "lrr=1"], "unknown key 'lrr'"),
+    ],
+)
+def test_a_wrong_recipe_or_override_is_one_line(args, message):
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 1 and run.stderr.startswith("reproduce.py: error: "), run.stderr
+    assert message in run.stderr and run.stderr.count("\n") == 1
+
+
 def test_the_run_name_leaves_out_cosmetic_overrides_and_ends_with_the_tag():
     run_name = load_script().run_name
     assert run_name("multi30k-en-de", ["lr=0.0035", "threads=1", "seed=3"], 2, None) == (
