@@ -120,6 +120,17 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/translate", {"json": {"q": ["a"] * 5, "source": "de", "target": "en", **KEY}}, 400, "text limit"),
         ("/translate", {"json": {"q": "a", "source": "de", "target": "xx", **KEY}}, 400, "not available"),
+        # a lone surrogate (valid JSON, not UTF-8): refused by the parser, never quoted into a message
+        (
+            "/translate",
+            {
+                "content": b'{"q": "a", "source": "de", "target": "\\ud800", "api_key": "secret"}',
+                "headers": {"content-type": "application/json"},
+            },
+            400,
+            "valid string",
+        ),
+        ("/v1/generate", {"json": {"prompt": "a", "temperature": 1e-45, **KEY}}, 400, "temperature=1e-45"),
         (
             "/translate",
             {"json": {"q": "a", "source": "de", "target": "en", "api_key": "wrong"}},
@@ -450,6 +461,31 @@ def test_a_stream_that_ends_early_cancels_its_job_and_stops_the_sampling():
 
     cancelled, go_on, seen = asyncio.run(scenario())
     assert cancelled and go_on is False and seen == ['data: {"text": "a"}\n\n']
+
+
+def test_a_model_error_after_the_stream_began_ends_it_with_an_error_event(caplog):
+    import asyncio
+
+    from aiayn.serve.routers.v1 import _Stream
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        stream, job = _Stream(loop), loop.create_future()
+        job.set_exception(RuntimeError("the model failed"))
+        return [event async for event in stream.events(job)]
+
+    with caplog.at_level("ERROR", logger="aiayn.serve"):
+        events = asyncio.run(scenario())
+    assert events == ['data: {"error": "internal error: the server failed on this request"}\n\n']
+    assert "the model failed" in caplog.text
+
+
+def test_libretranslate_translates_under_a_beam_limit_below_its_own_beam(served):
+    """/translate searches with beam 4 (LibreTranslate's); a server limited to 2 searches with 2."""
+    de_en_meta(served["de-en"])
+    with TestClient(create_app([load_service("de-en", served["de-en"])], Settings(max_beam=2))) as c:
+        r = c.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", "alternatives": 1})
+        assert r.status_code == 200 and len(r.json()["alternatives"]) == 1, r.text
 
 
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):

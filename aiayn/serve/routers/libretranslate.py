@@ -55,7 +55,7 @@ async def translate(
     if not 0 <= body.alternatives < server.settings.max_beam:
         raise invalid(f"alternatives must be in 0..{server.settings.max_beam - 1}")
     n = body.alternatives + 1
-    config = server.search_config(beam=max(4, n), nbest=n)
+    config = server.search_config(beam=min(max(4, n), server.settings.max_beam), nbest=n)
     sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
     results = await server.submit(Translation(service.name, config, False), sources, len(texts), request)
     best = [r["translation"] for r in results]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -34,6 +35,7 @@ from aiayn.serve.schemas import (
 from aiayn.serve.server import HTTPError, invalid, text_problem
 from aiayn.serve.services import EncoderService, LMService, TranslationService
 
+log = logging.getLogger("aiayn.serve")
 router = APIRouter(prefix="/v1", tags=["native"], responses=ERRORS)
 
 EVENTS = 'with stream: true, events data: {"text": …}, then data: {"done": true, "text": …}'
@@ -126,6 +128,9 @@ class _Stream:
                     yield _event({"done": True, "text": job.result()})
                 except HTTPError as e:
                     yield _event({"error": e.message})
+                except Exception:  # a model error after the 200 began: logged, and the stream ends cleanly
+                    log.exception("POST /v1/generate failed while streaming")
+                    yield _event({"error": "internal error: the server failed on this request"})
                 return
         finally:
             self.alive = False  # stop sampling
