@@ -67,9 +67,9 @@ class Batcher:
     """Worker threads running ``run(kind, payloads) -> results`` on batches of jobs.
 
     ``on_batch(n_jobs, n_items, seconds, tokens)`` is called after each batch and each step of a
-    running search (``tokens``: one per text of the step; None for a batch), ``on_wait(seconds)``
-    when a job starts, with the time it waited (for metrics); ``on_start()`` first on each worker
-    thread (its PyTorch threads). ``stepwise(kind)`` returns a running
+    running search (``tokens``: one per text of the step, 0 for a step that failed; None for a
+    batch), ``on_wait(seconds)`` when a job starts, with the time it waited (for metrics);
+    ``on_start()`` first on each worker thread (its PyTorch threads). ``stepwise(kind)`` returns a running
     search for a kind decoded step by step, or None (the default for every kind): run in batches.
     """
 
@@ -253,13 +253,14 @@ class Batcher:
             if not len(search):
                 running.remove(entry)  # a new one starts with the next job of this kind
                 continue
-            texts, t0 = search.texts, time.perf_counter()
+            texts, t0, made = search.texts, time.perf_counter(), search.texts  # a token per text
             try:
                 outcomes = self._timed(search.step)
             except Exception as e:  # noqa: BLE001 -- every job of the search gets the error
                 outcomes = [(key, None, e) for key, job in jobs.items() if job.kind == kind]
                 running.remove(entry)
-            self.on_batch(len(search), texts, time.perf_counter() - t0, texts)
+                made = 0  # a failed step made no tokens
+            self.on_batch(len(search), texts, time.perf_counter() - t0, made)
             self._settle_all(outcomes, jobs)
         self.flight[threading.current_thread().name] = sum(search.texts for _, search in running)
 

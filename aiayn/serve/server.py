@@ -97,7 +97,8 @@ class Server:
     # -- the worker side -------------------------------------------------------------------------
     def _run(self, kind: JobKind, payloads: list[Any]) -> list[Any]:
         results = kind.run(self.services[kind.model], payloads)
-        self._batch.tokens = kind.output_tokens(results)
+        # added, not set: a failed batch is run again a job at a time, and each success counts
+        self._batch.tokens = getattr(self._batch, "tokens", 0) + kind.output_tokens(results)
         return results
 
     def _stepwise(self, kind: JobKind) -> Any:

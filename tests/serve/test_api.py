@@ -488,6 +488,25 @@ def test_libretranslate_translates_under_a_beam_limit_below_its_own_beam(served)
         assert r.status_code == 200 and len(r.json()["alternatives"]) == 1, r.text
 
 
+def test_a_batch_run_again_job_by_job_counts_the_tokens_of_every_job(served):
+    """A batch that fails is run again a job at a time; each run's output tokens are counted, not
+    only the last one's."""
+    from aiayn.serve.server import Server
+
+    class Kind:  # a job kind whose results are its payloads and whose output tokens are their sum
+        model, run, output_tokens = "de-en", staticmethod(lambda service, payloads: payloads), sum
+
+    server = Server([load_service("de-en", served["de-en"])], Settings())
+    try:
+        server._run(Kind, [3]), server._run(Kind, [4])  # the two jobs of a failed batch, alone
+        server._on_batch(2, 2, 0.1, None)
+        from prometheus_client import generate_latest
+
+        assert "aiayn_output_tokens_total 7.0" in generate_latest(server.metrics.registry).decode()
+    finally:
+        server.batcher.close()
+
+
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):
     """A route that fails with an exception no handler knows (a bug, here planted in the tokenizing
     step) is answered 500 in the JSON shape of every error, logged with its traceback, counted in

@@ -311,8 +311,8 @@ def test_a_caller_who_gives_up_leaves_the_running_search_at_the_next_step():
 
 def test_a_failing_step_reaches_the_jobs_of_its_search_and_the_worker_goes_on():
     failing, fresh = FakeRunning(fail_at=3), FakeRunning()
-    searches = iter([failing, fresh])
-    b = Batcher(Recorder(), max_queue=16, window=0.02, max_items=8,
+    searches, batches = iter([failing, fresh]), []
+    b = Batcher(Recorder(), max_queue=16, window=0.02, max_items=8, on_batch=lambda *a: batches.append(a),
                 stepwise=lambda k: next(searches) if k == "steps" else None)  # fmt: skip
 
     async def go():
@@ -325,6 +325,7 @@ def test_a_failing_step_reaches_the_jobs_of_its_search_and_the_worker_goes_on():
     b.close()
     assert [str(e) for e in first] == ["step failed"] * 2
     assert later == "done after 2"  # a new search for the next job
+    assert [tokens for *_, tokens in batches] == [4, 4, 0, 2, 2]  # a token a text; none from the failed step
 
 
 def test_each_worker_thread_runs_on_start_before_its_first_job():
