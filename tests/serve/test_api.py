@@ -120,6 +120,8 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/translate", {"json": {"q": ["a"] * 5, "source": "de", "target": "en", **KEY}}, 400, "text limit"),
         ("/translate", {"json": {"q": "a", "source": "de", "target": "xx", **KEY}}, 400, "not available"),
+        ("/translate", {"json": {"q": "", "source": "de", "target": "en", **KEY}}, 400, "missing q"),
+        ("/translate", {"json": {"q": [], "source": "de", "target": "en", **KEY}}, 400, "missing q"),
         # a lone surrogate (valid JSON, not UTF-8): refused by the parser, never quoted into a message
         (
             "/translate",

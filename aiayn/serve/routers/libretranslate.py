@@ -50,6 +50,8 @@ async def translate(
 ) -> TranslateResponse:
     """Translate ``q`` (a string or a list) from ``source`` (or ``auto``) into ``target``, with up to
     ``alternatives`` other translations of each text; JSON or form-encoded."""
+    if not body.q:  # "" or []: LibreTranslate's own answer
+        raise invalid("missing q parameter")
     many, texts = isinstance(body.q, list), server.texts(body.q)
     service = _by_languages(server, body.source, body.target)
     if not 0 <= body.alternatives < server.settings.max_beam:
