@@ -85,7 +85,9 @@ def earlier_runs(pre: dict, seeds: list[int], path: Path, overrides: dict[str, l
     if not path.is_file():
         return []
     old = json.loads(path.read_text())
-    if old.get("pretraining", {}).get("run_dir") != pre["run_dir"]:
+    # the same pre-training: its directory, its recipe's key and its own time (an encoder trained
+    # again in that directory, after a changed first stage say, differs in these)
+    if any(old.get("pretraining", {}).get(k) != pre.get(k) for k in ("run_dir", "key", "minutes")):
         return []
 
     def same_recipe(run: dict) -> bool:

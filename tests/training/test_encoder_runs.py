@@ -155,6 +155,8 @@ def test_sst2_arms_differ_only_where_the_pretrained_arm_says(tmp_path):
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [2], path, arms) == old[:2]
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/x"}, [1], path, arms) == []
     assert reproduce_sst2.earlier_runs({"run_dir": "runs/y"}, [2], path, arms) == []
+    retrained = {"run_dir": "runs/x", "key": "k2", "minutes": 30.0}  # another encoder in the same directory
+    assert reproduce_sst2.earlier_runs(retrained, [2], path, arms) == []
 
 
 def test_a_precision_holds_for_every_stage_and_arm_and_names_its_own_runs(imdb, tmp_path, monkeypatch):
