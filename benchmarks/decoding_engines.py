@@ -9,7 +9,8 @@ runs/demo) over the 1,000 Multi30k test2016 sources, scored with sacreBLEU; (b) 
 OPUS-MT's sizes (d_model 512, 6+6 layers, d_ff 2048, 8 heads; the vocabulary of (a)'s tokenizer,
 since CTranslate2 needs the pieces) decoding every sentence to a fixed length, so that every engine
 does the same work whatever the random weights predict. Settings: batch 32 beam 4 (CTranslate2's own
-benchmark), batch 64 greedy, batch 1 beam 4 (latency, on the first ``--latency-sentences``).
+benchmark), batch 64 greedy, batch 1 beam 4 (latency, on the first ``--latency-sentences`` in the
+length order below: the shortest sources, which (b)'s fixed-length outputs make matter little).
 
 Every engine runs in a process of its own (its peak RSS is its memory, the Python runtime and the
 libraries included) on the same batches: the sources sorted by length, cut into fixed-size batches.
@@ -383,7 +384,7 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=1000, help="test2016 sources for the trained model")
     p.add_argument("--base-sentences", type=int, default=128, help="sources for the random base model")
     p.add_argument("--base-len", type=int, default=30, help="the base model's fixed output length")
-    p.add_argument("--latency-sentences", type=int, default=100, help="sentences for batch 1")
+    p.add_argument("--latency-sentences", type=int, default=100, help="sentences for batch 1 (the shortest)")
     p.add_argument("--base-latency-sentences", type=int, default=16, help="batch-1 sentences, base model")
     p.add_argument(
         "--repeats", type=int, default=2, help="passes per setting in one worker; the fastest is kept"
