@@ -7,8 +7,8 @@ UTF-8 with a ``DataError`` naming the file (and the 1-based line), and returns t
 character count and a SHA-256 of the decompressed bytes (the cache key). ``iter_lines`` splits
 on ``"\\n"`` only (plus one ``"\\r"`` before it), never on the other characters ``str.splitlines``
 treats as line breaks, so line i of a source file stays aligned with line i of its target file,
-and drops a UTF-8 byte-order mark (``BOM``, which Excel's "CSV UTF-8" and Notepad write) from the
-start of the first line, which would otherwise hide a header and enter the vocabulary. It does not
+and ``open_bytes`` skips a UTF-8 byte-order mark (``BOM``, which Excel's "CSV UTF-8" and Notepad write)
+before the text, which would otherwise hide a header and enter the vocabulary. It does not
 tokenize, filter or pair lines; see ``corpus.py``.
 """
 
@@ -68,12 +68,16 @@ class FileInfo:
 
 
 def open_bytes(path: Path) -> BinaryIO:
-    """Open for binary reading, decompressing when the file starts with the gzip magic bytes."""
+    """Open for binary reading, decompressing when the file starts with the gzip magic bytes, past
+    a ``BOM`` at the start of the text (so no reader, count or cache key ever sees one)."""
     f = open(path, "rb")  # noqa: SIM115 -- returned to the caller, who closes it
     if f.read(2) == GZIP_MAGIC:
         f.close()  # the outer buffer makes line iteration run in C, not through GzipFile.readline
-        return io.BufferedReader(gzip.open(path, "rb"), buffer_size=BLOCK)
-    f.seek(0)
+        f = io.BufferedReader(gzip.open(path, "rb"), buffer_size=BLOCK)  # noqa: SIM115 -- likewise
+    else:
+        f.seek(0)
+    if f.peek(len(BOM)).startswith(BOM):
+        f.read(len(BOM))
     return f
 
 
@@ -130,12 +134,10 @@ def _first_bad_line(path: Path) -> int:
 
 
 def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending (nor a ``BOM``)."""
+    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending."""
     try:
         with open_bytes(path) as f:
             for i, raw in enumerate(f, start=1):
-                if i == 1:
-                    raw = raw.removeprefix(BOM)
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError:
@@ -149,16 +151,14 @@ def iter_lines(path: Path) -> Iterator[str]:
 
 def iter_text(path: Path, start: int, stop: int, size: int = BLOCK) -> Iterator[str]:
     """Characters ``start:stop`` of a checked file, in pieces of about ``size`` characters, each
-    ending after a newline where the piece has one (so a subword tokenizer sees whole lines); a
-    ``BOM`` is not among them."""
+    ending after a newline where the piece has one (so a subword tokenizer sees whole lines)."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     pos, pending = 0, ""
     try:
         with open_bytes(path) as f:
             while pos < stop and (block := f.read(size)):
                 text = decoder.decode(block)
-                skip = int(pos == 0 and text.startswith("\ufeff"))  # the BOM: no text
-                lo, hi = max(start - pos, skip), min(stop - pos, len(text))
+                lo, hi = max(start - pos, 0), min(stop - pos, len(text))
                 pos += len(text)
                 pending += text[lo:hi] if lo < hi else ""
                 cut = pending.rfind("\n") + 1

@@ -253,7 +253,8 @@ class Batcher:
             if not len(search):
                 running.remove(entry)  # a new one starts with the next job of this kind
                 continue
-            texts, t0, made = search.texts, time.perf_counter(), search.texts  # a token per text
+            texts, t0 = search.texts, time.perf_counter()
+            made = texts  # a token per text, if the step succeeds
             try:
                 outcomes = self._timed(search.step)
             except Exception as e:  # noqa: BLE001 -- every job of the search gets the error

@@ -248,8 +248,7 @@ class TranslationTask(Task):
         corpora = [self._training_pairs(dist)]
         if o.subword_dropout:  # BPE-dropout: a new segmentation of the training pairs each epoch
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, o.subword_dropout,
-                                CorpusFilter(max_len=min(cfg.max_len, cfg.max_tokens - 1)),  # fits a batch
-                                o.subword_dropout_sides)  # fmt: skip
+                                self._training_filter(), o.subword_dropout_sides)  # fmt: skip
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SAMPLES_DIR, cfg.seed))
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
@@ -280,11 +279,15 @@ class TranslationTask(Task):
         self.valid = PairView(self.valid, None, valid_pseudo)
         return PairView(self.train, index, pseudo)
 
+    def _training_filter(self) -> CorpusFilter:
+        """Training drops pairs over ``max_len`` and those no batch holds (a side + eos over
+        ``max_tokens``)."""
+        return CorpusFilter(max_len=min(self.cfg.max_len, self.cfg.max_tokens - 1))
+
     def _encode(self, train, valid):
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
-        fits = CorpusFilter(max_len=min(self.cfg.max_len, self.cfg.max_tokens - 1))  # pair + eos fit a batch
         return (
-            encode_parallel(train, self.src_tok, self.tgt_tok, fits),
+            encode_parallel(train, self.src_tok, self.tgt_tok, self._training_filter()),
             encode_parallel(valid, self.src_tok, self.tgt_tok, keep_all),
         )
 
