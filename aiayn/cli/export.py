@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         why_not = f"{args.model} is a Hugging Face directory; copy its tokenizer files into {out} as they are"
     elif meta["kind"] == "lm":
         try:
-            model, lm_tokenizer = load_lm_dir(args.model)
+            model, lm_tokenizer, _ = load_lm_dir(args.model)
         except (ModelDirError, DataError) as e:  # weights without a tokenizer still export
             why_not = str(e)
     elif meta["kind"] == "transformer":  # an aiayn translation model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.decode_options import add_model_argument, formatter, quantized, warn
+from aiayn.cli.decode_options import add_model_argument, formatter, quantized
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.errors import ConfigError
@@ -56,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
         min_len=0 if args.stop_at_eos else args.max_new_tokens,
     )
     generator = quantized(args, Generator.from_dir(args.model, args.device))
-    texts = generator.generate(args.prompt, args.max_new_tokens, config, warn=warn)
+    texts = generator.generate(args.prompt, args.max_new_tokens, config)
     print("\n---------------\n".join(texts))
     return 0

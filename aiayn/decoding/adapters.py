@@ -155,11 +155,28 @@ class LMAdapter(IncrementalDecoder):
     prompts; the caller groups prompts by length). An empty prompt is an error: give at least
     one token (e.g. a newline, or ``bos_id`` for a model trained with one).
 
+    ``window``: the most tokens the model reads (its trained context; None: all). A longer prefix
+    is cropped to its last ``window`` tokens, as nanoGPT's sampling loop does (``idx[:, -block_size:]``):
+    from then on every token's position moves with each step, so nothing can be cached and each step
+    runs the whole window again.
+
     Shape:
         start: prompt (B, P) ids -> prefix (B·n, P); row ``b·n + j`` continues prompt ``b``.
     """
 
     model: LanguageModel
+
+    def __init__(self, model: LanguageModel, use_cache: bool = True, window: int | None = None):
+        super().__init__(model, use_cache)
+        if window is not None and window < 1:
+            raise ValueError(f"window={window} must be at least 1 (or None: the whole prefix)")
+        self.window = window
+
+    def step(self, prefix: Tensor) -> Tensor:
+        if self.window is not None and prefix.size(1) > self.window:
+            self.cache, self.rows = None, None  # positions shift every step from here: recompute
+            prefix = prefix[:, -self.window :]
+        return super().step(prefix)
 
     def start(self, prompt: Tensor, n: int = 1) -> Tensor:
         if prompt.dim() != 2 or prompt.size(1) == 0:

@@ -3,13 +3,16 @@
 ``Generator.from_dir(path)`` loads a language-model directory (``model_dir.py``); a training loop
 can build one from the model and tokenizer it holds to print samples. The prompt is encoded as
 the data module feeds LM training (content ids, no bos), so it must not be empty.
+
+The model reads at most its *context*: the positions it was trained on (``trained_max_len``, the
+run's ``block_size``; for learned positions never more than ``max_len``). A longer text is cut to
+its last ``context`` tokens before each step, as nanoGPT samples (``LMAdapter``'s ``window``), so
+a continuation may be as long as asked, while no token is read at a position it never trained.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -24,55 +27,54 @@ from aiayn.interop.model_dir import load_lm_dir
 
 
 class Generator:
-    """A language model with its tokenizer."""
+    """A language model with its tokenizer; ``trained_max_len``: the context it was trained on
+    (None: unknown, as for a run saved before it was recorded)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer):
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, trained_max_len: int | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.context = context(model.config, trained_max_len)
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Generator:
-        return cls(*load_lm_dir(directory, device))
+        model, tokenizer, meta = load_lm_dir(directory, device)
+        trained = meta.get("trained_max_len")
+        return cls(model, tokenizer, trained if isinstance(trained, int) else None)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def complete(
-        self,
-        prompt: str,
-        max_new_tokens: int,
-        config: SearchConfig | None = None,
-        warn: Callable[[str], None] | None = None,
-    ) -> list[Hypothesis]:
-        """Continuations of ``prompt`` (``config.nbest`` of them; default: one sample at T = 1).
+    def adapter(self, use_cache: bool = True) -> LMAdapter:
+        """The search's view of the model, reading at most ``context`` tokens."""
+        return LMAdapter(self.model, use_cache, window=self.context)
 
-        With learned positions the prompt and continuation must fit in ``config.max_len``
-        positions: ``max_new_tokens`` is lowered to fit, with a warning (``warn``).
-        """
-        config = config or SearchConfig(sample=True, beam=1)
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's ids; an empty prompt is an error (the model predicts from a token)."""
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise ConfigError("the prompt is empty; give at least one character (e.g. a newline)")
-        c = self.model.config
-        room = c.max_len - len(ids) + 1  # the last new token is never fed back to the model
-        if c.positional == "learned" and max_new_tokens > room:
-            if room < 1:
-                raise ConfigError(
-                    f"the prompt has {len(ids)} tokens; this model reads at most {c.max_len}: shorten it"
-                )
-            (warn or warnings.warn)(
-                f"max_new_tokens lowered from {max_new_tokens} to {room}: the model has {c.max_len} positions"
-            )
-            max_new_tokens = room
-        prompt_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        return search(LMAdapter(self.model, config.use_cache), prompt_ids, config, max_new_tokens)[0]
+        return ids
 
-    def generate(
-        self, prompt: str, max_new_tokens: int, config: SearchConfig | None = None, **kw
-    ) -> list[str]:
+    def complete(
+        self, prompt: str, max_new_tokens: int, config: SearchConfig | None = None
+    ) -> list[Hypothesis]:
+        """Continuations of ``prompt`` (``config.nbest`` of them; default: one sample at T = 1), each
+        step reading the last ``context`` tokens at most."""
+        config = config or SearchConfig(sample=True, beam=1)
+        prompt_ids = torch.tensor([self.encode(prompt)], dtype=torch.long, device=self.device)
+        return search(self.adapter(config.use_cache), prompt_ids, config, max_new_tokens)[0]
+
+    def generate(self, prompt: str, max_new_tokens: int, config: SearchConfig | None = None) -> list[str]:
         """``prompt`` followed by each continuation, as text."""
         return [
-            prompt + self.tokenizer.decode(h.tokens)
-            for h in self.complete(prompt, max_new_tokens, config, **kw)
+            prompt + self.tokenizer.decode(h.tokens) for h in self.complete(prompt, max_new_tokens, config)
         ]
+
+
+def context(config, trained_max_len: int | None) -> int | None:
+    """The most tokens a language model reads: the context it was trained on, and for learned
+    positions never more than its ``max_len`` rows; None (no limit) for a model with computed
+    positions whose training context is unknown."""
+    limits = [n for n in (trained_max_len, config.max_len if config.positional == "learned" else None) if n]
+    return min(limits) if limits else None

@@ -116,17 +116,18 @@ def load_translation_dir(
 
 def load_lm_dir(
     directory: str | os.PathLike, device: str | torch.device = "cpu"
-) -> tuple[nn.Module, Tokenizer]:
-    """``(model, tokenizer)`` of a language-model directory (or of a training run: its best
-    checkpoint), in eval mode."""
+) -> tuple[nn.Module, Tokenizer, dict]:
+    """``(model, tokenizer, meta)`` of a language-model directory (or of a training run: its best
+    checkpoint), in eval mode; ``meta`` is its ``config.json`` (``trained_max_len``: the context it
+    was trained on), empty for a GPT-2, which trained every position."""
     directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md), or aiayn's export
-        return load_gpt2_generation(directory, device)
+        return (*load_gpt2_generation(directory, device), {})
     check_kind(directory, ("lm",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)
     _check_vocab(directory, tok, model.config.vocab_size, model.config.eos_id, "")
-    return model, tok
+    return model, tok, read_config(directory)
 
 
 def load_encoder_tokenizer(directory: str | os.PathLike) -> Tokenizer:

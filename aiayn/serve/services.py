@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from aiayn.decoding.adapters import LMAdapter
 from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.classifier import MaskFiller, TextClassifier, objective
 from aiayn.decoding.generator import Generator
@@ -200,15 +199,8 @@ class LMService:
         """Sample (or, with ``config.sample=False``, take the argmax of) one token at a time, calling
         ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left)."""
         g, c = self.generator, self.generator.model.config
-        ids = g.tokenizer.encode(prompt)
-        if not ids:
-            raise ConfigError("the prompt is empty; give at least one character")
-        if c.positional == "learned":
-            max_new_tokens = min(max_new_tokens, c.max_len - len(ids) + 1)
-            if max_new_tokens < 1:
-                raise ConfigError(f"the prompt has {len(ids)} tokens; this model reads at most {c.max_len}")
-        adapter = LMAdapter(g.model, use_cache=True)
-        prefix = adapter.start(torch.tensor([ids], device=g.device))
+        adapter = g.adapter()  # reads the last ``g.context`` tokens at most, as Generator.complete
+        prefix = adapter.start(torch.tensor([g.encode(prompt)], device=g.device))
         generator = torch.Generator(device=g.device)
         generator.manual_seed(config.seed if config.seed is not None else torch.seed())
         out: list[int] = []

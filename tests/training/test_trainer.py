@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from aiayn.cli.main import main
+from aiayn.decoding.generator import Generator
+from aiayn.decoding.options import SearchConfig
 from aiayn.models.io import load_model
 from aiayn.training import precision, trainer
 from aiayn.training.recipe import load_recipe
@@ -316,8 +318,10 @@ def test_a_language_model_run_generates(tmp_path, capsys):
     valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
     assert valid and valid[-1]["ppl"] > 1
     capsys.readouterr()
-    assert (
-        main(["generate", "--model", str(run), "--prompt", "to be", "--max-new-tokens", "8", "--seed", "1"])
-        == 0
-    )
+    assert json.loads((run / "best" / "config.json").read_text())["trained_max_len"] == 16  # block_size
+    new = 40  # past the 16 trained positions: generation reads the last 16 characters
+    generate = ["generate", "--model", str(run), "--prompt", "to be", "--max-new-tokens", str(new)]
+    assert main([*generate, "--seed", "1"]) == 0
     assert capsys.readouterr().out.startswith("to be")
+    (hyp,) = Generator.from_dir(run).complete("to be", new, SearchConfig(beam=1, min_len=new))
+    assert len(hyp.tokens) == new

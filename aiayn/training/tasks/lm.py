@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -111,6 +112,12 @@ class LMTask(Task):
 
     def n_targets(self, batch: LMBatch) -> int:
         return batch.targets.numel()
+
+    def model_meta(self) -> dict[str, Any]:
+        """``trained_max_len``: the context trained on (``block_size``); generation reads no more
+        (``decoding/generator.py``), since the model's positions past it (it has
+        ``max(block_size, 1024)``) never trained."""
+        return {**super().model_meta(), "trained_max_len": self.opts.block_size}
 
     def save_tokenizers(self, directory: Path) -> None:
         self.tok.save(directory)  # beside config.json, where aiayn generate looks for it
