@@ -214,9 +214,9 @@ class MaskFiller:
 
 
 def classification_metrics(gold: Sequence[int], predicted: Sequence[int], n_classes: int) -> dict:
-    """Accuracy and macro-F1 (in %, the F1 of each class averaged with equal weight; a class never
-    predicted nor present counts 0, as scikit-learn's ``zero_division=0``), and the confusion
-    matrix ``confusion[gold][predicted]``."""
+    """Accuracy and macro-F1 (in %: the F1 of each class that is present or predicted, averaged with
+    equal weight, as scikit-learn's ``f1_score(average="macro")``; a class in neither, e.g. one a
+    dev set lacks, is left out, not counted 0), and the confusion matrix ``confusion[gold][predicted]``."""
     if len(gold) != len(predicted) or not gold:
         raise ValueError(f"need as many predictions as labels (got {len(predicted)} and {len(gold)})")
     confusion = np.zeros((n_classes, n_classes), np.int64)
@@ -226,6 +226,6 @@ def classification_metrics(gold: Sequence[int], predicted: Sequence[int], n_clas
     f1 = np.divide(2 * tp, denominator, out=np.zeros(n_classes), where=denominator > 0)
     return {
         "accuracy": round(100 * float(tp.sum()) / len(gold), 2),
-        "macro_f1": round(100 * float(f1.mean()), 2),
+        "macro_f1": round(100 * float(f1[denominator > 0].mean()), 2),
         "confusion": confusion.tolist(),
     }
