@@ -327,7 +327,10 @@ class WindowSampler:
 
 
 def sequential_windows(n_tokens: int, block_size: int, batch_size: int) -> Iterator[np.ndarray]:
-    """Starts of consecutive, non-overlapping windows covering a split once (for evaluation)."""
+    """Starts of consecutive, non-overlapping whole windows from the split's start (for evaluation):
+    each target is scored at most once, and the tail that fills no whole window (at most
+    ``block_size`` − 1 targets: 3 of 99 for 100 tokens and block_size 8) is left out, as every
+    window is scored with the same number of targets."""
     starts = np.arange(0, n_tokens - block_size, block_size)
     for i in range(0, len(starts), batch_size):
         yield starts[i : i + batch_size]
