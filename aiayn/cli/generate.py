@@ -6,7 +6,7 @@ import argparse
 
 from aiayn.cli.decode_options import add_model_argument, formatter, quantized
 from aiayn.decoding.generator import Generator
-from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.options import SAMPLING_DEFAULTS, SearchConfig
 from aiayn.errors import ConfigError
 
 EXAMPLES = """examples:
@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
     if args.greedy and args.num_samples > 1:
         raise ConfigError("--greedy gives one continuation; drop --num-samples")
+    given = [f"--{n.replace('_', '-')}" for n, d in SAMPLING_DEFAULTS.items() if getattr(args, n) != d]
+    if args.greedy and given:
+        raise ConfigError(
+            f"--greedy takes the most probable token, so {' and '.join(given)} would be ignored; drop it"
+        )
     config = SearchConfig(
         beam=1,
         sample=not args.greedy,

@@ -15,6 +15,7 @@ from aiayn.decoding.scoring import PENALTIES
 from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": None, "top_p": None, "seed": None}  # sampling's own fields
 
 
 @dataclass
@@ -85,6 +86,9 @@ class SearchConfig:
             fail("top_k", "must be at least 1 (or None for no top-k filtering)")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             fail("top_p", "must be in (0, 1] (or None for no nucleus filtering)")
+        for name, default in SAMPLING_DEFAULTS.items():  # given without sampling: it would be ignored
+            if not self.sample and getattr(self, name) != default:
+                fail(name, "applies to sampling only: sample (sample=True, --sample), or leave it out")
 
     def output_limit(self, input_len: int) -> int:
         """The maximum number of generated tokens for an input of ``input_len`` tokens."""

@@ -25,3 +25,5 @@ def test_errors(model_dirs, capsys):
     assert "prompt is empty" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dirs["lm"]), "--top-p", "2"]) == 1
     assert "top_p=2.0 must be in (0, 1]" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model_dirs["lm"]), "--greedy", "--top-k", "40"]) == 1
+    assert "--greedy takes the most probable token, so --top-k would be ignored" in capsys.readouterr().err

@@ -210,6 +210,11 @@ def test_search_config_errors_name_the_field():
         (dict(sample=True, top_p=1.5), "top_p"),
         (dict(lenpen_kind="x"), "lenpen_kind"),
         (dict(max_len=0), "max_len=0"),
+        # sampling's options without sampling would be ignored: each is refused instead
+        (dict(temperature=0.5), "temperature=0.5 applies to sampling only"),
+        (dict(beam=1, top_k=40), "top_k=40 applies to sampling only"),
+        (dict(top_p=0.9), "top_p=0.9 applies to sampling only"),
+        (dict(beam=1, seed=1), "seed=1 applies to sampling only"),
     ]
     for bad, match in cases:
         with pytest.raises(ValueError, match=match):

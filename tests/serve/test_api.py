@@ -157,6 +157,18 @@ def test_generate_classify_fill_mask(client):
         ("/v1/translate", {"json": {"q": "a", "beam": 4, "mbr": "rouge", **KEY}}, 400, "mbr='rouge'"),
         ("/v1/translate", {"json": {"q": 3, **KEY}}, 400, "q must be a string"),
         ("/v1/generate", {"json": {"prompt": "a", "max_new_tokens": 0, **KEY}}, 400, "max_new_tokens"),
+        (
+            "/v1/generate",
+            {"json": {"prompt": "a", "greedy": True, "top_k": 5, **KEY}},
+            400,
+            "top_k=5 applies to sampling",
+        ),
+        (
+            "/v1/translate",
+            {"json": {"q": "a", "temperature": 0.5, **KEY}},
+            400,
+            "temperature=0.5 applies to sampling",
+        ),
         ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),
         ("/v1/fill-mask", {"json": {"q": "no mask here", "model": "mlm", **KEY}}, 400, "has no <mask>"),
     ],
