@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     elif meta["kind"] == "transformer":  # an aiayn translation model
         try:
             model, *tokenizers = load_translation_dir(args.model)
-        except ModelDirError as e:  # weights without a tokenizer still export
+        except (ModelDirError, DataError) as e:  # weights without a (readable) tokenizer still export
             why_not = str(e)
         if tokenizers and not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers):
             tokenizers, why_not = None, "MarianTokenizer segments with sentencepiece only"

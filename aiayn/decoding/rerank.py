@@ -34,8 +34,8 @@ def rerank(
     nbest: list[list[Hypothesis]],
     config: SearchConfig,
 ) -> list[list[Hypothesis]]:
-    """Each list re-sorted by (log p_model + log p_scorer) / lp(|y|); ``score`` holds that sum,
-    ``log_prob`` the model's own."""
+    """Each list re-sorted by (log p_model + log p_scorer) / lp(|y|); ``score`` holds that
+    length-normalised sum, ``log_prob`` the model's own."""
     pairs = [(i, h) for i, hyps in enumerate(nbest) for h in hyps]
     targets = [translator.forward_order(h.tokens) for _, h in pairs]
     complete = [bool(h.tokens) and h.tokens[-1] == translator.model.config.eos_id for _, h in pairs]

@@ -130,7 +130,11 @@ def export_ctranslate2(
     directory: str | os.PathLike,
     quantization: str = "float32",
 ) -> Path:
-    """Write a CTranslate2 model directory (``model.bin`` + vocabularies) for ``ctranslate2.Translator``."""
+    """Write a CTranslate2 model directory (``model.bin`` + vocabularies) for ``ctranslate2.Translator``.
+
+    ``directory`` must be new or empty: CTranslate2's converter deletes what is there first, so a
+    directory with files in it is refused (``aiayn export`` writes into a temporary directory and
+    replaces its OUT only when the export is complete)."""
     try:
         from ctranslate2.converters.converter import Converter
     except ImportError:
@@ -140,6 +144,12 @@ def export_ctranslate2(
     if quantization not in QUANTIZATIONS:
         raise ModelDirError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     check_exportable(model, src_tok, tgt_tok)
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise ModelDirError(
+            f"{directory} exists and is not an empty directory; the converter would delete it first: "
+            "export into a new or empty directory"
+        )
 
     class _Ours(Converter):
         def _load(self):

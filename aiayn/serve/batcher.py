@@ -226,7 +226,8 @@ class Batcher:
         return batch, items
 
     def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> None:
-        """Start ``batch``'s jobs in the running ``search`` (their first step runs now)."""
+        """Start ``batch``'s jobs in the running ``search`` (their encoder pass runs now, their first
+        token with the next step)."""
         self._leave(len(batch))
         batch = [job for job in batch if not job.future.cancelled()]  # given up during the window
         if not batch:

@@ -1,9 +1,10 @@
 """Translation requests decoded by one running search: they join and leave between steps.
 
 ``RunningTranslations`` is what the batcher steps for one job kind (``Batcher``'s iteration-level
-scheduling): ``add`` encodes the texts of newly arrived requests and takes their first step
-(``decoding.running.RunningSearch``), ``step`` advances every text by one token, and a request is
-answered as soon as its last text is done — never later because of another request's longer texts.
+scheduling): ``add`` encodes the texts of newly arrived requests and primes their rows' cache
+(``decoding.running.RunningSearch``; their first token comes with the next ``step``), ``step``
+advances every text by one token, and a request is answered as soon as its last text is done —
+never later because of another request's longer texts.
 A request whose caller gave up is dropped between two steps (``drop``).
 """
 

@@ -68,14 +68,38 @@ def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
 
 
 def test_int8_exports_and_translates(data, tmp_path):
+    """The int8 export holds 8-bit weights and scores a translation as the float32 export does,
+    within int8's rounding."""
     tok, sentences = data
     sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
+    torch.manual_seed(0)
     m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, **sizes))
     out = export_ctranslate2(m.eval(), tok, tok, tmp_path / "int8", quantization="int8")
-    result = ctranslate2.Translator(str(out), compute_type="int8").translate_batch(
-        [tok.sp.encode(sentences[0], out_type=str)]
+    full = export_ctranslate2(m, tok, tok, tmp_path / "float32")
+    assert (out / "model.bin").stat().st_size < 0.7 * (full / "model.bin").stat().st_size
+    pieces = [tok.sp.encode(s, out_type=str) for s in sentences[:8]]
+    targets = [tok.sp.encode(s, out_type=str)[:10] for s in sentences[8:16]]
+    int8, fp32 = (
+        ctranslate2.Translator(str(d), compute_type=t) for d, t in ((out, "int8"), (full, "float32"))
     )
-    assert isinstance(result[0].hypotheses[0], list)
+    a, b = (t.score_batch(pieces, targets) for t in (int8, fp32))
+    for x, y in zip(a, b, strict=True):
+        assert len(x.log_probs) == len(y.log_probs) and x.log_probs == pytest.approx(y.log_probs, abs=0.05)
+    assert isinstance(int8.translate_batch(pieces[:1])[0].hypotheses[0], list)
+
+
+def test_a_directory_with_files_is_never_written_over(data, tmp_path):
+    """CTranslate2's converter deletes its output directory first: one with files is refused."""
+    tok, _ = data
+    sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
+    m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, **sizes))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(ModelDirError, match="not an empty directory"):
+        export_ctranslate2(m.eval(), tok, tok, tmp_path / "run")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert (export_ctranslate2(m, tok, tok, tmp_path / "empty") / "model.bin").is_file()
 
 
 def test_what_does_not_map_is_refused_by_name(data, tmp_path):

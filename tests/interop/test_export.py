@@ -1,10 +1,13 @@
 """aiayn models written as HF directories: transformers loads them and computes the same logits."""
 
+import json
+
 import pytest
 import torch
 
 from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transformer, TransformerConfig
 from aiayn.cli.main import main
+from aiayn.data import CharTokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.models.io import save_model
@@ -118,6 +121,14 @@ def test_cli_export_and_its_one_line_errors(tmp_path, capsys):
     save_model(randomise_(lm), tmp_path / "lm")
     assert main(["export", "--model", str(tmp_path / "lm"), "--to", "hf", str(tmp_path / "lm-hf")]) == 0
     assert "no tokenizer files written" in capsys.readouterr().err
+    # a translation model whose tokenizer file is unreadable: its weights export, the reason said
+    save_model(random_transformer(), tmp_path / "bad-tok")
+    CharTokenizer.train("abc").save(tmp_path / "bad-tok")
+    meta = json.loads((tmp_path / "bad-tok" / "tokenizer.json").read_text())
+    (tmp_path / "bad-tok" / "tokenizer.json").write_text(json.dumps({**meta, "chars": None}))
+    assert main(["export", "--model", str(tmp_path / "bad-tok"), str(tmp_path / "bad-tok-hf")]) == 0
+    assert "no tokenizer files written" in capsys.readouterr().err
+    assert (tmp_path / "bad-tok-hf" / "model.safetensors").is_file()
     save_model(random_transformer(norm_first=True), tmp_path / "pre")
     assert main(["export", "--model", str(tmp_path / "pre"), str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
