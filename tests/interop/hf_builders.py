@@ -13,12 +13,14 @@ transformers.logging.disable_progress_bar()
 
 
 def randomise_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """HF initialises LayerNorms to (1, 0) and Marian's final_logits_bias to 0: a mapping that mixed
-    them up would still pass. Give every parameter and that buffer random values instead."""
+    """HF initialises LayerNorms to (1, 0) and Marian's final_logits_bias to 0, as aiayn does its
+    own LayerNorms: a mapping that mixed them up would still pass. Give every norm's gain and every
+    bias (that buffer included) random values instead, in HF's models and aiayn's alike."""
     g = torch.Generator().manual_seed(seed)
+    gains = {f"{name}.weight" for name, m in model.named_modules() if "norm" in type(m).__name__.lower()}
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith(("layer_norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            if name in gains:
                 t.copy_(1 + 0.2 * torch.randn(t.shape, generator=g))
             elif name.endswith(("bias", "final_logits_bias")) and "embed_positions" not in name:
                 t.copy_(0.1 * torch.randn(t.shape, generator=g))
