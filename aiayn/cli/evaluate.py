@@ -4,6 +4,7 @@ classifier, label a labelled file and score it (accuracy, macro-F1, confusion ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import asdict
 
@@ -25,6 +26,7 @@ from aiayn.cli.decode_options import (
 from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
 from aiayn.decoding.classifier import TextClassifier
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
@@ -50,8 +52,9 @@ accuracy, macro-F1 and the confusion matrix.
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "evaluate",
-        help="translate a test set and score it (BLEU, chrF)",
-        description="Translate a test set and score it.",
+        help="score a model on a test set: a translation model (BLEU, chrF) or a classifier (accuracy)",
+        description="Translate a test set and score it (BLEU, chrF), or label a labelled file and score a "
+        "classifier (accuracy, macro-F1).",
         epilog=EXAMPLES,
         formatter_class=formatter,
     )
@@ -120,16 +123,35 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, 
     return round(result.score, 2), f"{metric.get_signature()}|moses-lc-norm-tok:{lang}"
 
 
+# the options only one kind of model reads: given for the other, they would be ignored
+TRANSLATION_ONLY = (
+    "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "ensemble_with", "no_cache",
+    *(f.name for f in dataclasses.fields(SearchConfig) if f.name != "use_cache"),
+)  # fmt: skip
+CLASSIFIER_ONLY = ("data", "text_column", "label_column", "long_text", "window_stride")
+
+
+def _refuse_others(args: argparse.Namespace, names: tuple[str, ...], kind: str, instead: str) -> None:
+    """A ``ConfigError`` naming the options of ``names`` given away from their defaults."""
+    defaults = _parser().parse_args(["--model", str(args.model)])
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) != getattr(defaults, n)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not read for {kind}; {instead}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``aiayn evaluate``'s own parser, for its defaults."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    return sub.choices["evaluate"]
+
+
 def run(args: argparse.Namespace) -> int:
     meta = model_meta(args.model)
     if meta["kind"] == "encoder":
-        if args.ensemble_with:
-            raise ConfigError("--ensemble-with ensembles translation models; this is a classifier")
+        _refuse_others(args, TRANSLATION_ONLY, "a classifier", "it is scored on --data FILE")
         return run_classifier(args, meta)
-    if args.data is not None:
-        raise ConfigError(
-            "--data scores a classifier; this is a translation model: use --src/--ref or --dataset"
-        )
+    _refuse_others(args, CLASSIFIER_ONLY, "a translation model", "use --src/--ref or --dataset")
     config = search_config(args)
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")

@@ -176,10 +176,10 @@ class MaskFiller:
         "▁"), so ``"Ein Mann <mask> Fahrrad."`` is read as ``"Ein Mann<mask> Fahrrad."``."""
         if top_k < 1:
             raise ConfigError(f"top_k={top_k} must be at least 1")
-        if MASK not in query:
-            raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
         tok = self.tokenizer
-        ids = tok.encode(query.replace(f" {MASK}", MASK))
+        ids = tok.encode(query.replace(f" {MASK}", MASK))  # a BERT vocabulary reads its [MASK] too
+        if tok.mask_id not in ids:
+            raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
         if len(ids) + 2 > self.max_len:
             raise DataError(f"the query has {len(ids)} pieces; this model reads at most {self.max_len - 2}")
         device = next(self.model.parameters()).device

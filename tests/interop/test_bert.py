@@ -395,6 +395,14 @@ def test_classify_and_fill_mask_on_a_downloaded_bert_as_transformers_does(vocab_
     probs, best = logits.softmax(-1).topk(3)
     assert [f["token"] for f in fillers] == [tok.decode([j]) for j in best.tolist()]
     assert torch.allclose(torch.tensor([f["probability"] for f in fillers]), probs, atol=1e-4)
+    # BERT's own [MASK], as a user of transformers writes it, is read the same
+    assert (
+        main(
+            ["fill-mask", "--model", str(tmp_path / "mlm"), "--top-k", "3", "--json", "the café [MASK] costs"]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)[0] == fillers
 
 
 # -- the command line --------------------------------------------------------------------------------
