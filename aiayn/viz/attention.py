@@ -67,7 +67,8 @@ def save_attention_maps(
 
     ``maps`` is a model's ``attention_weights`` output (``{kind: [L × (B, h, T_q, T_k)]}``);
     ``labels`` maps ``"src"`` / ``"tgt"`` (/ ``"r2l"``) to the token strings; ``example`` picks the batch row.
-    Every figure is drawn before the first is written, and each is written whole (by rename).
+    Every figure is drawn before the first is written, and each is written whole (by rename); maps of
+    an earlier run in ``out_dir`` that this one does not draw (another model's layers) are deleted.
     """
     out_dir = Path(out_dir)
     pngs = {}
@@ -76,4 +77,4 @@ def save_attention_maps(
         for layer, weights in enumerate(layers):
             fig = plot_heads(weights[example], labels[q], labels[k], f"{title}, layer {layer}")
             pngs[out_dir / f"{kind}_layer{layer}.png"] = png_bytes(fig)
-    return write_figures(out_dir, pngs)
+    return write_figures(out_dir, pngs, replaces=is_attention_map)

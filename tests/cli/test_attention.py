@@ -75,6 +75,10 @@ def test_the_maps_go_only_where_nothing_else_is_overwritten(model_dirs, tmp_path
     args = ["attention", "--model", str(model), "--src", "Ein Mann", "--out"]
     maps = tmp_path / "maps"
     assert main([*args, str(maps)]) == 0 and main([*args, str(maps)]) == 0  # a rerun, over its own maps
+    # another model's maps replace them as a set: no translation model's layer is left beside the LM's
+    lm = ["attention", "--model", str(model_dirs["lm"]), "--src", "Ein", "--out", str(maps)]
+    assert main(lm) == 0
+    assert sorted(p.name for p in maps.iterdir()) == ["decoder_self_layer0.png", "decoder_self_layer1.png"]
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine\n")
