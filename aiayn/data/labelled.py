@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,7 @@ class LabelMap:
                 f"{corpus.path}: every example has the label {next(iter(seen))!r}; a classifier needs "
                 "at least two classes"
             )
-        numeric = all(s.lstrip("-").isdigit() for s in seen)
+        numeric = all(re.fullmatch(r"-?[0-9]+", s) for s in seen)  # "--1" and "²" are names, not numbers
         return cls(sorted(seen, key=int) if numeric else sorted(seen))
 
     def __len__(self) -> int:

@@ -83,6 +83,8 @@ def test_named_column_missing_from_header(tmp_path):
 def test_label_map_orders_and_rejects(tmp_path):
     c = load_labelled(write(tmp_path / "a.tsv", "text\tlabel\na\t10\nb\t9\nc\t-1\n"))
     assert LabelMap.from_corpus(c).labels == ["-1", "9", "10"]  # integers in numeric order
+    odd = load_labelled(write(tmp_path / "odd.tsv", "text\tlabel\na\t--1\nb\t²\nc\t3\n"))
+    assert LabelMap.from_corpus(odd).labels == ["--1", "3", "²"]  # not all integers: by name
     one = load_labelled(write(tmp_path / "b.tsv", "text\tlabel\na\tpos\nb\tpos\n"))
     with pytest.raises(DataError, match=r"b.tsv: every example has the label 'pos'.*two classes"):
         LabelMap.from_corpus(one)
