@@ -30,6 +30,7 @@ from aiayn.atomic import atomic_path, write_json
 from aiayn.errors import ModelDirError
 
 HF_CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"  # what transformers' generate reads first
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE, PICKLE_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 AIAYN_TOKENIZER = "aiayn_tokenizer"  # an export's folder for a tokenizer transformers cannot read

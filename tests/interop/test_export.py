@@ -8,6 +8,8 @@ import torch
 from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transformer, TransformerConfig
 from aiayn.cli.main import main
 from aiayn.data import CharTokenizer
+from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.translator import Translator
 from aiayn.errors import ModelDirError
 from aiayn.interop import export_hf, from_pretrained
 from aiayn.models.io import save_model
@@ -70,6 +72,24 @@ def test_language_model_exports_as_gpt2(tmp_path, name):
     ids = torch.randint(0, 40, (2, 11))
     with torch.no_grad():
         assert_close(f"export GPT-2[{name}] logits in transformers", ours(ids), hf(ids).logits, atol=1e-4)
+
+
+def test_transformers_generate_on_the_export_never_emits_padding_either(tmp_path):
+    """aiayn's searches never emit padding; the export's generation_config.json (bad_words_ids, as
+    OPUS-MT's configs have) makes transformers' generate the same, even where the model wants it."""
+    ours = random_transformer().eval()
+    with torch.no_grad():
+        ours.head.bias[ours.config.pad_id] = 30.0  # padding is every step's argmax
+    export_hf(ours, tmp_path)
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
+    src = torch.tensor([[5, 6, 7, ours.config.eos_id]])
+    with torch.no_grad():
+        out = hf.generate(input_ids=src, num_beams=1, do_sample=False, max_new_tokens=6, min_new_tokens=6)
+    theirs = out[0, 1:].tolist()
+    (hyp,) = Translator(ours, CharTokenizer.train("abc"), CharTokenizer.train("abc")).search(
+        [src[0, :-1].tolist()], SearchConfig(beam=1, max_len=6, min_len=6)
+    )[0]  # the tokenizers are not read: the search runs on ids
+    assert ours.config.pad_id not in theirs and theirs == hyp.tokens
 
 
 def test_marian_round_trip_writes_the_same_tensors(tmp_path):
