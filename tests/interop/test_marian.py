@@ -50,6 +50,24 @@ def test_pytorch_model_bin_with_every_alias_and_position_table(tmp_path):
     assert_close("Marian[pytorch_model.bin] logits vs transformers", *logits_pair(hf, ours), atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_checkpoint_with_its_position_tables_loads(tmp_path, dtype):
+    """A 16-bit pytorch_model.bin stores its positional tables rounded to 16 bits: still Marian's."""
+    hf = marian(tmp_path, fmt="bin")
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    torch.save({k: v.to(dtype) for k, v in state.items()}, tmp_path / "pytorch_model.bin")
+    ours = from_pretrained(tmp_path)
+    # the same weights; transformers keeps the rounded tables, aiayn computes them: 1e-3 apart at most
+    assert_close(
+        f"Marian[{dtype}] logits vs transformers", *logits_pair(hf.to(dtype).float(), ours), atol=1e-3
+    )
+    wrong = {k: v.to(dtype) for k, v in state.items()}
+    wrong["model.encoder.embed_positions.weight"] = wrong["model.encoder.embed_positions.weight"].roll(1, 0)
+    torch.save(wrong, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ModelDirError, match="is not Marian's sinusoidal table"):
+        from_pretrained(tmp_path)
+
+
 def test_config_maps_marian_conventions(tmp_path):
     marian(tmp_path)
     c = from_pretrained(tmp_path).config
