@@ -8,9 +8,11 @@ the transpose of ``nn.Linear``; ``c_attn`` already stacks [q | k | v] in our ``w
 
 **Padding.** GPT-2 has no padding token (bos = eos = 50256) and aiayn needs one distinct from eos.
 The model never reads it: it only names the embedding row that ``nn.Embedding(padding_idx=…)``
-keeps out of gradients and the id that batching pads with and the loss ignores. So we take the
-config's ``pad_token_id`` if it differs from eos, else the highest id that is not a special token
-(50255 in GPT-2: its last and so rarest BPE merge), or whatever ``pad_id`` the caller passes.
+keeps out of gradients, the id that batching pads with and the loss ignores, and the one token
+aiayn's searches never emit. So we take the config's ``pad_token_id`` if it differs from eos, else
+the highest id that is not a special token (50255 in GPT-2: its last and so rarest BPE merge, the
+one token that aiayn's generation cannot write where transformers' could), or whatever ``pad_id``
+the caller passes.
 """
 
 from __future__ import annotations
