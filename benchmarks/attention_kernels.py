@@ -32,8 +32,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from provenance import write_result
 
-from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.modules import attention
 
@@ -132,7 +132,7 @@ def main() -> None:
               "explicit_max_keys_bf16_training": attention.EXPLICIT_MAX_KEYS_BF16_TRAINING,
               "rows": rows, "softmax_rows": softmax_rows}  # fmt: skip
     if args.json:
-        write_json(args.json, result)  # temp file + rename: nothing half-written
+        write_result(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

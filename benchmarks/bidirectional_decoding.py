@@ -16,9 +16,9 @@ import json
 import time
 
 import torch
+from provenance import write_result
 
 from aiayn import Transformer, TransformerConfig, build_transformer
-from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
 from aiayn.decoding.bidirectional import BidirectionalAdapter
@@ -71,7 +71,7 @@ def main() -> int:
            "length": args.length, "batch": args.batch, "rows": rows}  # fmt: skip
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
     if args.json:
-        write_json(args.json, out)  # temp file + rename: nothing half-written
+        write_result(args.json, out)  # temp file + rename: nothing half-written
     return 0
 
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from provenance import write_result  # noqa: E402
 
-from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.decoding.adapters import Seq2SeqAdapter  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     counters = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if k in ("stats", "recompiles")}
     print(json.dumps(counters))
     if args.json:
-        write_json(args.json, {"machine": machine(), "model": args.model, "threads": args.threads,
+        write_result(args.json, {"machine": machine(), "model": args.model, "threads": args.threads,
                                "torch": torch.__version__, "runs": rows, "dynamo": counters,
                                "command": " ".join(sys.argv)})  # fmt: skip
 

@@ -467,9 +467,9 @@ def main() -> None:
             for row in result.get(part, []):
                 for s in SETTINGS:
                     row[s].pop("outputs", None)
-        from aiayn.atomic import write_json
+        from provenance import write_result
 
-        write_json(args.json, result)  # temp file + rename: nothing half-written
+        write_result(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from decoding_engines import BASE  # noqa: E402  (the sibling benchmark's OPUS-MT sizes)
+from provenance import write_result  # noqa: E402
 
-from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
@@ -133,7 +133,7 @@ def main() -> None:
     for op in out["top_ops"]:
         print(f"         {op['share']:5.1f}%  {op['op']} ({op['calls']:,} calls)")
     if args.json:
-        write_json(args.json, {"machine": machine(), "torch": torch.__version__, "model": args.model,
+        write_result(args.json, {"machine": machine(), "torch": torch.__version__, "model": args.model,
                                "base": args.base, "gemm": args.gemm, "quantize": args.quantize,
                                "batch": args.batch, "beam": args.beam,
                                "sentences": len(sources), "threads": args.threads, **out,

@@ -21,8 +21,8 @@ import tempfile
 import time
 
 import torch
+from provenance import write_result
 
-from aiayn.atomic import write_json
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
 
@@ -138,7 +138,7 @@ def main() -> None:
                             sentences=len(ref)))  # fmt: skip
     if args.json:
         # temp file + rename: nothing half-written
-        write_json(args.json, dict(device=where, args=vars(args), results=results))
+        write_result(args.json, dict(device=where, args=vars(args), results=results))
 
 
 if __name__ == "__main__":

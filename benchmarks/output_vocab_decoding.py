@@ -14,8 +14,8 @@ import statistics
 import time
 
 import torch
+from provenance import write_result
 
-from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.data import load_parallel
 from aiayn.decoding.options import SearchConfig
@@ -57,7 +57,7 @@ def main() -> None:
         result[f"beam{beam}"] = {"seconds": med, "speedup": round(med["every id"] / med["pieces"], 2)}
         print(json.dumps({f"beam{beam}": result[f"beam{beam}"]}), flush=True)
     if args.json:
-        write_json(args.json, result)  # temp file + rename: nothing half-written
+        write_result(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from provenance import write_result  # noqa: E402
 
 from aiayn import EncoderConfig, EncoderModel  # noqa: E402
 from aiayn.data import load_tokenizer  # noqa: E402
@@ -149,7 +150,7 @@ def main() -> int:
         print(arm, flush=True)
         out["arms"][arm] = train(builders[arm](), blocks, probs, args.length, args.steps, args.lr)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        write_result(args.json, out)  # temp file + rename: nothing half-written
     return 0
 
 

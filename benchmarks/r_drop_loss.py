@@ -20,8 +20,8 @@ import statistics
 import time
 
 import torch
+from provenance import write_result
 
-from aiayn.atomic import write_json
 from aiayn.cli.demo import machine
 from aiayn.modules.loss import fused_r_drop_loss, linear_label_smoothed_nll_loss, r_drop_loss
 
@@ -67,7 +67,7 @@ def main() -> None:
               "fused_over_plain": round(med["fused"] / med["plain"], 2)}  # fmt: skip
     print(json.dumps(result, indent=2))
     if args.json:
-        write_json(args.json, result)  # atomically
+        write_result(args.json, result)  # atomically
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from provenance import write_result  # noqa: E402
 
-from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding import adapters, beam, running  # noqa: E402
@@ -126,7 +126,7 @@ def main() -> None:
     same = all(o == outputs[0] for o in outputs)
     print(f"same tokens at every in-flight count: {same}")
     if args.json:
-        write_json(args.json, {"machine": machine(), "model": args.model, "beam": args.beam,
+        write_result(args.json, {"machine": machine(), "model": args.model, "beam": args.beam,
                                "sentences": len(sources), "threads": args.threads, "runs": rows,
                                "same_tokens": same, "command": " ".join(sys.argv)})  # fmt: skip
 

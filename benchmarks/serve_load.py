@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from provenance import write_result  # noqa: E402
 
-from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
@@ -225,7 +225,7 @@ def main() -> int:
     if args.plot and args.rates:
         plot(rows, args.plot, f"aiayn serve, beam {args.beam}\n{out['machine']}")
     if args.json:
-        write_json(args.json, out)  # temp file + rename: nothing half-written
+        write_result(args.json, out)  # temp file + rename: nothing half-written
     return 0
 
 

@@ -76,7 +76,8 @@ def main() -> None:
     ap.add_argument("--layouts", default="threads,ddp,ddp-big")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    from aiayn.atomic import write_json
+    from provenance import write_result
+
     from aiayn.cli.demo import machine
     from aiayn.training.recipe import load_recipe
 
@@ -100,7 +101,7 @@ def main() -> None:
     if args.json:
         out = {"recipe": args.recipe, "cores": c, "steps": args.steps, "skip": args.skip,
                "machine": machine(), "rows": rows}  # fmt: skip
-        write_json(args.json, out)  # temp file + rename: nothing half-written
+        write_result(args.json, out)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from provenance import write_result
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.atomic import write_json
 from aiayn.cli.demo import ISA_LIMITS, machine
 from aiayn.data.batching import TranslationBatch
 from aiayn.modules.embedding import sinusoidal_table
@@ -269,7 +269,7 @@ def main() -> None:
         result["speedup_ceiling"] = round(ceiling, 2)
     print(json.dumps(result, indent=2))
     if args.json:
-        write_json(args.json, result)  # temp file + rename: nothing half-written
+        write_result(args.json, result)  # temp file + rename: nothing half-written
 
 
 if __name__ == "__main__":

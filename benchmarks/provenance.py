@@ -1,0 +1,38 @@
+"""What every benchmark's JSON records beside its figures, so that a reader can tell where they came
+from and run them again: the command line, the commit (``-dirty`` when the tree had uncommitted
+changes, which the commit alone does not reproduce), the machine (CPU, vector instructions, cores,
+torch) and the time (UTC)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from aiayn.atomic import write_json
+from aiayn.cli.demo import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def provenance() -> dict[str, str]:
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "cwd": os.getcwd(),
+        "commit": commit,
+        "machine": machine(),
+        "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_result(path: str | os.PathLike, result: dict) -> None:
+    """``result`` and its ``provenance`` as JSON at ``path``, written whole (temp file + rename)."""
+    write_json(path, {**result, "provenance": provenance()})
