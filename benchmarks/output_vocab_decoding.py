@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="a translation run (or model directory) trained with output_vocab=target")
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
@@ -46,6 +46,8 @@ def main() -> None:
     result = {"run": args.run, "sentences": len(lines), "pieces": model.head.pieces.numel(),
               "vocab": model.config.tgt_vocab_size,
               "machine": f"{machine()}, {args.threads} threads"}  # fmt: skip
+    for translator in translators.values():  # warm-up: first-call costs timed in neither arm
+        translator.search(sources[:64], SearchConfig(beam=max(args.beams)))
     for beam in args.beams:
         times: dict[str, list[float]] = {name: [] for name in translators}
         for _ in range(args.repeats):
