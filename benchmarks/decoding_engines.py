@@ -407,6 +407,8 @@ def main() -> None:
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if min(args.latency_sentences, args.base_latency_sentences) < 1:
+        p.error("--latency-sentences and --base-latency-sentences must be at least 1")
     if not args.worker and not args.verdict and "aiayn-fp32" not in args.engines:
         p.error(
             "--engines must include aiayn-fp32: the other engines' speeds, agreement and BLEU are given "

@@ -190,6 +190,8 @@ def main() -> int:
     ap.add_argument("--plot", help="with --rates: p50/p99 latency against offered load, as a PNG")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    if args.requests < 2:
+        ap.error("--requests must be at least 2 (percentiles need two latencies)")
     texts = [src for src, _ in load_parallel("multi30k", "test", "de", "en")][: args.requests]
     rows = []
     window = Settings().batch_window_ms if args.window_ms is None else args.window_ms

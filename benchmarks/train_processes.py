@@ -76,6 +76,10 @@ def main() -> None:
     ap.add_argument("--layouts", default="threads,ddp,ddp-big")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    if args.steps <= args.skip:
+        ap.error(
+            f"--steps ({args.steps}) must exceed --skip ({args.skip}): the median is of the updates after it"
+        )
     from provenance import write_result
 
     from aiayn.cli.demo import machine
