@@ -39,7 +39,8 @@ class LayerConfig:
     bias: bool = True  # biases in linear layers and LayerNorm
     positional: str = "sinusoidal"  # "sinusoidal" (paper), "sinusoidal_halves" (Marian), "learned"
     max_len: int = 1024  # positions precomputed (sinusoidal: grows past it; learned: hard limit)
-    emb_scale: str = "emb"  # "emb": embeddings × √d_model (§3.4); "prj": output ÷ √d_model; "none"
+    emb_scale: str = "emb"  # "emb": embeddings × √d_model (§3.4); "prj": a tied output ÷ √d_model (an
+    # untied one learns its own scale: as "none"); "none"
     pad_id: int = 0  # special token ids, fixed by the tokenizer
     bos_id: int = 1
     eos_id: int = 2
