@@ -21,8 +21,24 @@ def assert_close(name: str, ours: torch.Tensor, ref: torch.Tensor, atol: float =
     assert diff <= atol, f"{name}: max abs diff {diff:.3g} > {atol}"
 
 
-def copy_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
+def randomise_reference_(ref: nn.Module, seed: int = 0) -> None:
+    """Random biases and LayerNorm gains in a torch.nn reference, in place. PyTorch starts attention
+    biases at 0 and LayerNorms at (1, 0), so a copy that sliced a bias wrongly or swapped two
+    sublayers' norms would still match; with random values it cannot. The copy helpers call it."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in ref.modules():
+            if isinstance(module, nn.LayerNorm) and module.weight is not None:
+                module.weight.copy_(1 + 0.2 * torch.randn(module.weight.shape, generator=g))
+            for name, param in module.named_parameters(recurse=False):
+                if "bias" in name:
+                    param.copy_(0.1 * torch.randn(param.shape, generator=g))
+
+
+def copy_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention, randomise: bool = True) -> None:
     """nn.MultiheadAttention stacks W^Q, W^K, W^V as in_proj in the same order as our w_qkv."""
+    if randomise:
+        randomise_reference_(ref)
     with torch.no_grad():
         ours.w_qkv.weight.copy_(ref.in_proj_weight)
         ours.w_qkv.bias.copy_(ref.in_proj_bias)
@@ -44,15 +60,17 @@ def _copy_ff(ours, ref) -> None:
 
 
 def copy_encoder_layer(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> None:
-    copy_mha(ours.self_attn, ref.self_attn)
+    randomise_reference_(ref)  # each sublayer its own values, so that a swap shows
+    copy_mha(ours.self_attn, ref.self_attn, randomise=False)
     _copy_ff(ours, ref)
     _copy_norm(ours.self_attn_res, ref.norm1)
     _copy_norm(ours.ff_res, ref.norm2)
 
 
 def copy_decoder_layer(ours: DecoderLayer, ref: nn.TransformerDecoderLayer) -> None:
-    copy_mha(ours.self_attn, ref.self_attn)
-    copy_mha(ours.cross_attn, ref.multihead_attn)
+    randomise_reference_(ref)  # each sublayer its own values, so that a swap shows
+    copy_mha(ours.self_attn, ref.self_attn, randomise=False)
+    copy_mha(ours.cross_attn, ref.multihead_attn, randomise=False)
     _copy_ff(ours, ref)
     _copy_norm(ours.self_attn_res, ref.norm1)
     _copy_norm(ours.cross_attn_res, ref.norm2)
@@ -60,6 +78,7 @@ def copy_decoder_layer(ours: DecoderLayer, ref: nn.TransformerDecoderLayer) -> N
 
 
 def copy_layer_norm(ours, ref: nn.LayerNorm) -> None:
+    randomise_reference_(ref)
     with torch.no_grad():
         ours.weight.copy_(ref.weight)
         ours.bias.copy_(ref.bias)
