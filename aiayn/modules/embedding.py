@@ -93,7 +93,7 @@ class LearnedPositionalEmbedding(nn.Module):
         end = _end(start, x)
         if end > self.max_len:
             raise DataError(
-                f"sequence reaches position {end} but the learned positional embedding has "
+                f"the sequence needs {end} positions but the learned positional embedding has "
                 f"max_len={self.max_len}; shorten the input or train with a larger max_len"
             )
         return x + _rows(self.weight, start, x)
