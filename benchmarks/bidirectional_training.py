@@ -140,10 +140,17 @@ class Bench:
             shutil.copy(ROOT / "results" / f"{name}.json", OUT / f"{name}.json")
             for f in (ROOT / "results").glob(f"{name}*"):
                 f.unlink()
-            self.summary["arms"][name] = figures(result)
+            self.summary["arms"][name] = {**figures(result), **self.measured_on()}
             write_json(SUMMARY, self.summary)
             print(name, json.dumps(self.summary["arms"][name]), flush=True)
         return self.summary["arms"][name]
+
+    def measured_on(self) -> dict:
+        """Where and how an arm ran, kept with it: a resumed summary's top-level fields say only how
+        its last invocation ran, and its earlier arms may come from another machine or budget."""
+        a = self.args
+        return {"machine": machine(), "budget_minutes": a.minutes, "r2l_share": a.r2l_share,
+                "processes": a.processes}  # fmt: skip
 
     def trained(self, name: str, overrides: list[str], minutes: float) -> dict:
         return reproduce(self.recipe, [*self.common, *overrides, f"max_minutes={minutes:g}"], name,
@@ -175,7 +182,10 @@ class Bench:
             plain = self.record("plain-short", self.trained, [], round(a.minutes - stages["r2l_minutes"], 2))
             chosen = ROOT / "runs" / f"reproduce-{self.tag}-plain-short" / plain["chosen"]
             r2l_dir = ROOT / stages["r2l_models"][0]
-            self.summary["arms"][f"{self.tag}-rerank"] = rerank_bleu(chosen, r2l_dir, self.direction)
+            self.summary["arms"][f"{self.tag}-rerank"] = {
+                **rerank_bleu(chosen, r2l_dir, self.direction),
+                **self.measured_on(),
+            }
             write_json(SUMMARY, self.summary)
         for variant in a.variants:
             name, _, overrides = variant.partition("=")
@@ -205,6 +215,7 @@ class Bench:
 def main() -> int:
     args = parser().parse_args()
     summary = json.loads(SUMMARY.read_text()) if SUMMARY.is_file() else {"arms": {}}
+    # how the last invocation ran; each arm keeps its own (Bench.measured_on)
     summary.update(machine=machine(), budget_minutes=args.minutes, settings=SHORT, r2l_share=args.r2l_share,
                    processes=args.processes)  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
