@@ -38,6 +38,7 @@ class IncrementalDecoder:
         self.rows: Tensor | None = None  # the cache row of each search row, when not the same (N,)
         c = model.config
         self.bos_id, self.eos_id, self.pad_id = c.bos_id, c.eos_id, c.pad_id
+        self.vocab_limit: int | None = getattr(model, "vocab_limit", None)  # ids past the tokenizer's
 
     def _hidden(self, new: Tensor) -> Tensor:
         """Decoder states (N, T, d_model) for the ``new`` tokens (all tokens when uncached)."""

@@ -28,9 +28,13 @@ def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
 
 
 def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
-    """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), and
+    """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), nor an id
+    the tokenizer has no token for (``decoder.vocab_limit``, ``interop.pretrained.limit_to``), and
     outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
     log_probs[..., decoder.pad_id] = float("-inf")
+    limit = getattr(decoder, "vocab_limit", None)  # an adapter of a model that was told one
+    if limit is not None:
+        log_probs[..., limit:] = float("-inf")
     if step < min_len:
         log_probs[..., decoder.eos_id] = float("-inf")
     return log_probs

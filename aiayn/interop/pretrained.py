@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -28,6 +29,8 @@ from aiayn.models.encoder import EncoderModel
 from aiayn.models.io import load_model
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
+
+M = TypeVar("M", Transformer, LanguageModel)
 
 
 def hf_model_type(path: str | os.PathLike) -> str | None:
@@ -88,7 +91,7 @@ def load_gpt2_generation(
         model = from_pretrained(directory, device)
         tok = load_gpt2_tokenizer(directory, pad_id=model.config.pad_id)
     _check_fit(directory, "", tok, model.config.vocab_size, model.config.eos_id, model.config.pad_id)
-    return model, tok
+    return limit_to(model, tok.vocab_size), tok
 
 
 def load_marian_translation(
@@ -100,7 +103,18 @@ def load_marian_translation(
     c = model.config
     _check_fit(directory, "source ", src, c.src_vocab_size, c.eos_id, c.pad_id)
     _check_fit(directory, "target ", tgt, c.tgt_vocab_size, c.eos_id, c.pad_id)
-    return model, src, tgt
+    return limit_to(model, tgt.vocab_size), src, tgt
+
+
+def limit_to(model: M, words: int) -> M:
+    """``model``, told that its output rows from ``words`` on have no token in its tokenizer (a
+    checkpoint's vocabulary padded to a round size, as nanoGPT's 50,304 for GPT-2's 50,257), so that
+    no search ever emits them (``decoding.steps.restrict``); transformers would, and drop them from
+    the text."""
+    rows = model.config.vocab_size if isinstance(model, LanguageModel) else model.config.tgt_vocab_size
+    if words < rows:
+        model.vocab_limit = words
+    return model
 
 
 def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:

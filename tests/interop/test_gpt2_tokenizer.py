@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiayn.cli.main import main
+from aiayn.decoding.generator import Generator
+from aiayn.decoding.options import SearchConfig
 from aiayn.errors import ModelDirError
 from aiayn.interop import GPT2Tokenizer, load_gpt2_tokenizer
 from tests.interop.hf_builders import gpt2, transformers
@@ -78,6 +80,26 @@ def test_generate_command_matches_transformers(gpt2_files, capsys):
     fixed = dict(max_new_tokens=9, min_new_tokens=9)
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=eos, **fixed)
     assert capsys.readouterr().out == prompt + tok.decode(out[0, ids.size(1) :]) + "\n"
+
+
+def test_rows_past_the_tokenizer_are_never_generated(gpt2_files, capsys):
+    """A checkpoint's vocabulary padded to a round size (nanoGPT's 50,304 for GPT-2's 50,257): the
+    rows without a token are never emitted, even where the model prefers them (they crashed decoding)."""
+    directory, vocab = gpt2_files
+    eos = vocab["<|endoftext|>"]
+    hf = gpt2(directory, vocab_size=len(vocab) + 12, bos_token_id=eos, eos_token_id=eos, n_positions=64)
+    with torch.no_grad():  # padded rows far longer than the others: the argmax lands on one of them
+        wte = hf.transformer.wte.weight
+        wte[len(vocab) :] = 50 * torch.randn(12, wte.size(1), generator=torch.Generator().manual_seed(0))
+    hf.save_pretrained(directory)
+    with torch.no_grad():
+        logits = hf(torch.tensor([load_gpt2_tokenizer(directory).encode("The")])).logits[0, -1]
+    assert int(logits.argmax()) >= len(vocab)  # transformers' choice: a row with no token
+    args = ["generate", "--model", str(directory), "--prompt", "The", "--max-new-tokens", "6"]
+    assert main([*args, "--greedy"]) == 0 and main([*args, "--seed", "1"]) == 0
+    assert capsys.readouterr().out.count("The") >= 2
+    (hyp,) = Generator.from_dir(directory).complete("The", 6, SearchConfig(beam=4, min_len=6))
+    assert len(hyp.tokens) == 6 and max(hyp.tokens) < len(vocab)
 
 
 def test_end_of_text_written_in_the_text_is_the_special_token(gpt2_files):
