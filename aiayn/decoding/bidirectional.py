@@ -18,7 +18,7 @@ from torch import Tensor
 from aiayn.data.batching import pad_rows
 from aiayn.decoding.adapters import R2LAdapter, Seq2SeqAdapter
 from aiayn.decoding.ensemble import EnsembleAdapter
-from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.options import SAMPLING_DEFAULTS, SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
 from aiayn.models.bidirectional import BidirectionalTransformer
@@ -72,7 +72,9 @@ class BidirectionalAdapter(Seq2SeqAdapter):
     def __init__(self, model: BidirectionalTransformer, config: SearchConfig, max_len: int | Tensor):
         super().__init__(model, config.use_cache)
         beam = config.r2l_beam or config.beam
-        self.r2l_config = dataclasses.replace(config, beam=beam, nbest=1, sample=False, r2l_beam=None)
+        self.r2l_config = dataclasses.replace(  # a search, whatever the left-to-right pass does
+            config, beam=beam, nbest=1, sample=False, r2l_beam=None, **SAMPLING_DEFAULTS
+        )
         self.max_len = max_len
         self.r2l_hypotheses: list[list[Hypothesis]] = []
 

@@ -69,6 +69,17 @@ def test_a_bidirectional_model_with_learned_positions_reads_a_right_to_left_pass
     assert len(hyp.tokens) == 12 and len(hyp.r2l.tokens) == 11
 
 
+def test_a_bidirectional_model_samples_with_its_right_to_left_pass_searched(tmp_path):
+    """Sampling's options belong to the left-to-right pass; the right-to-left memory is a search."""
+    model_dir = translation_dir(tmp_path / "m", bidirectional=True)
+    translator = Translator.from_dir(model_dir)
+    sources, _ = translator.encode(["Ein Mann fährt Fahrrad.", "Zwei Hunde"])
+    config = SearchConfig(sample=True, beam=1, nbest=2, temperature=0.7, top_k=5, top_p=0.9, seed=3)
+    first, again = (translator.search(sources, config) for _ in range(2))
+    assert [[h.tokens for h in hs] for hs in first] == [[h.tokens for h in hs] for hs in again]
+    assert all(len(hs) == 2 for hs in first)
+
+
 def test_generator_samples_reproducibly(model_dirs):
     gen = Generator.from_dir(model_dirs["lm"])
     cfg = SearchConfig(beam=1, sample=True, nbest=2, seed=5, top_k=10, min_len=15)
