@@ -205,6 +205,13 @@ class NameMap:
         return out
 
 
+def write_generation_config(directory: Path, pad_id: int, **ids: int | None) -> None:
+    """``generation_config.json``: transformers' ``generate`` on an export never emits padding
+    (``bad_words_ids``, as OPUS-MT's own configs have it), which aiayn's searches never do; ``ids``
+    the special ids it starts and stops with (``eos_token_id=…``)."""
+    write_json(directory / GENERATION_CONFIG, {"bad_words_ids": [[pad_id]], "pad_token_id": pad_id, **ids})
+
+
 def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:
     """``config.json`` + ``model.safetensors`` (each tensor its own copy: safetensors refuses aliases)."""
     directory = Path(directory)

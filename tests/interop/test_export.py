@@ -8,7 +8,9 @@ import torch
 from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transformer, TransformerConfig
 from aiayn.cli.main import main
 from aiayn.data import CharTokenizer
+from aiayn.decoding.adapters import LMAdapter
 from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ModelDirError
 from aiayn.interop import export_hf, from_pretrained
@@ -89,6 +91,29 @@ def test_transformers_generate_on_the_export_never_emits_padding_either(tmp_path
     (hyp,) = Translator(ours, CharTokenizer.train("abc"), CharTokenizer.train("abc")).search(
         [src[0, :-1].tolist()], SearchConfig(beam=1, max_len=6, min_len=6)
     )[0]  # the tokenizers are not read: the search runs on ids
+    assert ours.config.pad_id not in theirs and theirs == hyp.tokens
+
+
+def test_transformers_generate_on_a_gpt2_export_never_emits_padding_either(tmp_path):
+    """The same for a language model: its final LayerNorm made constant (gain 0, bias b) and the
+    padding row of its untied head 10·b, every step's argmax is padding."""
+    torch.manual_seed(0)
+    ours = LanguageModel(LMConfig(vocab_size=40, n_layers=1, max_len=32, **{**SMALL, **LMS["gpt2-shaped"]},
+                                  tie_output=False)).eval()  # fmt: skip
+    b = torch.randn(ours.config.d_model)
+    with torch.no_grad():
+        ours.layers.norm.weight.zero_()
+        ours.layers.norm.bias.copy_(b)
+        ours.head.proj.weight[ours.config.pad_id] = 10 * b
+    export_hf(ours, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompt = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert int(hf(prompt).logits[0, -1].argmax()) == ours.config.pad_id
+        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=4,
+                          min_new_tokens=4)  # fmt: skip
+    theirs = out[0, 3:].tolist()
+    (hyp,) = search(LMAdapter(ours), prompt, SearchConfig(beam=1, min_len=4), 4)[0]
     assert ours.config.pad_id not in theirs and theirs == hyp.tokens
 
 

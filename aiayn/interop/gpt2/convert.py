@@ -179,4 +179,6 @@ def export_gpt2(model: LanguageModel, directory: str | os.PathLike) -> Path:
         "tie_word_embeddings": tie,
         "dtype": str(state["head.proj.weight"].dtype).removeprefix("torch."),
     }
-    return hf.write_hf_directory(directory, config, tensors)
+    out = hf.write_hf_directory(directory, config, tensors)
+    hf.write_generation_config(out, c.pad_id, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
+    return out

@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.atomic import write_json
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
 from aiayn.models.config import TransformerConfig
@@ -303,10 +302,6 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
         "dtype": dtype,
     }
     out = hf.write_hf_directory(directory, config, tensors)
-    # transformers' generate would otherwise emit padding, which aiayn's searches never do (as
-    # OPUS-MT's own configs forbid it with bad_words_ids)
-    write_json(out / hf.GENERATION_CONFIG, {
-        "bad_words_ids": [[c.pad_id]], "decoder_start_token_id": c.bos_id, "eos_token_id": c.eos_id,
-        "pad_token_id": c.pad_id, "forced_eos_token_id": None,
-    })  # fmt: skip
+    hf.write_generation_config(out, c.pad_id, decoder_start_token_id=c.bos_id, eos_token_id=c.eos_id,
+                               forced_eos_token_id=None)  # fmt: skip
     return out
