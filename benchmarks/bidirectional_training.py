@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from provenance import write_result  # noqa: E402
 from reproduce_bidirectional import build_cache, launcher, pipeline, r2l_overrides, run  # noqa: E402
 
-from aiayn.atomic import write_json  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
@@ -141,7 +141,7 @@ class Bench:
             for f in (ROOT / "results").glob(f"{name}*"):
                 f.unlink()
             self.summary["arms"][name] = {**figures(result), **self.measured_on()}
-            write_json(SUMMARY, self.summary)
+            write_result(SUMMARY, self.summary)
             print(name, json.dumps(self.summary["arms"][name]), flush=True)
         return self.summary["arms"][name]
 
@@ -186,7 +186,7 @@ class Bench:
                 **rerank_bleu(chosen, r2l_dir, self.direction),
                 **self.measured_on(),
             }
-            write_json(SUMMARY, self.summary)
+            write_result(SUMMARY, self.summary)
         for variant in a.variants:
             name, _, overrides = variant.partition("=")
             self.record(f"cached-{name}", self.piped, [*cached_final, *overrides.split(",")])

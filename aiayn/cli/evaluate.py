@@ -133,8 +133,8 @@ CLASSIFIER_ONLY = ("data", "text_column", "label_column", "long_text", "window_s
 
 def _refuse_others(args: argparse.Namespace, names: tuple[str, ...], kind: str, instead: str) -> None:
     """A ``ConfigError`` naming the options of ``names`` given away from their defaults."""
-    defaults = _parser().parse_args(["--model", str(args.model)])
-    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) != getattr(defaults, n)]
+    parser = _parser()
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) != parser.get_default(n)]
     if given:
         raise ConfigError(f"{', '.join(given)}: not read for {kind}; {instead}")
 

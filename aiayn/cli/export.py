@@ -13,9 +13,11 @@ from aiayn.interop import export_hf, from_pretrained
 from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
+from aiayn.interop.gpt2 import export_gpt2
 from aiayn.interop.hf import AIAYN_TOKENIZER
 from aiayn.interop.marian import save_marian_tokenizer
 from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir, model_meta
+from aiayn.models.lm import LanguageModel
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory
@@ -90,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
             tokenizers, why_not = None, "MarianTokenizer segments with sentencepiece only"
     if model is None:  # the weights alone, when no tokenizer came with them
         model = from_pretrained(args.model)
+    trained = meta.get("trained_max_len")
     with atomic_dir(out) as tmp:
-        export_hf(model, tmp)
+        if isinstance(model, LanguageModel) and isinstance(trained, int):
+            export_gpt2(model, tmp, trained)  # the context it trained on, which aiayn generate keeps to
+        else:
+            export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
             save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"))
         if lm_tokenizer is not None:  # aiayn's own, for aiayn generate (GPT-2's byte BPE is not it)

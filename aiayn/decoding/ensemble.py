@@ -28,6 +28,8 @@ class EnsembleAdapter:
         self.adapters = [Seq2SeqAdapter(m, use_cache) for m in model.members]
         c = model.config
         self.bos_id, self.eos_id, self.pad_id = c.bos_id, c.eos_id, c.pad_id
+        limits = [a.vocab_limit for a in self.adapters if a.vocab_limit is not None]
+        self.vocab_limit = min(limits, default=None)  # ids no member's tokenizer writes (steps.restrict)
         self.log_m = math.log(len(self.adapters))
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:

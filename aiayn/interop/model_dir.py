@@ -119,10 +119,12 @@ def load_lm_dir(
 ) -> tuple[nn.Module, Tokenizer, dict]:
     """``(model, tokenizer, meta)`` of a language-model directory (or of a training run: its best
     checkpoint), in eval mode; ``meta`` is its ``config.json`` (``trained_max_len``: the context it
-    was trained on), empty for a GPT-2, which trained every position."""
+    was trained on); for a GPT-2 directory only the ``trained_max_len`` that aiayn's export keeps, if
+    it is one (a downloaded GPT-2 trained every position)."""
     directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md), or aiayn's export
-        return (*load_gpt2_generation(directory, device), {})
+        trained = read_hf_config(directory).get("aiayn_trained_max_len")  # an export of an aiayn run
+        return (*load_gpt2_generation(directory, device), {"trained_max_len": trained} if trained else {})
     check_kind(directory, ("lm",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)

@@ -26,6 +26,7 @@ from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import filter_logits
 from aiayn.decoding.scoring import Hypothesis
+from aiayn.decoding.steps import restrict
 from aiayn.decoding.translator import Translator
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, model_meta
@@ -207,13 +208,14 @@ class LMService:
         sent = ""  # the text emitted so far
         for _ in range(max_new_tokens):
             check_stop()  # the caller gave up (a timeout): stop between two tokens
-            logp = adapter.step(prefix)[0]  # (V,)
+            # no padding, no id past the tokenizer's, no eos before min_len: as every search (steps.py)
+            logp = restrict(adapter.step(prefix), adapter, len(out), config.min_len)[0]  # (V,)
             if config.sample:
                 logits = filter_logits(logp / config.temperature, config.top_k, config.top_p)
                 token = int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
             else:
                 token = int(logp.argmax())
-            if token == c.eos_id and len(out) >= config.min_len:
+            if token == c.eos_id:
                 break
             out.append(token)
             text = g.tokenizer.decode(out)

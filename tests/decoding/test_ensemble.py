@@ -67,6 +67,19 @@ def test_greedy_search_follows_the_reference_argmax_step_by_step():
         assert hyp.tokens == prefix[1:]
 
 
+def test_an_ensemble_never_emits_an_id_a_members_tokenizer_lacks():
+    """A member loaded with a tokenizer smaller than its output (``interop.pretrained.limit_to``):
+    the ensemble's searches keep below the smallest such limit."""
+    models = members()
+    models[0].vocab_limit, models[1].vocab_limit = 12, 25
+    ensemble = Ensemble(models)
+    src = torch.randint(3, V, (4, 6))
+    for config in (SearchConfig(beam=1, min_len=8, max_len=8), SearchConfig(beam=4, min_len=8, max_len=8)):
+        hyps = search(adapter_for_translation(ensemble, config, 8), src, config, 8)
+        tokens = [t for hs in hyps for h in hs for t in h.tokens]
+        assert len(tokens) == 4 * 8 and max(tokens) < 12
+
+
 @pytest.mark.parametrize("beam", [3, 5])
 def test_beam_search_scores_are_the_ensembles_log_probabilities_and_the_cache_changes_nothing(beam):
     models = members()

@@ -9,6 +9,7 @@ from aiayn import EncoderConfig, EncoderModel, LanguageModel, LMConfig, Transfor
 from aiayn.cli.main import main
 from aiayn.data import CharTokenizer
 from aiayn.decoding.adapters import LMAdapter
+from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
@@ -191,11 +192,14 @@ def test_language_model_export_keeps_its_tokenizer_and_generates_as_the_original
     """GPT-2's byte BPE is not aiayn's tokenizer: the export carries aiayn's in aiayn_tokenizer/, and
     aiayn generate on the export prints what it prints on the original."""
     lm_dir(tmp_path / "lm", **LMS["gpt2-shaped"])
+    meta = json.loads((tmp_path / "lm" / "config.json").read_text())  # as a run trained on 8 positions
+    (tmp_path / "lm" / "config.json").write_text(json.dumps({**meta, "trained_max_len": 8}))
     assert main(["export", "--model", str(tmp_path / "lm"), "--to", "hf", str(tmp_path / "hf")]) == 0
     assert "aiayn's tokenizer in aiayn_tokenizer/" in capsys.readouterr().out
+    assert Generator.from_dir(tmp_path / "hf").context == 8  # the export reads no more than the run
     outputs = []
-    for name in ("lm", "hf"):
-        args = ["generate", "--model", str(tmp_path / name), "--prompt", "Ein", "--max-new-tokens", "12"]
+    for name in ("lm", "hf"):  # 20 characters: past the 8 positions, each step reads the last 8
+        args = ["generate", "--model", str(tmp_path / name), "--prompt", "Ein", "--max-new-tokens", "20"]
         assert main([*args, "--greedy"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and len(outputs[0]) > 10

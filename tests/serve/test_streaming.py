@@ -48,3 +48,30 @@ def test_a_stream_past_the_trained_context_is_the_generators_continuation(tmp_pa
     text = service.stream("the plot", 20, greedy, lambda _: True)
     (expected,) = service.generator.complete("the plot", 20, greedy)
     assert len(expected.tokens) == 20 and text == tok.decode(expected.tokens)
+
+
+def test_a_stream_never_emits_padding_nor_ends_before_min_len(tmp_path, monkeypatch):
+    """The stream restricts each step as every search does (``steps.restrict``): the model prefers
+    padding, then eos, then one piece; the stream writes that piece ``min_len`` times, then ends."""
+    tok = SentencePieceTokenizer.train(["a good film", "the plot is dull"] * 50, 300)
+    torch.manual_seed(0)
+    model = LanguageModel(LMConfig(vocab_size=tok.vocab_size, n_layers=1, d_model=16, n_heads=2, d_ff=32))
+    save_model(model, tmp_path / "lm")
+    tok.save(tmp_path / "lm")
+    service = LMService("lm", tmp_path / "lm")
+    c, piece = service.model.config, tok.encode("film")[-1]
+
+    def preferring_padding(self, prefix):
+        log_probs = torch.full((prefix.size(0), tok.vocab_size), -10.0)
+        log_probs[:, [c.pad_id, c.eos_id, piece]] = torch.tensor([0.0, -1.0, -2.0])
+        return log_probs
+
+    monkeypatch.setattr(LMAdapter, "step", preferring_padding)
+    for greedy in (True, False):
+        config = (
+            SearchConfig(beam=1, min_len=3)
+            if greedy
+            else SearchConfig(sample=True, beam=1, min_len=3, top_k=1, seed=0)
+        )
+        text = service.stream("a", 10, config, lambda _: True)
+        assert text == tok.decode([piece] * 3)

@@ -139,8 +139,12 @@ def check_exportable(c: LMConfig) -> None:
         raise ModelDirError("cannot export as GPT-2: " + "; ".join(problems))
 
 
-def export_gpt2(model: LanguageModel, directory: str | os.PathLike) -> Path:
-    """Write ``model`` as a GPT2LMHeadModel directory that HF loads.
+def export_gpt2(
+    model: LanguageModel, directory: str | os.PathLike, trained_max_len: int | None = None
+) -> Path:
+    """Write ``model`` as a GPT2LMHeadModel directory that HF loads; ``trained_max_len`` (the context
+    an aiayn run trained on) is kept as ``aiayn_trained_max_len``, so that aiayn's generation reads
+    no more of the export than of the original (``decoding/generator.py``).
 
     Sinusoidal positions become GPT-2's learned table (its ``max_len`` rows: a hard limit in HF).
     Embedding scaling, which GPT-2 lacks, is folded into untied matrices: ``"emb"`` writes
@@ -179,6 +183,8 @@ def export_gpt2(model: LanguageModel, directory: str | os.PathLike) -> Path:
         "tie_word_embeddings": tie,
         "dtype": str(state["head.proj.weight"].dtype).removeprefix("torch."),
     }
+    if trained_max_len is not None:
+        config["aiayn_trained_max_len"] = trained_max_len
     out = hf.write_hf_directory(directory, config, tensors)
     hf.write_generation_config(out, c.pad_id, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
     return out
