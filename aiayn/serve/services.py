@@ -209,7 +209,7 @@ class LMService:
         for _ in range(max_new_tokens):
             check_stop()  # the caller gave up (a timeout): stop between two tokens
             # no padding, no id past the tokenizer's, no eos before min_len: as every search (steps.py)
-            logp = restrict(adapter.step(prefix), adapter, len(out), config.min_len)[0]  # (V,)
+            logp = restrict(adapter.step(prefix), adapter, len(out), config.min_len)  # (1, V)
             if config.sample:
                 logits = filter_logits(logp / config.temperature, config.top_k, config.top_p)
                 token = int(torch.multinomial(logits.softmax(-1), 1, generator=generator))

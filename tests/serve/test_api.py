@@ -89,6 +89,8 @@ def test_generate_classify_fill_mask(client):
     assert r.status_code == 200 and r.json()["text"]
     again = client.post("/v1/generate", json={"prompt": "Ein", "max_new_tokens": 5, "seed": 1, **KEY})
     assert again.json()["text"] == r.json()["text"]  # seeded
+    filtered = {"prompt": "Ein", "max_new_tokens": 5, "seed": 1, "top_k": 5, "top_p": 0.9, **KEY}
+    assert client.post("/v1/generate", json=filtered).status_code == 200  # one row's logits, filtered
     with client.stream("POST", "/v1/generate", json={"prompt": "Ein", "max_new_tokens": 4, "stream": True,
                                                     "greedy": True, **KEY}) as s:  # fmt: skip
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
