@@ -8,26 +8,22 @@ from __future__ import annotations
 import datetime
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-from aiayn.atomic import write_json
-from aiayn.cli.demo import machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-ROOT = Path(__file__).resolve().parents[1]
+from reproduce import git_commit  # noqa: E402  -- the recipes' results record it the same way
+
+from aiayn.atomic import write_json  # noqa: E402
+from aiayn.cli.demo import machine  # noqa: E402
 
 
 def provenance() -> dict[str, str]:
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
     return {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "cwd": os.getcwd(),
-        "commit": commit,
+        "commit": git_commit(),
         "machine": machine(),
         "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
     }
