@@ -7,6 +7,7 @@ strategy takes this config, so an option is added in one place.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from aiayn.decoding.scoring import PENALTIES
 from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
-SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": None, "top_p": None, "seed": None}  # sampling's own fields
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # read by sampling only
 
 
 @dataclass
@@ -93,3 +94,7 @@ class SearchConfig:
     def output_limit(self, input_len: int) -> int:
         """The maximum number of generated tokens for an input of ``input_len`` tokens."""
         return self.max_len if self.max_len is not None else input_len + self.max_len_b
+
+
+# sampling's fields at their defaults: what a search that does not sample holds
+SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SearchConfig) if f.name in SAMPLING_FIELDS}
