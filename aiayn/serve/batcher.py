@@ -1,9 +1,11 @@
 """Dynamic batching: concurrent requests decoded together by one worker thread.
 
 The event loop never runs a model. ``Batcher.submit`` puts a job on a queue and awaits its future.
-At most ``max_queue`` jobs wait (queued, held for a later round, or being gathered into a batch:
-everything submitted and not yet started); one more raises ``QueueFull`` at once (the route answers
-429 with ``Retry-After``), so memory never grows with the number of waiting clients. A worker thread
+At most ``max_queue`` jobs wait (queued, or being gathered into a batch: everything submitted and not
+yet started); one more raises ``QueueFull`` at once (the route answers 429 with ``Retry-After``), so
+memory never grows with the number of waiting clients; jobs whose callers gave up free their places
+then. Every worker takes its jobs from the one queue (a deque under a condition variable), so a job
+that one worker leaves there is seen by every other. A worker thread
 takes the oldest job, waits up to ``window`` seconds for more jobs of an equal *kind* (same model,
 same decoding options: they can share one search; ``jobs.py`` names the server's kinds), stops at
 ``max_items`` texts, and runs them as one call of ``run(kind, payloads)``; each job's result (or
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
 import time
 from collections import deque
@@ -41,7 +42,7 @@ from typing import Any
 
 from aiayn.decoding.cancel import SearchStopped, stop_when
 
-_STOP = object()  # what ``_next`` returns once ``close`` was called
+_STOP = object()  # what ``_next`` returns once ``close`` was called and the queue is empty
 
 
 class QueueFull(Exception):
@@ -91,11 +92,10 @@ class Batcher:
         self.on_wait = on_wait or (lambda _: None)
         self.stepwise = stepwise or (lambda _: None)
         self.max_queue = max_queue
-        self.queue: queue.Queue[Job | None] = queue.Queue()  # bounded by ``waiting``, not by itself
+        self.pending: deque[Job] = deque()  # submitted and not yet taken by a worker, oldest first
         self.waiting = 0  # jobs submitted and not yet started or skipped: at most ``max_queue``
-        self.waiting_lock = threading.Lock()
-        self.held: deque[Job] = deque()  # taken from the queue, waiting for a batch of their kind
-        self.held_lock = threading.Lock()
+        self.closing = False
+        self.cond = threading.Condition()  # guards ``pending``, ``waiting`` and ``closing``
         self.started: dict[str, float] = {}  # worker thread name -> when its current batch started
         self.flight: dict[str, int] = {}  # worker thread name -> texts in its running searches
         self.threads = [threading.Thread(target=self._work, name=f"aiayn-model-{i}", daemon=True)
@@ -108,8 +108,10 @@ class Batcher:
         return sum(self.flight.values())
 
     def depth(self) -> int:
-        """Jobs waiting for the model (not yet started)."""
-        return self.waiting
+        """Jobs waiting for the model (not yet started; those whose callers gave up are not counted)."""
+        with self.cond:
+            self._purge()
+            return self.waiting
 
     def busy(self) -> list[float]:
         """Seconds each busy worker has spent on its current batch (idle workers are not listed)."""
@@ -119,14 +121,17 @@ class Batcher:
     def enqueue(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> asyncio.Future:
         """Queue the job now, or raise ``QueueFull``; the future is ``run(kind, [payload, …])``'s
         result for this payload (``size``: its number of texts). A future cancelled before its job
-        starts is skipped, not run (it counts as waiting until a worker reaches it)."""
+        starts is skipped, not run, and its place goes to the next job that needs it."""
         loop = asyncio.get_running_loop()
         job = Job(kind, payload, size, loop.create_future(), loop, alone)
-        with self.waiting_lock:
+        with self.cond:
+            if self.waiting >= self.max_queue:
+                self._purge()
             if self.waiting >= self.max_queue:
                 raise QueueFull
             self.waiting += 1
-        self.queue.put_nowait(job)
+            self.pending.append(job)
+            self.cond.notify_all()  # an idle worker, or one gathering a batch this job may join
         return job.future
 
     async def submit(self, kind: Any, payload: Any, size: int = 1, *, alone: bool = False) -> Any:
@@ -134,27 +139,40 @@ class Batcher:
         return await self.enqueue(kind, payload, size, alone=alone)
 
     def close(self) -> None:
-        for _ in self.threads:
-            self.queue.put(None)  # one stop signal per worker
+        """Stop the workers once the jobs already queued have run."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
         for thread in self.threads:
             thread.join(timeout=10)
 
     # -- the worker thread ----------------------------------------------------------------------
     def _leave(self, n: int) -> None:
         """``n`` jobs stop waiting: they start, or are skipped because their callers gave up."""
-        with self.waiting_lock:
+        with self.cond:
             self.waiting -= n
 
+    def _purge(self) -> None:
+        """Drop the queued jobs whose callers gave up (``cond`` held)."""
+        kept = deque(job for job in self.pending if not job.future.cancelled())
+        self.waiting -= len(self.pending) - len(kept)
+        self.pending = kept
+
     def _next(self, timeout: float | None) -> Job | object | None:
-        """The next job (held ones first); None if none came within ``timeout``; ``_STOP`` after ``close``."""
-        with self.held_lock:
-            if self.held:
-                return self.held.popleft()
-        try:
-            job = self.queue.get_nowait() if timeout == 0 else self.queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        return _STOP if job is None else job
+        """The oldest queued job; None if none came within ``timeout``; ``_STOP`` once ``close`` was
+        called and the queue is empty."""
+        with self.cond:
+            if timeout != 0:
+                self.cond.wait_for(lambda: self.pending or self.closing, timeout)
+            if self.pending:
+                return self.pending.popleft()
+            return _STOP if self.closing else None
+
+    def _put_back(self, job: Job) -> None:
+        """Return ``job`` to the head of the queue, for this worker's next round or another worker."""
+        with self.cond:
+            self.pending.appendleft(job)
+            self.cond.notify_all()
 
     def _work(self) -> None:
         running: list[tuple[Any, Any]] = []  # (kind, its running search): stepwise kinds, this worker's
@@ -173,8 +191,7 @@ class Batcher:
                     if search is None:
                         self._run(*self._gather(first, self.max_items, wait=True))
                     elif busy and first.size > self._room(running):
-                        with self.held_lock:
-                            self.held.appendleft(first)  # it waits for texts to leave
+                        self._put_back(first)  # it waits for texts to leave, or for an idle worker
                     else:
                         batch, _ = self._gather(first, max(self._room(running), first.size), wait=False)
                         self._admit(search, batch, jobs)
@@ -199,30 +216,28 @@ class Batcher:
         return max(self.max_items - sum(search.texts for _, search in running), 0)
 
     def _gather(self, first: Job, limit: int, wait: bool) -> tuple[list[Job], int]:
-        """``first`` and the queued jobs that may join it, up to ``limit`` texts; waits up to
-        ``window`` for them when ``wait``. Jobs that do not join are held for the next rounds."""
+        """``first`` and the queued jobs that may join it, oldest first, up to ``limit`` texts; waits
+        up to ``window`` for them when ``wait``. Jobs that do not join stay queued, in order."""
         batch, items = [first], first.size
+        if first.alone:
+            return batch, items
         deadline = time.perf_counter() + (self.window if wait else 0)
-        others: list[Job] = []
-        while limit and items < limit and not first.alone:
-            remaining = deadline - time.perf_counter()
-            try:
-                job = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                self.queue.put(None)  # keep the stop signal for after this batch
-                break
-            if job.future.cancelled():
-                self._leave(1)
-                continue
-            if job.joins(first) and items + job.size <= limit:
-                batch.append(job)
-                items += job.size
-            else:
-                others.append(job)
-        with self.held_lock:
-            self.held.extendleft(reversed(others))
+        with self.cond:
+            while limit and items < limit:
+                kept: deque[Job] = deque()
+                for job in self.pending:
+                    if job.future.cancelled():
+                        self.waiting -= 1
+                    elif items < limit and job.joins(first) and items + job.size <= limit:
+                        batch.append(job)
+                        items += job.size
+                    else:
+                        kept.append(job)
+                self.pending = kept
+                remaining = deadline - time.perf_counter()
+                if items >= limit or remaining <= 0 or self.closing:
+                    break
+                self.cond.wait(remaining)
         return batch, items
 
     def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> None:

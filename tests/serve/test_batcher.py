@@ -71,9 +71,9 @@ def test_a_full_queue_refuses_at_once_and_cancelled_jobs_are_skipped():
     assert [p for _, p in run.calls] == [[1]]
 
 
-def test_jobs_held_for_a_later_round_count_against_the_queue_bound():
-    # While the worker gathers a batch of kind "a", jobs of kind "b" leave the queue for the held
-    # list; they still wait, so the bound counts them: at most max_queue jobs wait, one more is 429.
+def test_jobs_left_for_a_later_round_count_against_the_queue_bound():
+    # While the worker gathers a batch of kind "a", jobs of kind "b" stay queued for the next round;
+    # they still wait, so the bound counts them: at most max_queue jobs wait, one more is 429.
     run = Recorder()
     b = Batcher(run, max_queue=3, window=0.5, max_items=8)
 
@@ -84,7 +84,7 @@ def test_jobs_held_for_a_later_round_count_against_the_queue_bound():
         for i in range(1, 6):
             try:
                 accepted.append(asyncio.ensure_future(b.submit("b", i)))
-                await asyncio.sleep(0.02)  # the worker moves it to the held list meanwhile
+                await asyncio.sleep(0.02)  # the worker's gathering passes it over meanwhile
                 if accepted[-1].done() and isinstance(accepted[-1].exception(), QueueFull):
                     accepted.pop()
                     refused += 1
@@ -97,6 +97,70 @@ def test_jobs_held_for_a_later_round_count_against_the_queue_bound():
     b.close()
     assert refused == 3 and out == ["a:0", "b:1", "b:2"]
     assert b.depth() == 0  # every accepted job ran: nothing is left counted as waiting
+
+
+def test_a_cancelled_job_gives_its_place_in_a_full_queue_to_the_next_caller():
+    run = Recorder(delay=0.3)
+    b = Batcher(run, max_queue=1, window=0.0, max_items=1)
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("k", 1))
+        await asyncio.sleep(0.1)  # the worker is busy with job 1
+        second = asyncio.ensure_future(b.submit("k", 2))  # fills the queue
+        await asyncio.sleep(0.01)
+        second.cancel()
+        await asyncio.sleep(0.01)
+        depth = b.depth()
+        third = await b.submit("k", 3)  # not 429: the cancelled job no longer waits
+        return await first, third, depth
+
+    assert asyncio.run(go()) == ("k:1", "k:3", 0)
+    b.close()
+    assert [p for _, p in run.calls] == [[1], [3]]
+
+
+def test_a_job_passed_over_by_a_gathering_worker_goes_to_the_idle_one_at_once():
+    """Two workers: one gathers a batch of kind "a" for its 1 s window while the other, back from a
+    job of its own, waits. A job of kind "b" arriving then starts on the idle worker at once; it is
+    not kept, unseen by it, until the first one's window ends."""
+    b = Batcher(Recorder(delay=0.2), max_queue=16, window=1.0, max_items=8, workers=2)
+
+    async def go():
+        slow = asyncio.ensure_future(b.submit("slow", 0, alone=True))  # one worker, 0.2 s, no window
+        await asyncio.sleep(0.05)
+        gathering = asyncio.ensure_future(b.submit("a", 1))  # the other worker, gathering until 1.05 s
+        await slow
+        await asyncio.sleep(0.1)  # the first worker is idle now, waiting behind the gathering one
+        t0 = time.perf_counter()
+        answer = await b.submit("b", 2, alone=True)  # alone: it runs without a window of its own
+        return answer, time.perf_counter() - t0, await gathering
+
+    answer, waited, gathered = asyncio.run(go())
+    b.close()
+    assert answer == "b:2" and gathered == "a:1"
+    assert waited < 0.6  # its own 0.2 s run, not the window's 0.7 s left plus "a"'s run
+
+
+def test_with_two_workers_a_job_that_does_not_fit_a_full_search_starts_on_the_idle_worker():
+    searches = []
+
+    def stepwise(kind):
+        searches.append(FakeRunning(delay=0.01))
+        return searches[-1] if kind == "steps" else None
+
+    b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=2, workers=2, stepwise=stepwise)
+
+    async def go():
+        long = asyncio.ensure_future(b.submit("steps", 100, size=2))  # ~1 s, fills max_items
+        await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        short = await b.submit("steps", 3, size=2)
+        return short, time.perf_counter() - t0, await long
+
+    short, waited, long = asyncio.run(go())
+    b.close()
+    assert short == "done after 3" and long == "done after 100"
+    assert waited < 0.5 and len(searches) == 2  # its own search on the other worker
 
 
 def test_a_failure_reaches_every_caller_of_the_batch():
