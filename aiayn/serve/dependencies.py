@@ -1,8 +1,10 @@
 """The checks every route with a body shares, as FastAPI dependencies, in the order they run.
 
 ``read_body`` reads the raw stream up to ``max_body_bytes`` and no further (413 past it), within
-``body_timeout_s`` (408 past it), and parses it as JSON or, as LibreTranslate also accepts,
-form-encoded (any failure of the parser, a nesting too deep or a number too long included, is 400);
+``body_timeout_s`` (408 past it), and parses it as JSON or, as LibreTranslate also accepts, a form
+(URL-encoded, or multipart as browsers' ``FormData`` and ``curl -F`` send it, read by python-multipart;
+a file part is refused): any failure of a parser, a nesting too deep or a number too long included, or
+text that is not UTF-8, is 400;
 ``require_api_key`` checks the key (403) in the body or the ``X-API-Key`` header; ``parse(Model)``
 validates the parsed body with a schema (400, "Invalid request: …"). A route does not declare its
 body model as a parameter, since FastAPI would then read the whole body itself before any dependency
@@ -16,10 +18,12 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
+from python_multipart import create_form_parser
+from python_multipart.exceptions import FormParserError
 
 from aiayn.serve.server import HTTPError, Server, invalid
 
@@ -55,14 +59,20 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         raise HTTPError(408, f"the body did not arrive within {seconds:g} s (--body-timeout)",
                         {"Connection": "close"}) from None  # fmt: skip
+    raw = b"".join(chunks)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        return _form(_multipart(raw, request.headers["content-type"]))
     try:
-        text = b"".join(chunks).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise invalid(f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "application/x-www-form-urlencoded" or (not kind and "=" in text and not text.startswith("{")):
-        form = parse_qs(text, keep_blank_values=True)
-        return {k: v if k == "q" and len(v) > 1 else v[-1] for k, v in form.items()}
+    untyped_form = not kind and "=" in text and not text.lstrip().startswith("{")
+    if kind == "application/x-www-form-urlencoded" or untyped_form:
+        try:
+            return _form(parse_qsl(text, keep_blank_values=True, errors="strict"))
+        except UnicodeDecodeError as e:
+            raise invalid(f"the form is not UTF-8 once decoded ({e.reason})") from None
     if kind not in ("application/json", ""):
         raise HTTPError(415, f"content type {kind!r} is not JSON or form-encoded")
     if not text.strip():
@@ -79,6 +89,40 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
 
 
 BodyDep = Annotated[dict[str, Any], Depends(read_body)]
+
+
+def _form(fields: list[tuple[str, str]]) -> dict[str, Any]:
+    """A form's fields as a dict: the last value of each, except ``q`` given more than once, which
+    is the list of texts (LibreTranslate's batch form)."""
+    values: dict[str, list[str]] = {}
+    for name, value in fields:
+        values.setdefault(name, []).append(value)
+    return {k: v if k == "q" and len(v) > 1 else v[-1] for k, v in values.items()}
+
+
+def _multipart(raw: bytes, content_type: str) -> list[tuple[str, str]]:
+    """The fields of a multipart/form-data body, in order (400 for a malformed one, a file part or a
+    field that is not UTF-8)."""
+    fields: list[tuple[bytes, bytes]] = []
+    files: list[bytes] = []
+    try:
+        parser = create_form_parser(
+            {"Content-Type": content_type.encode("latin-1")},
+            lambda field: fields.append((field.field_name or b"", field.value or b"")),
+            lambda file: files.append(file.field_name or b""),
+            {"MAX_MEMORY_FILE_SIZE": len(raw) + 1},  # never spilled to disk: the body is bounded
+        )
+        parser.write(raw)
+        parser.finalize()
+    except (FormParserError, UnicodeEncodeError) as e:
+        raise invalid(f"malformed multipart body ({e})") from None
+    if files:
+        name = files[0].decode("utf-8", "replace")
+        raise invalid(f"file parts are not read (field {name!r}): send text fields")
+    try:
+        return [(name.decode("utf-8"), value.decode("utf-8")) for name, value in fields]
+    except UnicodeDecodeError as e:
+        raise invalid(f"a form field is not UTF-8 ({e.reason})") from None
 
 
 async def require_api_key(request: Request, data: BodyDep, server: ServerDep) -> None:

@@ -92,10 +92,14 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Generation(JobKind):
-    """One prompt continued by a language model. It streams to one client, so it runs alone."""
+    """One prompt continued by a language model. It streams to one client, so it runs alone; its
+    result is the text and the number of tokens made."""
 
     alone: ClassVar[bool] = True
 
-    def run(self, service: LMService, payloads: list[Prompt]) -> list[str]:
+    def run(self, service: LMService, payloads: list[Prompt]) -> list[tuple[str, int]]:
         (prompt,) = payloads
         return [service.stream(prompt.text, prompt.max_new_tokens, prompt.config, prompt.emit)]
+
+    def output_tokens(self, results: list[tuple[str, int]]) -> int:
+        return sum(tokens for _, tokens in results)

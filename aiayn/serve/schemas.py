@@ -60,7 +60,8 @@ def request_body(model: type[BaseModel], *, form: bool = False) -> dict[str, Any
     """``openapi_extra`` documenting ``model`` as a route's body. A dependency reads the body (so that
     it can stop at the size limit), and FastAPI documents only the bodies it reads itself."""
     schema = model.model_json_schema()
-    kinds = ["application/json"] + (["application/x-www-form-urlencoded"] if form else [])
+    forms = ["application/x-www-form-urlencoded", "multipart/form-data"]
+    kinds = ["application/json"] + (forms if form else [])
     return {"requestBody": {"required": True, "content": {k: {"schema": schema} for k in kinds}}}
 
 
@@ -73,7 +74,7 @@ class Body(BaseModel):
 
 # -- LibreTranslate ---------------------------------------------------------------------------------
 class TranslateRequest(Body):
-    """LibreTranslate's /translate body, JSON or form-encoded (where q given twice is a list)."""
+    """LibreTranslate's /translate body, JSON or a form (where q given twice is a list)."""
 
     q: Texts
     source: str = Field("auto", description="the source language's code, or auto")
@@ -82,6 +83,12 @@ class TranslateRequest(Body):
     alternatives: int = Field(
         0, strict=False, description="other translations per text, 0 to the server's --max-beam − 1"
     )
+
+
+class DetectRequest(Body):
+    """LibreTranslate's /detect body, JSON or a form."""
+
+    q: Texts
 
 
 class DetectedLanguage(BaseModel):
@@ -98,9 +105,9 @@ class TranslateResponse(BaseModel):
 
 
 class Language(BaseModel):
-    code: str = Field(description="a source language's code")
+    code: str = Field(description="a language's code")
     name: str = Field(description="its English name")
-    targets: list[str] = Field(description="the codes it translates into")
+    targets: list[str] = Field(description="the codes it translates into (none: only a target)")
 
 
 # -- the native API ----------------------------------------------------------------------------------

@@ -67,9 +67,11 @@ class Metrics:
         )
         self.batch = Histogram("aiayn_batch_texts", "Texts decoded together per batch", registry=r,
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
+        # throughput is PromQL's: rate(aiayn_output_tokens_total[1m]); while decoding, divided by
+        # rate(aiayn_decode_seconds_total[1m]) (busy seconds, summed over the workers)
         self.tokens = Counter("aiayn_output_tokens", "Output tokens produced", registry=r)
-        self.tokens_per_s = Gauge(
-            "aiayn_tokens_per_second", "Output tokens per second, last batch", registry=r
+        self.decode_seconds = Counter(
+            "aiayn_decode_seconds", "Seconds the workers spent on batches and decoding steps", registry=r
         )
         Gauge("aiayn_queue_depth", "Requests waiting for the model", registry=r).set_function(depth)
         Gauge("aiayn_texts_in_flight", "Texts in running searches (decoded step by step)",
@@ -108,12 +110,12 @@ class Server:
 
     def _on_batch(self, jobs: int, texts: int, seconds: float, step_tokens: int | None) -> None:
         self.metrics.batch.observe(texts)
+        self.metrics.decode_seconds.inc(seconds)
         if step_tokens is not None:  # a step of a running search: one token per text
             self._batch.tokens = step_tokens
         tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
         if tokens:
             self.metrics.tokens.inc(tokens)
-            self.metrics.tokens_per_s.set(tokens / max(seconds, 1e-9))
             self._batch.tokens = 0
 
     # -- the event loop side -----------------------------------------------------------------------

@@ -196,9 +196,10 @@ class LMService:
     @torch.inference_mode()
     def stream(
         self, prompt: str, max_new_tokens: int, config: SearchConfig, emit: Callable[[str], bool]
-    ) -> str:
+    ) -> tuple[str, int]:
         """Sample (or, with ``config.sample=False``, take the argmax of) one token at a time, calling
-        ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left)."""
+        ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left). Returns the
+        text and the number of tokens made (for the metrics)."""
         g, c = self.generator, self.generator.model.config
         adapter = g.adapter()  # reads the last ``g.context`` tokens at most, as Generator.complete
         prefix = adapter.start(torch.tensor([g.encode(prompt)], device=g.device))
@@ -225,7 +226,7 @@ class LMService:
                     break
                 sent = text
             prefix = torch.cat([prefix, prefix.new_tensor([[token]])], 1)
-        return g.tokenizer.decode(out)
+        return g.tokenizer.decode(out), len(out)
 
 
 class EncoderService:

@@ -17,7 +17,9 @@ SCHEDULINGS = ("step", "batch")
 class Settings:
     char_limit: int = 5000  # characters per text (LibreTranslate's --char-limit)
     batch_limit: int = 32  # texts per request (LibreTranslate's --batch-limit)
-    max_body_bytes: int = 1 << 20  # a larger request body is refused (413) before it is read whole
+    # a larger request body is refused (413) before it is read whole; the default holds batch_limit texts
+    # of char_limit characters however a client escapes them (JSON's \ud83d\ude00: 12 bytes a character)
+    max_body_bytes: int = 2 << 20
     queue_size: int = 64  # requests waiting for the model; one more is answered 429 with Retry-After
     batch_window_ms: float = 5.0  # how long a whole batch waits for more requests (stepwise jobs join later)
     max_batch_texts: int = 64  # texts decoded together at most (0 = one request at a time)

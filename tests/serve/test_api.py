@@ -36,7 +36,10 @@ KEY = {"api_key": "secret"}
 
 
 def test_languages_and_translate_as_libretranslate(client, served):
-    assert client.get("/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]}]
+    assert client.get("/languages").json() == [
+        {"code": "de", "name": "German", "targets": ["en"]},
+        {"code": "en", "name": "English", "targets": []},  # a target only: clients list it as one
+    ]
     r = client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY})
     assert r.status_code == 200
     expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann"], SearchConfig(beam=4))[0]
@@ -45,10 +48,37 @@ def test_languages_and_translate_as_libretranslate(client, served):
         "/translate", data={"q": "Ein Mann", "source": "auto", "target": "en", **KEY}
     )  # form-encoded
     assert r.json()["translatedText"] == expected and r.json()["detectedLanguage"]["language"] == "de"
+    fields = {"q": "Ein Mann", "source": "de", "target": "en", **KEY}  # multipart, as FormData and curl -F
+    r = client.post("/translate", files={k: (None, v) for k, v in fields.items()})
+    assert r.status_code == 200 and r.json() == {"translatedText": expected}, r.text
+    fields = [("q", "Ein Mann"), ("q", "Zwei"), ("target", "en"), ("api_key", "secret")]  # q twice: a list
+    r = client.post("/translate", files=[(k, (None, v)) for k, v in fields])
+    assert r.status_code == 200 and len(r.json()["translatedText"]) == 2, r.text
+    r = client.post("/detect", data={"q": "Ein Mann", **KEY})
+    assert r.json() == [{"confidence": 100.0, "language": "de"}]
     r = client.post("/translate", json={"q": ["Ein Mann", "Zwei"], "source": "de", "target": "en",
                                         "alternatives": 2, **KEY})  # fmt: skip
     body = r.json()
     assert len(body["translatedText"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
+
+
+def test_source_auto_is_refused_where_two_loaded_sources_translate_into_the_target(served, tmp_path):
+    """aiayn detects no language: with de→en and fr→en loaded, ``auto`` names neither (LibreTranslate
+    would detect); with one source per target it is that source."""
+    import shutil
+
+    de_en_meta(served["de-en"])
+    fr = shutil.copytree(served["de-en"], tmp_path / "fr-en")
+    meta = json.loads((fr / "config.json").read_text())
+    (fr / "config.json").write_text(json.dumps({**meta, "src_lang": "fr"}))
+    services = [load_service("de-en", served["de-en"]), load_service("fr-en", fr)]
+    with TestClient(create_app(services, Settings())) as c:
+        assert [lang["code"] for lang in c.get("/languages").json()] == ["de", "en", "fr"]
+        r = c.post("/translate", json={"q": "Ein Mann", "source": "auto", "target": "en"})
+        assert r.status_code == 400 and "de, fr all translate into en" in r.json()["error"], r.text
+        assert c.post("/translate", json={"q": "Ein Mann", "source": "fr", "target": "en"}).status_code == 200
+        r = c.post("/detect", json={"q": "Ein Mann"})
+        assert r.status_code == 400 and "read de, fr" in r.json()["error"], r.text
 
 
 def test_native_translate_with_options_and_attention(client):
@@ -82,6 +112,27 @@ def test_minimum_bayes_risk_is_the_librarys(client, served):
 
     expected = nbest(SearchConfig(beam=6, nbest=6, mbr="chrf"))
     assert got == expected and expected != nbest(SearchConfig(beam=6, nbest=6))
+
+
+def _metric(client, name: str) -> float:
+    line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_generations_count_their_tokens_and_decoding_its_seconds(client, served):
+    """/metrics counts /v1/generate's tokens (the generator's own count for the prompt, streamed or
+    not) and the seconds the workers decoded; throughput is PromQL's rate() of the counters."""
+    from aiayn.decoding.generator import Generator
+
+    expected = len(Generator.from_dir(served["lm"]).complete("Ein", 6, SearchConfig(beam=1))[0].tokens)
+    tokens = _metric(client, "aiayn_output_tokens_total")
+    seconds = _metric(client, "aiayn_decode_seconds_total")
+    body = {"prompt": "Ein", "max_new_tokens": 6, "greedy": True, **KEY}
+    assert client.post("/v1/generate", json=body).status_code == 200
+    with client.stream("POST", "/v1/generate", json={**body, "stream": True}) as s:
+        assert s.status_code == 200 and s.read()
+    assert expected and _metric(client, "aiayn_output_tokens_total") - tokens == 2 * expected
+    assert _metric(client, "aiayn_decode_seconds_total") > seconds
 
 
 def test_generate_classify_fill_mask(client):
@@ -154,6 +205,35 @@ def test_generate_classify_fill_mask(client):
             413,
             "4096",
         ),
+        (
+            "/translate",
+            {"files": {"q": ("a.txt", b"Ein Mann"), "target": (None, "en"), "api_key": (None, "secret")}},
+            400,
+            "file parts are not read (field 'q')",
+        ),
+        (
+            "/translate",
+            {"content": b"q=a", "headers": {"content-type": "multipart/form-data"}},
+            400,
+            "malformed multipart body",
+        ),
+        (
+            "/translate",
+            {"files": {"q": (None, b"\xff"), "target": (None, "en"), "api_key": (None, "secret")}},
+            400,
+            "form field is not UTF-8",
+        ),
+        ("/translate", {"data": {"q": "%FC", "target": "en", **KEY}}, 200, ""),
+        (
+            "/translate",
+            {
+                "content": b"q=%FC&target=en&api_key=secret",
+                "headers": {"content-type": "application/x-www-form-urlencoded"},
+            },
+            400,
+            "not UTF-8 once decoded",
+        ),
+        ("/detect", {"data": {"q": "", **KEY}}, 400, "missing q"),
         ("/v1/translate", {"json": {"q": "a", "beam": -1, **KEY}}, 400, "beam=-1"),
         ("/v1/translate", {"json": {"q": "a", "beam": 9, **KEY}}, 400, "limit of 8"),
         ("/v1/translate", {"json": {"q": "a", "beam": 4, "mbr": "rouge", **KEY}}, 400, "mbr='rouge'"),
@@ -177,7 +257,7 @@ def test_generate_classify_fill_mask(client):
 )
 def test_bad_requests_are_4xx_json_and_the_server_keeps_serving(client, path, kwargs, status, fragment):
     r = client.post(path, **kwargs)
-    assert r.status_code == status and fragment in r.json()["error"], r.text
+    assert r.status_code == status and (status == 200 or fragment in r.json()["error"]), r.text
     ok = client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY})
     assert ok.status_code == 200
 
@@ -191,7 +271,7 @@ def test_health_metrics_and_docs(client):
     }
     text = client.get("/metrics").text
     for name in ("aiayn_requests_total", "aiayn_request_seconds_bucket", "aiayn_batch_texts_bucket",
-                 "aiayn_queue_depth", "aiayn_tokens_per_second", "aiayn_texts_in_flight",
+                 "aiayn_queue_depth", "aiayn_decode_seconds_total", "aiayn_texts_in_flight",
                  "aiayn_wait_seconds_bucket"):  # fmt: skip
         assert name in text
     assert client.get("/docs").status_code == 200 and "/v1/translate" in client.get("/openapi.json").text
@@ -222,7 +302,7 @@ def test_a_10mb_body_and_a_request_past_its_timeout(served):
             content=b"{" + b" " * (10 << 20) + b"}",
             headers={"content-type": "application/json"},
         )
-        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]  # the default limit, 1 MiB
+        assert r.status_code == 413 and "2097152 bytes" in r.json()["error"]  # the default limit, 2 MiB
         r = c.post("/v1/translate", json={"q": ["Ein Mann"] * 4, "beam": 8})
         assert r.status_code == 503 and "waited more than 0.001 s" in r.json()["error"]
         # the search it started (a translation starts at once) stops at its next step: healthy again
@@ -326,6 +406,18 @@ def test_fields_are_strictly_typed(client, path, body, fragment):
     assert r.status_code == 400 and fragment in r.json()["error"], r.text
 
 
+def test_the_default_body_limit_holds_the_default_text_limits_however_they_are_escaped():
+    """32 texts of 5,000 characters fit the default body: as Python's json.dumps escapes characters
+    outside the BMP (12 bytes each) and as a form percent-encodes them (12 bytes each)."""
+    from urllib.parse import urlencode
+
+    s = Settings()
+    texts = ["😀" * s.char_limit] * s.batch_limit
+    body = {"q": texts, "source": "de", "target": "en", "api_key": "k" * 64}
+    assert len(json.dumps(body)) <= s.max_body_bytes
+    assert len(urlencode([("q", t) for t in texts] + [("target", "en")])) <= s.max_body_bytes
+
+
 def test_a_form_sends_numbers_as_text_and_a_number_is_still_a_number(client):
     form = {"q": "Ein Mann", "source": "de", "target": "en", "alternatives": "1", **KEY}
     assert len(client.post("/translate", data=form).json()["alternatives"]) == 1
@@ -337,16 +429,19 @@ def test_docs_describe_every_body_and_answer(client):
     """Each body is read by a dependency (to stop at the size limit), yet /docs shows its fields."""
     spec = client.get("/openapi.json").json()
     posts = {path: ops["post"] for path, ops in spec["paths"].items() if "post" in ops}
-    assert set(posts) == {"/translate", "/v1/translate", "/v1/generate", "/v1/classify", "/v1/fill-mask"}
+    native = {"/v1/translate", "/v1/generate", "/v1/classify", "/v1/fill-mask"}
+    assert set(posts) == {"/translate", "/detect"} | native
     for path, op in posts.items():
         content = op["requestBody"]["content"]
         fields = content["application/json"]["schema"]["properties"]
         assert "api_key" in fields and all(f.get("description") for f in fields.values()), path
-        answer = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        answer = op["responses"]["200"]["content"]["application/json"]["schema"]
+        answer = answer.get("items", answer)["$ref"]  # /detect answers a list
         assert spec["components"]["schemas"][answer.rsplit("/", 1)[1]]["properties"], path
         for status in (400, 403, 413, 429, 503):
             assert op["responses"][str(status)]["content"]["application/json"]["schema"], (path, status)
-    assert "application/x-www-form-urlencoded" in posts["/translate"]["requestBody"]["content"]
+    forms = {"application/x-www-form-urlencoded", "multipart/form-data"}
+    assert forms <= set(posts["/translate"]["requestBody"]["content"])
     assert {"q", "target", "alternatives"} <= set(
         posts["/translate"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
     )

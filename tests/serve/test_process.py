@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 libretranslatepy = pytest.importorskip("libretranslatepy")
@@ -23,7 +24,13 @@ def test_the_libretranslate_client_translates_as_the_cli(server, served):
     lt = libretranslatepy.LibreTranslateAPI(url)
     expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann fährt."], SearchConfig(beam=4))[0]
     assert lt.translate("Ein Mann fährt.", "de", "en") == expected
-    assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]}]
+    assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]},
+                              {"code": "en", "name": "English", "targets": []}]  # fmt: skip
+    assert lt.detect("Ein Mann fährt.") == [{"confidence": 100.0, "language": "de"}]
+    # multipart/form-data, as LibreTranslate's page (FormData) and curl -F send it
+    fields = {"q": "Ein Mann fährt.", "source": "de", "target": "en"}
+    answer = httpx.post(url + "translate", files={k: (None, v) for k, v in fields.items()}, timeout=30)
+    assert answer.json() == {"translatedText": expected}
 
 
 def test_an_ensemble_answers_as_the_library_decodes_it(server, pair):

@@ -29,8 +29,9 @@ def test_streamed_pieces_join_to_the_text_when_a_character_spans_tokens(tmp_path
 
     monkeypatch.setattr(LMAdapter, "step", scripted)
     pieces: list[str] = []
-    text = service.stream("a", len(script) + 1, SearchConfig(beam=1), lambda p: pieces.append(p) or True)
-    assert text == tok.decode(script) == "中文 a"
+    emit = lambda p: pieces.append(p) or True  # noqa: E731
+    text, made = service.stream("a", len(script) + 1, SearchConfig(beam=1), emit)
+    assert text == tok.decode(script) == "中文 a" and made == len(script)
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
 
 
@@ -45,7 +46,7 @@ def test_a_stream_past_the_trained_context_is_the_generators_continuation(tmp_pa
     tok.save(tmp_path / "lm")
     service = LMService("lm", tmp_path / "lm")
     greedy = SearchConfig(beam=1, min_len=20)
-    text = service.stream("the plot", 20, greedy, lambda _: True)
+    text, _ = service.stream("the plot", 20, greedy, lambda _: True)
     (expected,) = service.generator.complete("the plot", 20, greedy)
     assert len(expected.tokens) == 20 and text == tok.decode(expected.tokens)
 
@@ -73,5 +74,5 @@ def test_a_stream_never_emits_padding_nor_ends_before_min_len(tmp_path, monkeypa
             if greedy
             else SearchConfig(sample=True, beam=1, min_len=3, top_k=1, seed=0)
         )
-        text = service.stream("a", 10, config, lambda _: True)
+        text, _ = service.stream("a", 10, config, lambda _: True)
         assert text == tok.decode([piece] * 3)

@@ -1,2 +1,3 @@
-"""The routes, one router per API: ``libretranslate`` (``/translate``, ``/languages``), ``v1`` (the
-native API), ``operations`` (``/health``, ``/metrics``) and ``page`` (``/`` and its static files)."""
+"""The routes, one router per API: ``libretranslate`` (``/translate``, ``/languages``, ``/detect``),
+``v1`` (the native API), ``operations`` (``/health``, ``/metrics``) and ``page`` (``/`` and its static
+files)."""

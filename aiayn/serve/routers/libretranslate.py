@@ -1,7 +1,10 @@
 """LibreTranslate's API: existing LibreTranslate clients work unchanged.
 
 ``/translate`` decodes with beam 4 (or ``alternatives + 1``) and answers with LibreTranslate's field
-names; ``/languages`` lists each loaded source language with the targets it translates into.
+names; ``/languages`` lists each loaded language with the targets it translates into (none for a
+language that is only a target), so that a client's target list holds every target too. aiayn has no
+language detector: ``source=auto`` (and ``/detect``) names the one source language that can be meant,
+and is refused (400) where several loaded models could be.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from aiayn.serve.jobs import Translation
 from aiayn.serve.schemas import (
     ERRORS,
     DetectedLanguage,
+    DetectRequest,
     Language,
     TranslateRequest,
     TranslateResponse,
@@ -28,14 +32,28 @@ router = APIRouter(tags=["LibreTranslate"])
 
 @router.get("/languages", response_model=list[Language])
 async def languages(server: ServerDep) -> list[Language]:
-    """Each source language with the targets it translates into."""
-    targets: dict[str, list[str]] = {}
-    for s in server.services.values():
-        if isinstance(s, TranslationService):
-            targets.setdefault(s.source, []).append(s.target)
-    return [
-        Language(code=c, name=language_name(c), targets=sorted(set(t))) for c, t in sorted(targets.items())
-    ]
+    """Each language with the targets it translates into (none: only a target)."""
+    targets: dict[str, set[str]] = {}
+    for s in _translators(server):
+        targets.setdefault(s.source, set()).add(s.target)
+        targets.setdefault(s.target, set())
+    return [Language(code=c, name=language_name(c), targets=sorted(t)) for c, t in sorted(targets.items())]
+
+
+@router.post("/detect", response_model=list[DetectedLanguage], responses=ERRORS,
+             openapi_extra=request_body(DetectRequest, form=True))  # fmt: skip
+async def detect(
+    body: Annotated[DetectRequest, Depends(parse(DetectRequest))], server: ServerDep
+) -> list[DetectedLanguage]:
+    """The language of ``q``: without a detector, the one source language the loaded models read
+    (400 where they read several)."""
+    if not body.q:
+        raise invalid("missing q parameter")
+    sources = sorted({s.source for s in _translators(server)})
+    if len(sources) != 1:
+        raise invalid(f"no language detection here: the models read {', '.join(sources) or 'nothing'}; "
+                      "give source")  # fmt: skip
+    return [DetectedLanguage(confidence=100.0, language=sources[0])]
 
 
 @router.post(
@@ -70,11 +88,20 @@ async def translate(
     )
 
 
+def _translators(server: Server) -> list[TranslationService]:
+    return [s for s in server.services.values() if isinstance(s, TranslationService)]
+
+
 def _by_languages(server: Server, source: str, target: str) -> TranslationService:
-    """The first translation model into ``target`` (from ``source`` unless it is ``auto``)."""
-    models = [s for s in server.services.values() if isinstance(s, TranslationService) and s.target == target]
+    """The first translation model from ``source`` into ``target``; with ``source=auto``, the one
+    source language that translates into ``target`` (400 if several do: aiayn detects none)."""
+    models = [s for s in _translators(server) if s.target == target]
     if source != "auto":
         models = [s for s in models if s.source == source]
     if not models:
         raise HTTPError(400, f"{source} → {target} is not available: see /languages")
+    sources = sorted({s.source for s in models})
+    if len(sources) > 1:
+        raise invalid(f"source=auto: {', '.join(sources)} all translate into {target}, and this server "
+                      "detects no language; give source")  # fmt: skip
     return models[0]

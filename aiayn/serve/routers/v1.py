@@ -88,7 +88,7 @@ async def generate(
     config = server.search_config(body.given(), beam=1, sample=not body.greedy)
     if not body.stream:
         prompt = Prompt(body.prompt, body.max_new_tokens, config, lambda _: True)
-        text = await server.submit(Generation(service.name), prompt, 1, request)
+        text, _ = await server.submit(Generation(service.name), prompt, 1, request)
         return GenerateResponse(model=service.name, prompt=body.prompt, text=text)
     stream = _Stream(asyncio.get_running_loop())
     # queued before the answer starts: a full queue is a 429, not an event of a stream already 200
@@ -125,7 +125,7 @@ class _Stream:
                 while not self.queue.empty():
                     yield _event(self.queue.get_nowait())
                 try:
-                    yield _event({"done": True, "text": job.result()})
+                    yield _event({"done": True, "text": job.result()[0]})
                 except HTTPError as e:
                     yield _event({"error": e.message})
                 except Exception:  # a model error after the 200 began: logged, and the stream ends cleanly
