@@ -181,6 +181,9 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     """The ``SearchConfig`` of the options ``add_search_arguments`` added (same names)."""
     names = [f.name for f in dataclasses.fields(SearchConfig)]
     options = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if options.get("sample") and options.get("beam", SearchConfig.beam) != SearchConfig.beam:
+        raise ConfigError(f"--beam {options['beam']} sizes a beam search, which --sample does not run "
+                          "(it draws --nbest samples); leave one of them out")  # fmt: skip
     return SearchConfig(**options, use_cache=not args.no_cache)
 
 

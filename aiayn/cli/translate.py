@@ -20,6 +20,7 @@ from aiayn.cli.decode_options import (
     warn,
 )
 from aiayn.decoding.rerank import check_rerankable, rerank
+from aiayn.decoding.sampling import seeded
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
 from aiayn.errors import ConfigError, DataError
 
@@ -110,15 +111,18 @@ def run(args: argparse.Namespace) -> int:
     if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
+    generator = seeded(config, translator.device)  # one stream of draws for every chunk: --seed fixes all
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for start, lines in read_chunks(args):
-            nbest = translate(args, config, translator, scorer, start, lines)
+            nbest = translate(args, config, translator, scorer, start, lines, generator)
             out.write(format_output(nbest, translator, config.nbest, start, args.show_r2l).encode("utf-8"))
     return 0
 
 
-def translate(args, config, translator: Translator, scorer: Translator | None, start: int, lines: list[str]):
-    """The hypotheses of one chunk of input lines, the first of which is line ``start + 1``."""
+def translate(args, config, translator: Translator, scorer: Translator | None, start: int, lines: list[str],
+              generator=None):  # fmt: skip
+    """The hypotheses of one chunk of input lines, the first of which is line ``start + 1``
+    (``generator``: the run's sampling draws, ``Translator.search``)."""
     sources, cut = translator.encode(lines)
     for i in cut:
         if args.strict:
@@ -130,6 +134,6 @@ def translate(args, config, translator: Translator, scorer: Translator | None, s
         limit = translator.max_src_len
         warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")
     if scorer is None:
-        return translator.search(sources, config, args.max_tokens)
+        return translator.search(sources, config, args.max_tokens, generator)
     nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
     return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]

@@ -83,12 +83,14 @@ class _Finished:
         return self.scores.topk(n, dim=1).values[:, -1]
 
     def best(self, index: Tensor, nbest: int, lenpen: float, lenpen_kind: str) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each sentence in ``index``, best first (sorted here)."""
+        """The ``nbest`` best hypotheses of each sentence in ``index``, best first (sorted here); fewer
+        where fewer finished (a beam wider than the tokens a step may choose among), never an empty slot."""
         order = self.scores[index].argsort(dim=1, descending=True)[:, :nbest]  # (D, nbest)
         pick = index[:, None], order
-        return to_hypotheses(self.tokens[pick].flatten(0, 1), self.lengths[pick].flatten(),
+        hyps = to_hypotheses(self.tokens[pick].flatten(0, 1), self.lengths[pick].flatten(),
                              self.log_probs[pick].flatten(), nbest, lenpen, lenpen_kind,
                              sort=False)  # fmt: skip
+        return [h[: max(int(n), 1)] for h, n in zip(hyps, self.count[index].tolist(), strict=True)]
 
     def select(self, index: Tensor) -> None:
         for name in self.FIELDS:
@@ -158,8 +160,10 @@ class Beams:
         best_live = self.scores.amax(dim=1)  # (A,), -inf when nothing is live
         lp_bound = torch.maximum(self.lp_max, length_penalty(t + 2, c.lenpen, c.lenpen_kind))
         # no live hypothesis left (at max_len at the latest) is done whatever the ratio: with an α whose
-        # lp overflows to inf, -inf / inf is NaN, and NaN <= x is never true
-        done = (best_live / lp_bound <= self.finished.nth_best(c.nbest)) | (best_live == NEG_INF)
+        # lp overflows to inf, -inf / inf is NaN, and NaN <= x is never true; the bound needs nbest
+        # finished ones (an lp that underflows to 0 makes the ratio -inf, "beaten" by an empty slot)
+        enough = self.finished.count >= c.nbest
+        done = ((best_live / lp_bound <= self.finished.nth_best(c.nbest)) & enough) | (best_live == NEG_INF)
         self.t = t + 1
         if not done.any():
             d.reorder(rows)

@@ -4,7 +4,9 @@
 
 ``filter`` keeps the ``top_k`` most probable tokens, then the smallest set of tokens whose
 probability sums to at least ``top_p`` (Holtzman et al. 2020); the most probable token always
-survives. Draws come from a ``torch.Generator`` seeded with ``seed``, so a seed fixes the output.
+survives. Draws come from a ``torch.Generator`` seeded with ``seed``, so a seed fixes the output; a
+caller that samples batch after batch passes one ``generator`` to all of them, so that the draws go on
+from batch to batch instead of starting again (same draws for every batch: correlated samples).
 The returned ``log_prob`` is the model's own (T = 1, unfiltered) log-probability of the sample.
 """
 
@@ -20,6 +22,13 @@ from aiayn.decoding.steps import decode_rows
 from aiayn.decoding.topk import topk
 
 SAMPLING = SearchConfig(sample=True)
+
+
+def seeded(config: SearchConfig, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A generator seeded with ``config.seed`` (None: no seed, or no sampling)."""
+    if not config.sample or config.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(config.seed)
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -43,14 +52,18 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 @torch.inference_mode()
 def sample(
-    decoder: IncrementalDecoder, inputs: Tensor, max_len: int | Tensor, config: SearchConfig = SAMPLING
+    decoder: IncrementalDecoder,
+    inputs: Tensor,
+    max_len: int | Tensor,
+    config: SearchConfig = SAMPLING,
+    generator: torch.Generator | None = None,
 ) -> list[list[Hypothesis]]:
     """``config.nbest`` samples per input, in the order drawn, with ``config``'s temperature, top-k,
-    top-p, seed (None draws from torch's global RNG) and min_len."""
+    top-p and min_len; drawn from ``generator``, else from one seeded with ``config.seed``, else
+    (seed None) from torch's global RNG."""
     c = config
-    generator = None
-    if c.seed is not None:
-        generator = torch.Generator(device=inputs.device).manual_seed(c.seed)
+    if generator is None:
+        generator = seeded(c, inputs.device)
 
     def pick(lp: Tensor) -> Tensor:
         probs = filter_logits(lp / c.temperature, c.top_k, c.top_p).softmax(-1)

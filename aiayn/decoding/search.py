@@ -6,6 +6,7 @@ anything else beam search (``beam.py``); every strategy takes the same config.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
@@ -17,11 +18,18 @@ from aiayn.decoding.scoring import Hypothesis
 
 
 def search(
-    decoder: IncrementalDecoder, inputs: Tensor, config: SearchConfig, max_len: int | Tensor
+    decoder: IncrementalDecoder,
+    inputs: Tensor,
+    config: SearchConfig,
+    max_len: int | Tensor,
+    generator: torch.Generator | None = None,
 ) -> list[list[Hypothesis]]:
-    """Decode ``inputs`` with the strategy ``config`` selects; one list of hypotheses per input."""
+    """Decode ``inputs`` with the strategy ``config`` selects; one list of hypotheses per input
+    (``generator``: where samples are drawn from, ``sampling.sample``); no inputs, no hypotheses."""
+    if not inputs.size(0):
+        return []
     if config.sample:
-        return sample(decoder, inputs, max_len, config)
+        return sample(decoder, inputs, max_len, config, generator)
     if config.beam == 1:
         return greedy_search(decoder, inputs, max_len, config)
     return beam_search(decoder, inputs, max_len, config)

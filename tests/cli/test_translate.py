@@ -30,6 +30,27 @@ def test_a_byte_order_mark_before_the_first_line_is_not_text():
     assert list(lines) == ["Ein Hund", "\ufeffx"]  # only the file's first line can start with one
 
 
+def test_a_seed_draws_one_stream_of_samples_across_batches_and_chunks(
+    model_dirs, tmp_path, monkeypatch, capsys
+):
+    """The same line six times, one sentence per batch (--max-tokens 1) and two lines per chunk: the
+    samples differ (the draws go on from batch to batch and chunk to chunk instead of starting again
+    at the seed), and the same seed gives the same output again."""
+    import aiayn.cli.decode_options
+
+    monkeypatch.setattr(aiayn.cli.decode_options, "CHUNK_LINES", 2)
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad\n" * 6, encoding="utf-8")
+    args = ["translate", "--model", str(model_dirs["joint"]), "--input", str(src), "--sample", "--seed", "1",
+            "--max-len", "12", "--min-len", "12", "--max-tokens", "1"]  # fmt: skip
+    outs = []
+    for _ in range(2):
+        assert main(args) == 0
+        outs.append(capsys.readouterr().out.splitlines())
+    assert outs[0] == outs[1] and len(outs[0]) == 6
+    assert len(set(outs[0])) == 6  # six draws of 12 characters each: no two alike
+
+
 def test_files_nbest_and_sampling(model_dirs, tmp_path, capsys):
     src = tmp_path / "in.de"
     src.write_text("Ein Mann\nZwei Hunde spielen\n", encoding="utf-8")
@@ -68,6 +89,7 @@ def test_truncation_warns_and_strict_refuses(model_dirs, tmp_path, capsys):
         ("lm", "holds a language model (kind 'lm')"),
         ("corrupt", "model.safetensors is corrupt"),
         ("bad-utf8", "<stdin>: line 2 is not valid UTF-8"),
+        ("sample-beam", "--beam 7 sizes a beam search, which --sample does not run"),
     ],
 )
 def test_errors_are_one_line(case, message, model_dirs, tmp_path, monkeypatch, capsys):
@@ -79,7 +101,8 @@ def test_errors_are_one_line(case, message, model_dirs, tmp_path, monkeypatch, c
             (model / f.name).write_bytes(f.read_bytes())
         (model / "model.safetensors").write_bytes(b"\x00garbage")
     _stdin(monkeypatch, b"Ein Mann\nfa\xe4hrt\n")
-    assert main(["translate", "--model", str(model)]) == 1
+    extra = ["--sample", "--beam", "7"] if case == "sample-beam" else []
+    assert main(["translate", "--model", str(model), *extra]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("aiayn translate: error:")
 

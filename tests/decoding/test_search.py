@@ -189,6 +189,24 @@ def test_the_search_ends_at_max_len_whatever_the_length_penalty(lenpen):
     assert fake.steps <= 5 and len(hyps) == 2 and all(len(h.tokens) <= 5 for h in hyps)
 
 
+@pytest.mark.parametrize("config", [SearchConfig(beam=1), SearchConfig(), SearchConfig(sample=True, seed=0)])
+def test_an_empty_batch_has_no_hypotheses(config):
+    assert search(LMAdapter(tiny_lm()), torch.zeros(0, 3, dtype=torch.long), config, 5) == []
+
+
+@pytest.mark.parametrize("max_len", [1, 3])
+def test_a_beam_wider_than_the_choosable_tokens_returns_only_real_hypotheses(max_len):
+    """Of the fake's 5 ids, padding is never chosen: beam 5 can fill 4 slots at the first step, so
+    with max_len 1 four hypotheses finish; every one returned has a finite score (no empty slot comes
+    back as a hypothesis scored -inf)."""
+    fake = FakeDecoder(lambda generated: {3: 0.5, 4: 0.3, 2: 0.2})
+    (hyps,) = beam_search(fake, torch.zeros(1, 1), max_len, SearchConfig(beam=5, nbest=5))
+    assert hyps and all(math.isfinite(h.score) and 0 not in h.tokens for h in hyps)
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    if max_len == 1:  # eos, "a", "b" and bos (1e-9) after one token: the four choosable ids
+        assert sorted(h.tokens for h in hyps) == [[1], [2], [3], [4]]
+
+
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
     model = tiny_lm()
     prompt = torch.randint(4, 40, (2, 4), generator=torch.Generator().manual_seed(0))
