@@ -13,7 +13,7 @@ from aiayn.modules.embedding import OutputProjection, TransformerEmbedding
 def make_embedding(cfg: LayerConfig, vocab_size: int, norm: bool = False) -> TransformerEmbedding:
     return TransformerEmbedding(
         vocab_size, cfg.d_model, cfg.pad_id, cfg.emb_scale, cfg.positional, cfg.max_len, cfg.dropout,
-        norm, cfg.ln_eps,
+        norm, cfg.ln_eps, cfg.bias,
     )  # fmt: skip
 
 

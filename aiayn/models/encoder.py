@@ -37,9 +37,9 @@ class HeadTransform(nn.Module):
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.dense = nn.Linear(c.d_model, c.d_model, bias=c.bias)
         self.act = ACTIVATIONS[c.activation]
-        self.norm = LayerNorm(c.d_model, c.ln_eps)
+        self.norm = LayerNorm(c.d_model, c.ln_eps, c.bias)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.norm(self.act(self.dense(h)))
@@ -54,9 +54,9 @@ class Classifier(nn.Module):
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
-        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+        self.pooler = nn.Linear(c.d_model, c.d_model, bias=c.bias) if c.pooler else None
         self.dropout = Dropout(c.dropout)
-        self.out = nn.Linear(c.d_model, c.n_classes)
+        self.out = nn.Linear(c.d_model, c.n_classes, bias=c.bias)
 
     def forward(self, pooled: Tensor) -> Tensor:
         if self.pooler is not None:
@@ -73,9 +73,9 @@ class Detector(nn.Module):
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.dense = nn.Linear(c.d_model, c.d_model, bias=c.bias)
         self.act = ACTIVATIONS[c.activation]
-        self.out = nn.Linear(c.d_model, 1)
+        self.out = nn.Linear(c.d_model, 1, bias=c.bias)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.out(self.act(self.dense(h))).squeeze(-1)

@@ -155,6 +155,7 @@ class TransformerEmbedding(nn.Module):
         dropout: float = 0.1,
         norm: bool = False,
         ln_eps: float = 1e-5,
+        bias: bool = True,  # the norm's β
     ):
         super().__init__()
         if positional not in POSITIONALS:
@@ -164,7 +165,7 @@ class TransformerEmbedding(nn.Module):
             self.positions = LearnedPositionalEmbedding(d_model, max_len)
         else:
             self.positions = PositionalEncoding(d_model, max_len, halves=positional == "sinusoidal_halves")
-        self.norm = LayerNorm(d_model, ln_eps) if norm else None
+        self.norm = LayerNorm(d_model, ln_eps, bias) if norm else None
         self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:

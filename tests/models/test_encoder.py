@@ -36,6 +36,15 @@ def padded_batch():
     return ids
 
 
+def test_bias_false_leaves_no_bias_but_the_asked_for_output_bias():
+    """``bias=False`` (biases in linear layers and LayerNorm) reaches every part: the embedding's
+    LayerNorm, BERT's head transform and pooler, the classifier, ELECTRA's detector."""
+    m = model(**BERT, bias=False, n_classes=3, detector=True)
+    biases = [name for name, _ in m.named_parameters() if name.endswith("bias")]
+    assert biases == ["head.bias"]  # output_bias=True: asked for by name
+    assert m.classify(padded_batch()).shape == (3, 3)
+
+
 @pytest.mark.parametrize("kw", [{}, BERT, dict(tie_output=False)])
 def test_mlm_loss_is_cross_entropy_at_chosen_positions_only(kw):
     m, ids = model(**kw), padded_batch()
