@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     models = parse_models(args.model)
     backlog = min(ACCEPT_BURST, settings.max_connections)
     reserve_descriptors(settings.max_connections + 2 * backlog)
-    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
+                            settings.send_timeout_s)  # fmt: skip
     sock = guard.listener(bind(args.host, args.port))  # before the models load and "on http://…" prints
     # the main thread runs no parallel operation: the models load on a thread that then ends (why:
     # aiayn.device.in_passing_thread), and each worker thread sets its own threads

@@ -8,12 +8,16 @@ byte at a time, and it accepts connections until the process runs out of file de
 open). A ``ConnectionGuard`` adds two rules, where sockets are made and where requests are read:
 
 - the listening socket (``listener``) counts the connections it accepts; one more than
-  ``max_connections`` closes the oldest connection that is not being answered (reading its headers,
-  or idle between requests) — or itself, when every one is being answered. The process so holds at
-  most ``max_connections`` client sockets, plus those closing in this turn of the event loop;
+  ``max_connections`` aborts the oldest connection that is closing but still flushing an answer its
+  client does not read, else the oldest that is not being answered (reading its headers, or idle
+  between requests) — or closes the new one, when every one is being answered. The process so holds
+  at most ``max_connections`` client sockets, plus those closing in this turn of the event loop;
 - the protocol (``protocol``, uvicorn's h11 one) closes a connection whose request headers have not
   all arrived ``header_timeout`` seconds after it opened (or after its previous answer), or whose
-  body has not all arrived ``body_timeout`` seconds (and a grace second) after its headers.
+  body has not all arrived ``body_timeout`` seconds (and a grace second) after its headers, and
+  aborts one whose client has read none of its answer for ``send_timeout`` seconds (asyncio's write
+  buffer full all that time: a slow reader would otherwise hold its connection, and a place under the
+  cap, for as long as it likes).
 
 A route that reads the body answers a slow one 408 first (``dependencies.read_body``); the
 connection's own deadline also covers the routes that never read it (a 404, a ``GET`` with a body).
@@ -31,12 +35,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 class ConnectionGuard:
     """At most ``max_connections`` open connections, ``header_timeout`` seconds for the headers of
-    each request and ``body_timeout`` for its body: give ``listener(sock)`` to
-    ``uvicorn.Server.run(sockets=…)`` and ``protocol`` to ``uvicorn.Config(http=…)``."""
+    each request, ``body_timeout`` for its body and ``send_timeout`` for a stalled answer: give
+    ``listener(sock)`` to ``uvicorn.Server.run(sockets=…)`` and ``protocol`` to ``uvicorn.Config(http=…)``."""
 
-    def __init__(self, max_connections: int, header_timeout: float, body_timeout: float):
+    def __init__(self, max_connections: int, header_timeout: float, body_timeout: float, send_timeout: float):
         self.max_connections, self.header_timeout = max_connections, header_timeout
         self.body_timeout = body_timeout + 1.0  # read_body's 408 comes first where a route reads it
+        self.send_timeout = send_timeout
         self.open = 0  # client sockets accepted and not yet closed
         self.connections: set[H11Protocol] = set()  # those whose protocol has started
         self.protocol = _protocol(self)
@@ -51,9 +56,12 @@ class ConnectionGuard:
         self.open += 1
         if self.open <= self.max_connections:
             return True
+        leaving = [c for c in self.connections if c.transport.is_closing() and not c.aborted]
         idle = [c for c in self.connections if _idle(c)]
-        if idle:
-            min(idle, key=lambda c: c.opened).transport.abort()  # its socket closes this loop turn
+        if leaving or idle:
+            oldest = min(leaving or idle, key=lambda c: c.opened)
+            oldest.aborted = True
+            oldest.transport.abort()  # its socket closes this loop turn
             return True
         self.open -= 1
         return False
@@ -84,7 +92,9 @@ def _protocol(guard: ConnectionGuard) -> type[H11Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.opened = time.monotonic()
+            self.aborted = False  # by the guard, to make room: its socket closes this loop turn
             self.deadline: asyncio.TimerHandle | None = None
+            self.stalled: asyncio.TimerHandle | None = None  # while the client reads none of the answer
             guard.connections.add(self)
             self._expect(h11.IDLE, guard.header_timeout)
 
@@ -102,9 +112,21 @@ def _protocol(guard: ConnectionGuard) -> type[H11Protocol]:
             if not self.transport.is_closing() and state in (h11.IDLE, h11.SEND_BODY):
                 self._expect(state, guard.header_timeout if state is h11.IDLE else guard.body_timeout)
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.stalled is None:
+                self.stalled = self.loop.call_later(guard.send_timeout, self.transport.abort)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.stalled is not None:
+                self.stalled.cancel()
+                self.stalled = None
+
         def connection_lost(self, exc: Exception | None) -> None:
-            if self.deadline is not None:
-                self.deadline.cancel()
+            for timer in (self.deadline, self.stalled):
+                if timer is not None:
+                    timer.cancel()
             if self in guard.connections:
                 guard.connections.discard(self)
                 guard.closed()

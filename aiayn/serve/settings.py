@@ -35,6 +35,7 @@ class Settings:
     max_connections: int = 512  # open connections; past it the oldest idle one is closed for the new one
     header_timeout_s: float = 10.0  # a request's headers must arrive within this (else the connection closes)
     body_timeout_s: float = 30.0  # a request's body must arrive within this (else 408)
+    send_timeout_s: float = 30.0  # an answer its client reads none of for this long is cut off
     keep_alive_s: float = 5.0  # an idle connection is closed after this
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no key needed
 
@@ -62,7 +63,7 @@ class Settings:
                               "whole search per batch)")  # fmt: skip
         if not 0 <= self.batch_window_ms <= 1000:
             raise ConfigError(f"--batch-window-ms={self.batch_window_ms} must be in [0, 1000]")
-        for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_s"):
             value = getattr(self, name)
             if not 0 < value <= 3600:
                 raise ConfigError(f"--{flag(name)}={value} must be in (0, 3600] seconds")

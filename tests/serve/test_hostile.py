@@ -24,7 +24,8 @@ from tests.serve.conftest import de_en_meta, post, start_serve, stop  # noqa: E4
 
 OPEN_FILES = 400  # the server's limit of open files (RLIMIT_NOFILE): a flood of 500 connections passes it
 GUARDED = ["--timeout", "1.5", "--max-connections", "40", "--header-timeout", "1", "--body-timeout", "1",
-           "--keep-alive", "1", "--max-attention-values", "200000", "--batch-window-ms", "50"]  # fmt: skip
+           "--send-timeout", "1", "--keep-alive", "1", "--max-attention-values", "200000",
+           "--batch-window-ms", "50"]  # fmt: skip
 
 
 def _few_open_files() -> None:
@@ -152,6 +153,68 @@ def test_a_flood_of_half_sent_headers_neither_exhausts_files_nor_blocks_health(g
     finally:
         for s in flood:
             s.close()
+
+
+def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_send_timeout(guarded):
+    """Twelve pipelined requests whose answers (attention weights) come to about 12 MB, from a client
+    that reads nothing: once the kernel's buffers (up to 4 MB here) and asyncio's are full, the
+    server's writes stall, and --send-timeout (1 s here) later the connection is aborted, so the
+    client gets only some of the answers. Before, it held its connection (and a place under
+    --max-connections) for as long as it liked, and got every answer in the end."""
+    url, _, _ = guarded
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    s.connect((host, int(port)))
+    body = json.dumps({"q": ["Ein Mann", "Zwei Hunde"], "attention": True, "max_len": 100, "min_len": 100})
+    request = (f"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode()  # fmt: skip
+    s.sendall(request * 12)
+    time.sleep(5.0)  # the answers are made until the writes stall: read nothing meanwhile
+    s.settimeout(10)
+    data = b""
+    try:
+        while chunk := s.recv(1 << 20):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    finally:
+        s.close()
+    answered = data.count(b"HTTP/1.1 200 OK")
+    assert 1 <= answered < 12 and len(data) > 1_000_000, (answered, len(data))
+    assert _health(url) == 200
+
+
+def test_room_under_the_cap_comes_from_closing_connections_first_then_idle_ones_never_busy_ones():
+    """A connection closing but stuck flushing to a client that reads nothing is the first to go
+    (it takes no more requests), then the oldest idle one; each is aborted once; with only busy
+    connections left, the new one is refused."""
+    from types import SimpleNamespace
+
+    from aiayn.serve.connections import ConnectionGuard
+
+    class Transport:
+        def __init__(self, closing):
+            self.closing, self.aborts = closing, 0
+
+        def is_closing(self):
+            return self.closing
+
+        def abort(self):
+            self.aborts += 1
+            self.closing = True  # connection_lost comes in the next turn of the loop
+
+    class Connection:  # what the guard reads of uvicorn's protocol
+        def __init__(self, opened, closing=False, busy=False):
+            self.opened, self.aborted, self.transport = opened, False, Transport(closing)
+            self.cycle = SimpleNamespace(response_complete=not busy)
+
+    busy, idle, stuck = Connection(0, busy=True), Connection(1), Connection(2, closing=True)
+    guard = ConnectionGuard(3, 1.0, 1.0, 1.0)
+    guard.connections, guard.open = {busy, idle, stuck}, 3
+    assert guard.accepted(None) and stuck.transport.aborts == 1 and idle.transport.aborts == 0
+    assert guard.accepted(None) and idle.transport.aborts == 1 and stuck.transport.aborts == 1
+    assert not guard.accepted(None) and busy.transport.aborts == 0
 
 
 @pytest.mark.parametrize(("path", "status"), [("translate", b"408"), ("nope", b"404")])
