@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
-            save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"))
+            save_marian_tokenizer(
+                tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"), model.config.max_len
+            )
         if lm_tokenizer is not None:  # aiayn's own, for aiayn generate (GPT-2's byte BPE is not it)
             lm_tokenizer.save(tmp / AIAYN_TOKENIZER)
     if why_not:

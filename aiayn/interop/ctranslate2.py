@@ -7,8 +7,9 @@ then ``Converter.convert`` validates, optionally quantizes (int8, int16, float16
 What maps: post- or pre-norm (CTranslate2's ``pre_norm``, with the final LayerNorm of a pre-norm
 stack), every activation of ``LayerConfig`` (ReLU, GELU, tanh-GELU, SiLU), the embedding scale
 (``"emb"``: CTranslate2's √d_model; ``"prj"``: the ÷√d_model folded into the output projection,
-which CTranslate2 stores apart from the embedding; ``"none"``), any position table (sinusoidal in
-either layout, or learned: the table is written explicitly, ``max_len`` rows), shared or separate
+which CTranslate2 stores apart from the embedding; ``"none"``), any position table, written
+explicitly (learned: its ``max_len`` rows; sinusoidal in either layout: ``SINUSOID_ROWS`` at least,
+since aiayn computes them at any position and translates sources past ``max_len``), shared or separate
 embeddings, an output bias, LayerNorm ε, linear layers without bias. Source sentences get ``</s>``
 appended by CTranslate2 (``add_source_eos``), as aiayn's batching does.
 
@@ -30,6 +31,7 @@ from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.models.transformer import Transformer
 
+SINUSOID_ROWS = 2048  # past aiayn's default source limit (1,024 tokens) and its output margin (+50)
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16",
                  "int8_bfloat16")  # fmt: skip
 
@@ -85,8 +87,8 @@ def build_spec(model: Transformer, src_tok: SentencePieceTokenizer, tgt_tok: Sen
         table = s.embeddings[0] if isinstance(s.embeddings, list) else s.embeddings  # the encoder has a list
         table.weight = _np(embed.tokens.embedding.weight)
         s.scale_embeddings = c.emb_scale == "emb"
-        n = c.max_len
-        s.position_encodings.encodings = _np(embed.positions(torch.zeros(1, n, d))[0])  # (max_len, d)
+        n = c.max_len if c.positional == "learned" else max(c.max_len, SINUSOID_ROWS)
+        s.position_encodings.encodings = _np(embed.positions(torch.zeros(1, n, d))[0])  # (n, d)
 
     stack_inputs(spec.encoder, model.src_embed)
     stack_inputs(spec.decoder, model.tgt_embed)

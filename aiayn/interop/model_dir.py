@@ -28,7 +28,7 @@ from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer, load_tran
 from aiayn.errors import ModelDirError
 from aiayn.interop.bert import WordPieceTokenizer, bert_tokenizer, kept_fields, load_bert_dir
 from aiayn.interop.hf import read_hf_config
-from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation
+from aiayn.interop.pretrained import hf_model_type, load_gpt2_generation, load_marian_translation, unsupported
 from aiayn.models.io import load_model, read_config, resolve_model_dir
 
 KIND_NAMES = {
@@ -46,8 +46,10 @@ def model_meta(directory: str | os.PathLike) -> dict:
     for a Hugging Face directory that aiayn can load its ``kind`` and, for a Marian model whose
     ``tokenizer_config.json`` names them (OPUS-MT's, aiayn's exports), ``src_lang`` and ``tgt_lang``."""
     hf_type = hf_model_type(directory)
-    if hf_type not in HF_KINDS:
+    if hf_type is None:
         return read_config(directory)
+    if hf_type not in HF_KINDS:
+        raise unsupported(directory, hf_type)
     meta = {"kind": HF_KINDS[hf_type]}
     if hf_type == "marian":
         langs = _marian_languages(Path(directory) / "tokenizer_config.json")

@@ -63,11 +63,16 @@ def from_pretrained(
     elif model_type == "bert":
         model = load_bert(path)
     else:
-        raise ModelDirError(
-            f"{Path(path) / HF_CONFIG}: model_type {model_type!r} is not supported; "
-            "aiayn reads marian (OPUS-MT), gpt2, bert and its own model directories"
-        )
+        raise unsupported(path, model_type)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def unsupported(path: str | os.PathLike, model_type: str) -> ModelDirError:
+    """The error for a Hugging Face directory of a model type aiayn does not read."""
+    return ModelDirError(
+        f"{Path(path) / HF_CONFIG}: model_type {model_type!r} is not supported; "
+        "aiayn reads marian (OPUS-MT), gpt2, bert and its own model directories"
+    )
 
 
 def _check_fit(directory, side: str, tok, size: int, eos_id: int, pad_id: int) -> None:

@@ -127,6 +127,11 @@ def test_fine_tuning_an_imported_bert_equals_a_plain_loop_over_transformers(bert
     sentence = "the films is not great , a boring plot"
     assert auto(sentence)["input_ids"] == [tok.bos_id, *tok.encode(sentence), tok.eos_id]
     assert load_encoder_dir(out)[1].encode(sentence) == tok.encode(sentence)
+    # truncation cuts where the run read (max_len=32), so a long text classifies instead of failing
+    long = auto(" ".join([sentence] * 20), truncation=True, return_tensors="pt")
+    assert auto.model_max_length == 32 and long["input_ids"].size(1) == 32
+    with torch.no_grad():
+        assert again(**long).logits.shape == (1, 2)
 
 
 def test_keep_classifier_loads_a_bert_classifiers_head_when_its_labels_are_ours(bert_dir, tmp_path):

@@ -22,6 +22,8 @@ CONFIGS = {
     "marian-like": dict(emb_scale="none", activation="silu", positional="sinusoidal_halves", ln_eps=1e-6),
     "untied-unshared-nobias": dict(share_embeddings=False, tie_output=False, bias=False),
     "target-pieces-bias": dict(output_pieces=600, output_bias=True),  # output_vocab="target"
+    # sinusoids are computed at any position: sentences and outputs longer than max_len translate
+    "paper-max-len-8": dict(max_len=8),
 }
 
 

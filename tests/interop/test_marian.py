@@ -8,6 +8,7 @@ import torch
 from aiayn import Transformer
 from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
+from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir
 from tests.helpers import assert_close
 from tests.interop.hf_builders import marian, padded_ids
 
@@ -22,6 +23,7 @@ CONFIGS = {
     "separate-vocabs": dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=45, pad_token_id=44,
                             decoder_start_token_id=44),
     "untied-gelu-new": dict(tie_word_embeddings=False, activation_function="gelu_new"),
+    "shared-despite-decoder-vocab": dict(decoder_vocab_size=45, pad_token_id=44, decoder_start_token_id=44),
 }  # fmt: skip
 
 
@@ -111,6 +113,9 @@ def test_unsupported_and_broken_directories(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(ModelDirError, match="model_type 't5' is not supported"):
         from_pretrained(tmp_path)
+    for load in (load_translation_dir, load_lm_dir, load_encoder_dir):  # what every command reads first
+        with pytest.raises(ModelDirError, match="model_type 't5' is not supported"):
+            load(tmp_path)
     marian(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"junk")
     with pytest.raises(ModelDirError, match="model.safetensors is corrupt"):

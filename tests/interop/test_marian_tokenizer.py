@@ -31,7 +31,8 @@ def test_marian_tokenizer_and_generate_match_aiayn(joint, tmp_path):
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size,
                                           share_embeddings=joint, n_encoder_layers=2, n_decoder_layers=2,
-                                          d_model=32, n_heads=4, d_ff=64, dropout=0.0)).eval()  # fmt: skip
+                                          d_model=32, n_heads=4, d_ff=64, dropout=0.0,
+                                          max_len=64)).eval()  # fmt: skip
     save_model(model, tmp_path / "model", src_lang="de", tgt_lang="en")
     if joint:
         src.save(tmp_path / "model")
@@ -52,3 +53,10 @@ def test_marian_tokenizer_and_generate_match_aiayn(joint, tmp_path):
         hyp = ours.search([src.encode(s)], SearchConfig(beam=1, max_len=12))[0][0]
         assert generated == [1, *hyp.tokens]
         assert hf_tok.decode(generated, skip_special_tokens=True) == ours.detokenize(hyp)
+    # the model's 64 positions bound both: truncation cuts there (not at 512, past the position table),
+    # and generate may go that far (not transformers' default of 20 tokens)
+    assert hf_tok.model_max_length == 64 and hf_model.generation_config.max_length == 64
+    long = hf_tok(" ".join(SENTENCES * 10), truncation=True, return_tensors="pt").input_ids
+    assert long.size(1) == 64
+    with torch.no_grad():
+        hf_model(input_ids=long, decoder_input_ids=long[:, :5])  # every position is in the table

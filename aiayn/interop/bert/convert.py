@@ -381,10 +381,13 @@ def export_bert(
                       classifier_dropout=c.dropout)  # fmt: skip
         config.update({f"aiayn_{k}": v for k, v in (kept or {}).items() if k in KEPT and v not in (None, "")})
     directory = hf.write_hf_directory(directory, config, tensors)
-    if tok is not None:
-        tok.save(directory if isinstance(tok, WordPieceTokenizer) else directory / AIAYN_TOKENIZER)
+    long_text = config.get("aiayn_long_text")
+    trained = long_text.get("max_len") if isinstance(long_text, dict) else None
+    max_len = trained if isinstance(trained, int) else c.max_len  # where transformers' truncation cuts
+    if isinstance(tok, WordPieceTokenizer):
+        tok.save(directory, max_len)
+    elif tok is not None:
+        tok.save(directory / AIAYN_TOKENIZER)
     if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
-        long_text = config.get("aiayn_long_text")
-        trained = long_text.get("max_len") if isinstance(long_text, dict) else None
-        save_fast_tokenizer(tok, directory, trained if isinstance(trained, int) else c.max_len)
+        save_fast_tokenizer(tok, directory, max_len)
     return directory

@@ -103,12 +103,14 @@ class WordPieceTokenizer(Tokenizer):
     def model_bytes(self) -> bytes:
         return json.dumps([self.tokens, self.options()], sort_keys=True).encode("utf-8")
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        """``vocab.txt`` and ``tokenizer_config.json``, as ``BertTokenizer.save_pretrained`` writes them."""
+    def save(self, directory: str | os.PathLike, max_len: int | None = None) -> Path:
+        """``vocab.txt`` and ``tokenizer_config.json``, as ``BertTokenizer.save_pretrained`` writes them;
+        with ``max_len``, its ``model_max_length`` (where ``truncation=True`` cuts: an export's)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
-        write_json(directory / "tokenizer_config.json", self.options())
+        limit = {} if max_len is None else {"model_max_length": max_len}
+        write_json(directory / "tokenizer_config.json", {**self.options(), **limit})
         return directory
 
 

@@ -64,7 +64,9 @@ def config_from_marian(hf_config: dict, unk_id: int | None = None) -> Transforme
             raise ModelDirError(f"eos_token_id={eos}: aiayn models have exactly one end-of-sentence id")
         eos = eos[0]
     src_vocab = hf_config["vocab_size"]
-    tgt_vocab = hf_config.get("decoder_vocab_size") or src_vocab
+    # shared embeddings: one vocabulary, whatever decoder_vocab_size says (transformers ignores it then)
+    shared = hf_config["share_encoder_decoder_embeddings"]
+    tgt_vocab = src_vocab if shared else hf_config.get("decoder_vocab_size") or src_vocab
     pad = hf_config["pad_token_id"]
     if unk_id is None:  # not used by the model; any id that is not pad or eos
         unk_id = next(i for i in range(3) if i not in (pad, eos))
@@ -302,6 +304,8 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
         "dtype": dtype,
     }
     out = hf.write_hf_directory(directory, config, tensors)
+    # max_length: transformers' own default is 20 tokens (OPUS-MT's configs say 512); the position table's
+    # length is the most the export can decode
     hf.write_generation_config(out, c.pad_id, decoder_start_token_id=c.bos_id, eos_token_id=c.eos_id,
-                               forced_eos_token_id=None)  # fmt: skip
+                               forced_eos_token_id=None, max_length=c.max_len)  # fmt: skip
     return out

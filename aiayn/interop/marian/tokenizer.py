@@ -100,15 +100,21 @@ def load_marian_tokenizers(directory: str | os.PathLike) -> tuple[MarianTokenize
 
 
 def save_marian_tokenizer(
-    directory: str | os.PathLike, src: Tokenizer, tgt: Tokenizer, src_lang: str | None, tgt_lang: str | None
+    directory: str | os.PathLike,
+    src: Tokenizer,
+    tgt: Tokenizer,
+    src_lang: str | None,
+    tgt_lang: str | None,
+    max_len: int = 512,
 ) -> Path:
     """Write the files of HF's ``MarianTokenizer`` for aiayn's sentencepiece tokenizers:
     ``source.spm``/``target.spm`` (the models as they are), ``vocab.json`` (every piece -> its id:
     aiayn's ids *are* sentencepiece's), ``target_vocab.json`` when the vocabularies differ, and a
     ``tokenizer_config.json`` that makes ``<s>`` (the decoder's start) special, so that
-    ``decode(..., skip_special_tokens=True)`` drops it. A tokenizer that is not sentencepiece
-    (characters, an imported Marian or GPT-2 one) is a ``ModelDirError``: MarianTokenizer segments
-    with sentencepiece only."""
+    ``decode(..., skip_special_tokens=True)`` drops it, and whose ``model_max_length`` is the model's
+    ``max_len`` (its position table: ``truncation=True`` then cuts there). A tokenizer that is not
+    sentencepiece (characters, an imported Marian or GPT-2 one) is a ``ModelDirError``:
+    MarianTokenizer segments with sentencepiece only."""
     for side, tok in (("source", src), ("target", tgt)):
         if not isinstance(tok, SentencePieceTokenizer):
             raise ModelDirError(
@@ -125,6 +131,6 @@ def save_marian_tokenizer(
     write_json(directory / "tokenizer_config.json", {
         "tokenizer_class": "MarianTokenizer", "source_lang": src_lang, "target_lang": tgt_lang,
         "separate_vocabs": separate, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-        "bos_token": "<s>", "model_max_length": 512,
+        "bos_token": "<s>", "model_max_length": max_len,
     })  # fmt: skip
     return directory
