@@ -64,10 +64,16 @@ def sample(
     c = config
     if generator is None:
         generator = seeded(c, inputs.device)
-
-    def pick(lp: Tensor) -> Tensor:
-        probs = filter_logits(lp / c.temperature, c.top_k, c.top_p).softmax(-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-
+    pick = lambda lp: draw(lp, c, generator)  # noqa: E731
     tokens, lengths, log_probs = decode_rows(decoder, inputs, c.nbest, pick, max_len, c.min_len)
     return to_hypotheses(tokens, lengths, log_probs, c.nbest, c.lenpen, c.lenpen_kind, sort=False)
+
+
+def draw(log_probs: Tensor, config: SearchConfig, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row from ``softmax(filter(log_probs / T))``.
+
+    Shape:
+        log_probs: (N, V) -> (N,)
+    """
+    probs = filter_logits(log_probs / config.temperature, config.top_k, config.top_p).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)

@@ -24,7 +24,7 @@ from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.classifier import MaskFiller, TextClassifier, objective
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.sampling import filter_logits
+from aiayn.decoding.sampling import draw, seeded
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.steps import restrict
 from aiayn.decoding.translator import Translator
@@ -203,19 +203,14 @@ class LMService:
         g, c = self.generator, self.generator.model.config
         adapter = g.adapter()  # reads the last ``g.context`` tokens at most, as Generator.complete
         prefix = adapter.start(torch.tensor([g.encode(prompt)], device=g.device))
-        generator = torch.Generator(device=g.device)
-        generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+        generator = seeded(config, g.device)
         out: list[int] = []
         sent = ""  # the text emitted so far
         for _ in range(max_new_tokens):
             check_stop()  # the caller gave up (a timeout): stop between two tokens
             # no padding, no id past the tokenizer's, no eos before min_len: as every search (steps.py)
             logp = restrict(adapter.step(prefix), adapter, len(out), config.min_len)  # (1, V)
-            if config.sample:
-                logits = filter_logits(logp / config.temperature, config.top_k, config.top_p)
-                token = int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
-            else:
-                token = int(logp.argmax())
+            token = int(draw(logp, config, generator) if config.sample else logp.argmax())
             if token == c.eos_id:
                 break
             out.append(token)
