@@ -205,6 +205,16 @@ class NameMap:
         return out
 
 
+def check_architectures(hf_config: dict, readable: tuple[str, ...], source: str | os.PathLike) -> None:
+    """A ``ModelDirError`` for a checkpoint whose ``architectures`` name a head aiayn does not read
+    (GPT-2's sequence classifier, Marian's causal LM, …), instead of a missing or unexpected tensor
+    later; a config that names none is read by its tensors."""
+    names = hf_config.get("architectures") or []
+    name = names[0] if isinstance(names, list) and names else None
+    if name is not None and name not in readable:
+        raise ModelDirError(f"{source}: architectures={names}: aiayn reads {', '.join(readable)}")
+
+
 def write_generation_config(directory: Path, pad_id: int, **ids: int | None) -> None:
     """``generation_config.json``: transformers' ``generate`` on an export never emits padding
     (``bad_words_ids``, as OPUS-MT's own configs have it), which aiayn's searches never do; ``ids``

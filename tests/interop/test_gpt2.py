@@ -9,7 +9,7 @@ from aiayn import LanguageModel
 from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
 from tests.helpers import assert_close
-from tests.interop.hf_builders import gpt2, padded_ids
+from tests.interop.hf_builders import gpt2, padded_ids, transformers
 
 CONFIGS = {
     "gpt2-like": {},
@@ -59,6 +59,15 @@ def test_refuses_what_aiayn_cannot_run(tmp_path):
     gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(ModelDirError, match=r"config\.json: this GPT-2 scales attention other than"):
         from_pretrained(tmp_path)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=53, n_embd=32, n_layer=1, n_head=4, n_positions=40, pad_token_id=0
+    )
+    transformers.GPT2ForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    with pytest.raises(
+        ModelDirError, match=r"architectures=\['GPT2ForSequenceClassification'\]: aiayn reads"
+    ):
+        from_pretrained(tmp_path / "classifier")
 
 
 def test_config_json_fields_of_the_wrong_type_name_the_file(tmp_path):

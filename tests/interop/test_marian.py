@@ -110,6 +110,12 @@ def test_unsupported_and_broken_directories(tmp_path):
     marian(tmp_path, encoder_attention_heads=2)
     with pytest.raises(ModelDirError, match="encoder_attention_heads=2 but decoder_attention_heads=4"):
         from_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MarianForCausalLM"]}))
+    with pytest.raises(
+        ModelDirError, match=r"architectures=\['MarianForCausalLM'\]: aiayn reads MarianMTModel"
+    ):
+        from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(ModelDirError, match="model_type 't5' is not supported"):
         from_pretrained(tmp_path)

@@ -118,6 +118,7 @@ def load_gpt2(directory: str | os.PathLike, pad_id: int | None = None) -> Langua
     the file."""
     directory = Path(directory)
     hf_config = hf.read_hf_config(directory)
+    hf.check_architectures(hf_config, ("GPT2LMHeadModel", "GPT2Model"), directory / hf.HF_CONFIG)
     try:
         cfg = config_from_gpt2(hf_config, pad_id)
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range

@@ -196,7 +196,9 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
     A config.json aiayn cannot read or weights that do not fit it are a ``ModelDirError`` naming
     the file."""
     directory = Path(directory)
-    hf_config, state = hf.read_hf_config(directory), hf.read_hf_weights(directory)
+    hf_config = hf.read_hf_config(directory)
+    hf.check_architectures(hf_config, ("MarianMTModel", "MarianModel"), directory / hf.HF_CONFIG)
+    state = hf.read_hf_weights(directory)
     try:
         cfg = config_from_marian(hf_config, _vocab_unk(directory)).replace(
             share_embeddings=shares_embeddings(hf_config, state)
