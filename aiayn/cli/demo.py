@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from aiayn.atomic import check_output, write_text
+from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DataError
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
@@ -68,18 +69,19 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiayn.cli.evaluate import score
     from aiayn.data.corpus import load_parallel
-    from aiayn.decoding.options import SearchConfig
     from aiayn.decoding.translator import Translator
     from aiayn.training.budget import SPEED_UPDATES
     from aiayn.training.trainer import Trainer
 
     if not (math.isfinite(args.minutes) and args.minutes > 0):
         raise ConfigError(f"--minutes={args.minutes} must be a number > 0")
+    search = SearchConfig(beam=args.beam)  # every check before the training, and before --out is replaced
+    references = read_references(REFERENCE)
     out = Path(args.out)
     if not (out / DEMO_MARK).is_file():  # a previous demo's run is ours to replace; nothing else is
         check_output(out, directory=True, force=args.force, option="--out")
     if args.json:
-        check_output(args.json, option="--json")
+        check_output(args.json, (RECIPE, REFERENCE), option="--json")
     if out.exists():
         shutil.rmtree(out)
     cfg = demo_config(out, args.minutes)
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     test = load_parallel("multi30k", "test", "de", "en")
     srcs, refs = (list(side) for side in zip(*test))
     t0 = time.time()
-    hyps = translator.translate(srcs, SearchConfig(beam=args.beam))
+    hyps = translator.translate(srcs, search)
     decode_s = time.time() - t0
     print("\nexample translations (test2016):")
     for i in (0, 1, 2, 3, 4):
@@ -113,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  in batches of max_tokens={trainer.max_tokens} after the first {SPEED_UPDATES}: at the "
               f"recipe's {cfg.max_tokens} this machine ran {recipe_speed:.2f} updates/s, and the budget held "
               "under a third of max_steps (short_budget)")  # fmt: skip
-    references = json.loads(REFERENCE.read_text(encoding="utf-8")) if REFERENCE.is_file() else []
     for line in against_references(recipe_speed, references):
         print(line)
     if args.json:
@@ -125,6 +126,31 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     print(f"\nserve it (an API and a page that shows its attention): .venv/bin/aiayn serve --model {out}")
     return 0
+
+
+REFERENCE_FIELDS = {"bleu": float, "updates": int, "minutes": float, "updates_per_s": float, "machine": str}
+
+
+def read_references(path: Path) -> list[dict]:
+    """The README's demo runs (``results/demo.json``: a list of their figures), or [] where there is no
+    such file; a ``DataError`` naming the file for one that is not that list."""
+    if not path.is_file():
+        return []
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e}); restore it (git checkout {path.name})") from None
+    numbers = lambda kind: (int, float) if kind is float else kind  # noqa: E731
+    if not isinstance(runs, list) or not all(
+        isinstance(run, dict)
+        and all(
+            isinstance(run.get(k), numbers(kind)) and not isinstance(run.get(k), bool)
+            for k, kind in REFERENCE_FIELDS.items()
+        )  # fmt: skip
+        for run in runs
+    ):
+        raise DataError(f"{path} is not a list of demo runs with {', '.join(REFERENCE_FIELDS)}; restore it")
+    return runs
 
 
 def against_references(speed: float, references: list[dict]) -> list[str]:

@@ -99,15 +99,21 @@ def score(
     return scores, signatures
 
 
+def _sacremoses():
+    """sacremoses' normaliser and tokenizer classes, or the one-line error saying to install it."""
+    try:
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    except ImportError as e:
+        raise ConfigError("--tokenized-bleu needs sacremoses: pip install sacremoses") from e
+    return MosesPunctNormalizer, MosesTokenizer
+
+
 def moses_lc_tokenize(lines: list[str], lang: str) -> list[str]:
     """Lines as Multi30k's ``data/task1/tok/*.lc.norm.tok.*`` files hold them: lowercased, then
     the Moses scripts' punctuation normalisation and tokenisation (``lowercase.perl |
     normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG``, escaping included), through
     sacremoses, which reproduces the German test2016 file word for word."""
-    try:
-        from sacremoses import MosesPunctNormalizer, MosesTokenizer
-    except ImportError as e:
-        raise ConfigError("--tokenized-bleu needs sacremoses: pip install sacremoses") from e
+    MosesPunctNormalizer, MosesTokenizer = _sacremoses()
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
     return [tokenizer.tokenize(normalizer.normalize(s.lower()), return_str=True, escape=True) for s in lines]
 
@@ -153,6 +159,11 @@ def run(args: argparse.Namespace) -> int:
         return run_classifier(args, meta)
     _refuse_others(args, CLASSIFIER_ONLY, "a translation model", "use --src/--ref or --dataset")
     config = search_config(args)
+    if config.nbest != 1:
+        raise ConfigError(f"--nbest {config.nbest}: evaluate scores each sentence's best translation; "
+                          "aiayn translate --nbest writes n-best lists")  # fmt: skip
+    if args.tokenized_bleu:
+        _sacremoses()  # before the decoding, not after it
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
     src_lang = args.src_lang or meta.get("src_lang", "de")

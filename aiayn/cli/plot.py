@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from aiayn.atomic import check_figure_dir
+from aiayn.errors import OutputError
 
 
 def add_parser(sub) -> None:
@@ -14,16 +16,21 @@ def add_parser(sub) -> None:
         epilog="example:\n  aiayn plot runs/de-en            # writes runs/de-en/{loss,lr,bleu}.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", help="a training run directory (with metrics.jsonl)")
+    p.add_argument("run_dir", help="a training run directory (with metrics.jsonl), or a metrics file")
     p.add_argument("--out", help="folder for the PNGs (default: the run directory); new, empty, or "
-                   "holding only these PNGs")  # fmt: skip
+                   "holding only these PNGs, which a rerun replaces as a set")  # fmt: skip
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.training.rundir import TRAIN_CONFIG
     from aiayn.viz.curves import is_curve, plot_curves
 
-    if args.out is not None:  # the run directory itself (the default) is aiayn's
+    given = Path(args.run_dir)
+    run_dir = given if given.is_dir() else given.parent
+    if args.out is None and not (run_dir / TRAIN_CONFIG).is_file():
+        raise OutputError(f"{given} is not in a training run directory; give --out FOLDER for the PNGs")
+    if args.out is not None and Path(args.out).resolve() != run_dir.resolve():  # a run directory is aiayn's
         check_figure_dir(args.out, is_curve)
     for path in plot_curves(args.run_dir, args.out):
         print(path)

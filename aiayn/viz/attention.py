@@ -48,11 +48,16 @@ def plot_heads(weights: Tensor, queries: list[str], keys: list[str], title: str)
             continue
         ax.imshow(weights[i].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {i}", fontsize=9)
-        ax.set_xticks(range(t_k), keys, rotation=90, fontsize=7)
-        ax.set_yticks(range(t_q), queries, fontsize=7)
+        ax.set_xticks(range(t_k), _plain(keys), rotation=90, fontsize=7)
+        ax.set_yticks(range(t_q), _plain(queries), fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _plain(labels: list[str]) -> list[str]:
+    """Token labels as text: matplotlib reads a label with two ``$`` as a formula (a piece ``$$``)."""
+    return [label.replace("$", r"\$") for label in labels]
 
 
 def is_attention_map(name: str) -> bool:

@@ -85,4 +85,4 @@ def plot_curves(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
         pngs[out / f"{name}.png"] = png_bytes(fig)
     if not pngs:
         raise ModelDirError(f"{run_dir}: metrics hold nothing to plot yet; train for a few steps first")
-    return write_figures(out, pngs)
+    return write_figures(out, pngs, replaces=is_curve)  # another task's curve of an earlier run goes

@@ -93,3 +93,14 @@ def test_the_maps_go_only_where_nothing_else_is_overwritten(model_dirs, tmp_path
     assert sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
     assert (notes / "todo.txt").read_text() == "mine\n"
     assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_a_piece_with_two_dollar_signs_is_a_label_not_a_formula():
+    """matplotlib reads ``$$`` as mathtext (and fails to parse it): a BPE vocabulary has such pieces."""
+    import torch
+
+    from aiayn.viz.attention import plot_heads
+    from aiayn.viz.figures import png_bytes
+
+    fig = plot_heads(torch.full((2, 2, 3), 1 / 3), ["$$", "a$b$"], ["$$", "x", "$5 and $6"], "title")
+    assert png_bytes(fig).startswith(PNG)

@@ -49,6 +49,28 @@ def test_errors(model_dirs, tmp_path, capsys):
     assert "has 2 lines but" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(model_dirs["lm"])]) == 1
     assert "this command needs a translation model" in capsys.readouterr().err
+    ref.write_text("a\nb\n", encoding="utf-8")
+    files = ["--src", str(src), "--ref", str(ref), "--output", str(tmp_path / "out.en")]
+    assert main(["evaluate", "--model", str(model_dirs["joint"]), *files, "--beam", "3", "--nbest", "3"]) == 1
+    assert "--nbest 3: evaluate scores each sentence's best translation" in capsys.readouterr().err
+
+
+def test_a_missing_sacremoses_is_said_before_any_decoding(model_dirs, tmp_path, monkeypatch, capsys):
+    import sys
+
+    import aiayn.decoding.translator
+
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # as if not installed
+    decoded = []
+    monkeypatch.setattr(aiayn.decoding.translator.Translator, "translate", lambda *a, **k: decoded.append(1))
+    src, ref = tmp_path / "t.de", tmp_path / "t.en"
+    src.write_text("a\n", encoding="utf-8")
+    ref.write_text("a\n", encoding="utf-8")
+    args = ["evaluate", "--model", str(model_dirs["joint"]), "--src", str(src), "--ref", str(ref),
+            "--tokenized-bleu", "--output", str(tmp_path / "out.en")]  # fmt: skip
+    assert main(args) == 1
+    assert "--tokenized-bleu needs sacremoses" in capsys.readouterr().err
+    assert not decoded and not (tmp_path / "out.en").exists()
 
 
 def test_multi30k_test_split(model_dirs, capsys):

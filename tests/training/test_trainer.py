@@ -230,8 +230,19 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     expected = sum(m.encoder.layers[0].ff.w_1.weight for m in parts) / 3
     torch.testing.assert_close(averaged.encoder.layers[0].ff.w_1.weight, expected)
     assert (run / "averaged" / "src").is_dir()
-    assert main(["plot", str(run)]) == 0
+    (run / "accuracy.png").write_bytes(b"a classifier's curve from an earlier run")
+    assert main(["plot", str(run), "--out", str(run)]) == 0  # the default, named
     assert (run / "loss.png").stat().st_size > 1000 and (run / "lr.png").is_file()
+    assert not (run / "accuracy.png").exists()  # the set is replaced: no stale curve beside the new ones
+    mine = tmp_path / "mine"  # a metrics file in a folder of the user's: written into only with --out
+    mine.mkdir()
+    (mine / "loss.png").write_bytes(b"the user's own figure")
+    (mine / "m.jsonl").write_bytes((run / "metrics.jsonl").read_bytes())
+    capsys.readouterr()
+    assert main(["plot", str(mine / "m.jsonl")]) == 1
+    assert "not in a training run directory; give --out" in capsys.readouterr().err
+    assert (mine / "loss.png").read_bytes() == b"the user's own figure"
+    assert main(["plot", str(mine / "m.jsonl"), "--out", str(tmp_path / "figs")]) == 0
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)
@@ -325,3 +336,31 @@ def test_a_language_model_run_generates(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("to be")
     (hyp,) = Generator.from_dir(run).complete("to be", new, SearchConfig(beam=1, min_len=new))
     assert len(hyp.tokens) == new
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("beam", "beam=0 must be at least 1"),
+        ("json-over-input", "--json"),
+        ("bad-reference", "is not valid JSON"),
+        ("wrong-reference", "is not a list of demo runs"),
+    ],
+)
+def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the_last_demo(
+    case, message, tmp_path, monkeypatch, capsys
+):
+    import aiayn.cli.demo as demo
+
+    reference = tmp_path / "demo.json"
+    reference.write_text({"bad-reference": "[{", "wrong-reference": '{"bleu": 1}'}.get(case, "[]"))
+    monkeypatch.setattr(demo, "REFERENCE", reference)
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / demo.DEMO_MARK).write_text("the last demo")
+    args = ["demo", "--out", str(out), "--minutes", "0.05"]
+    args += {"beam": ["--beam", "0"], "json-over-input": ["--json", str(reference)]}.get(case, [])
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "training" not in err
+    assert (out / demo.DEMO_MARK).read_text() == "the last demo"  # nothing replaced
