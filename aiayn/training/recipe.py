@@ -3,11 +3,13 @@
 A recipe holds the shared fields (``TrainConfig``) and the task's own (its ``TaskOptions``) side by
 side, with an optional ``[model]`` table of model-config fields. Overrides on the command line use
 TOML literal syntax (``lr=0.5``, ``eval_bleu=false``, ``model.d_model=256``; a bare word is a
-string). Each key goes where it belongs; a key no field takes or a wrong type is an error naming the
-key (and where it came from) before any work starts. Another task's field does nothing here and is
-dropped (so one set of overrides serves several tasks, and a ``train_config.json`` written when every
-task's fields were one flat list still reads), unless it would change what that task learns
-(``TaskOptions.ABOUT``) and is set off its default: then it is an error that says whose it is.
+string, as is a string field's text whatever TOML reads in it: ``out_dir=2024-06-01``,
+``tgt_lang=inf``). Each key goes where it belongs; a key no field takes or a wrong type is an error
+naming the key (and where it came from) before any work starts. Another task's field does nothing
+here and is dropped (so one set of overrides serves several tasks, and a ``train_config.json``
+written when every task's fields were one flat list still reads), unless it would change what that
+task learns (``TaskOptions.ABOUT``) and is set off its default: then it is an error that says whose
+it is.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     return isinstance(value, origin)
 
 
-def _typed(key: str, value: Any, annotation: Any, where: str) -> Any:
+def _typed(key: str, value: Any, annotation: Any, where: str, text: str | None = None) -> Any:
+    """``value`` checked against ``annotation``; ``text``, an override's text as written, is the value
+    of a string field that TOML read as something else (a date, a number)."""
+    takes_str = annotation is str or str in typing.get_args(annotation)
+    if text is not None and takes_str and not isinstance(value, str):
+        return text
     if not _type_ok(value, annotation):
         expected = getattr(annotation, "__name__", str(annotation))
         raise ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
@@ -72,21 +79,26 @@ def _other_task(key: str, value: Any, task: type[Task]) -> None:
 
 
 def config_from_dict(
-    data: dict[str, Any], source: str = "recipe", sources: dict[str, str] | None = None
+    data: dict[str, Any],
+    source: str = "recipe",
+    sources: dict[str, str] | None = None,
+    texts: dict[str, str] | None = None,
 ) -> TrainConfig:
     """Build a ``TrainConfig`` (the task's options included) from flat fields, rejecting unknown
     keys and wrong types with a one-line error that names where the key came from (``sources[key]``,
-    e.g. an override, else ``source``); then the task checks what it needs (``Task.check_config``)."""
-    shared = shared_fields()
+    e.g. an override, else ``source``); then the task checks what it needs (``Task.check_config``).
+    ``texts[key]``: an override's value as written, which a string field takes as it is."""
+    shared, texts = shared_fields(), texts or {}
     where = lambda key: (sources or {}).get(key, source)  # noqa: E731
-    task = get_task(_typed("task", data.get("task", TrainConfig.task), shared["task"], where("task")))
+    task_name = data.get("task", TrainConfig.task)
+    task = get_task(_typed("task", task_name, shared["task"], where("task"), texts.get("task")))
     own = _option_fields(task.options)
     common, options = {}, {}
     for key, value in data.items():
         if key in own:
-            options[key] = _typed(key, value, own[key], where(key))
+            options[key] = _typed(key, value, own[key], where(key), texts.get(key))
         elif key in shared:
-            common[key] = _typed(key, value, shared[key], where(key))
+            common[key] = _typed(key, value, shared[key], where(key), texts.get(key))
         else:
             try:
                 _other_task(key, value, task)
@@ -124,9 +136,11 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
-    sources = {}
+    sources, texts = {}, {}
     for item in overrides:
         keys, value = parse_override(item)
+        if len(keys) == 1:
+            texts[keys[0]] = item.split("=", 1)[1]
         target = data
         for k in keys[:-1]:
             target = target.setdefault(k, {})
@@ -134,4 +148,6 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
                 raise ConfigError(f"override {item!r}: {k} is not a table")
         target[keys[-1]] = value
         sources[keys[0]] = f"override {item!r}"
-    return config_from_dict(data, source=f"recipe {path}" if path else "overrides", sources=sources)
+    return config_from_dict(
+        data, source=f"recipe {path}" if path else "overrides", sources=sources, texts=texts
+    )

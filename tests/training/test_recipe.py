@@ -59,3 +59,14 @@ def test_a_task_needs_its_own_options():
 
     with pytest.raises(ConfigError, match="needs its options .*aiayn.training.recipe"):
         TranslationTask(TrainConfig(), Path("unused"), DistInfo())
+
+
+def test_a_string_field_on_the_command_line_is_its_text_whatever_toml_reads_in_it(tmp_path):
+    cfg = load_recipe(None, ["out_dir=2024-06-01", "tgt_lang=inf", "src_lang=true"])
+    assert (cfg.out_dir, cfg.options.tgt_lang, cfg.options.src_lang) == ("2024-06-01", "inf", "true")
+    with pytest.raises(ConfigError, match="override 'seed=inf': seed must be int"):  # not a string field
+        load_recipe(None, ["seed=inf"])
+    recipe = tmp_path / "dated.toml"
+    recipe.write_text("out_dir = 2024-06-01\n", encoding="utf-8")  # in a file, TOML's types stand
+    with pytest.raises(ConfigError, match="dated.toml: out_dir must be str"):
+        load_recipe(recipe)
