@@ -41,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: int, skip: int,
                overrides: tuple[str, ...] = ()) -> dict:  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="aiayn-bench-")) / "run"
+    # a constant schedule: a recipe's cosine would end within its warm-up here (refused); as fast
     args = [str(recipe), f"out_dir={out}", f"threads={threads}", f"max_tokens={max_tokens}",
             f"max_steps={steps}", f"eval_every={steps + 1}", "eval_bleu=false", "eval_iters=1",
-            "log_every=10", "progress=false", "max_minutes=0", "horizon=steps", "device=cpu",
-            *overrides]  # fmt: skip
+            "log_every=10", "progress=false", "max_minutes=0", "horizon=steps", "schedule=constant",
+            "device=cpu", *overrides]  # fmt: skip
     if procs == 1:
         cmd = [sys.executable, "-m", "aiayn", "train", *args]
     else:

@@ -145,6 +145,10 @@ class TrainConfig:
             fail(self, "adam_eps", "must be > 0 (the paper's is 1e-9)")
         if self.schedule == "cosine" and self.min_lr > self.lr:
             fail(self, "min_lr", f"is above lr={self.lr}: the cosine schedule decays from lr down to min_lr")
+        end = "decay_steps" if self.decay_steps else "max_steps"  # where the cosine reaches min_lr
+        if self.schedule == "cosine" and self.warmup >= getattr(self, end):
+            fail(self, "warmup", f"is not below {end}={getattr(self, end)}, where the cosine ends: it would "
+                 "never decay; lower warmup or raise decay_steps")  # fmt: skip
         if self.horizon == "budget" and (self.schedule != "cosine" or not self.max_minutes):
             fail(
                 self, "horizon", "needs schedule='cosine' and max_minutes > 0 (the budget the schedule spans)"

@@ -4,6 +4,8 @@ import math
 
 import pytest
 
+from aiayn.errors import ConfigError
+from aiayn.training.recipe import load_recipe
 from aiayn.training.schedule import Schedule
 
 
@@ -42,3 +44,17 @@ def test_a_time_budget_moves_the_cosine_to_the_larger_fraction():
     assert cos(1500, budget_used=0.5) == cos(1500)  # the steps are further along: they decide
     assert cos(10, budget_used=1.0) == 1e-4 and cos(10, budget_used=3.0) == 1e-4  # annealed at the end
     assert cos(10, budget_used=0.01) == pytest.approx(1e-3 * 20 / 100)  # warm-up by time, too
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["warmup=100", "max_steps=100"], "warmup=100 is not below max_steps=100, where the cosine ends"),
+        (["warmup=600", "max_steps=8000", "decay_steps=500"], "warmup=600 is not below decay_steps=500"),
+        (["warmup=600", "max_steps=120", "horizon=budget", "max_minutes=5"], "not below max_steps=120"),
+    ],
+)
+def test_a_cosine_that_would_end_before_its_warmup_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, ["schedule=cosine", *overrides])
+    load_recipe(None, ["schedule=constant", *overrides[:2]])  # no end to reach
