@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from aiayn.atomic import check_output
+from aiayn.cli.decode_options import warn
 from aiayn.errors import ConfigError
 
 
@@ -29,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise ConfigError(f"--last={args.last} must be ≥ 1")
     paths = last_checkpoints(args.run_dir, args.last)
+    if len(paths) < args.last:
+        kept = f"{len(paths)} recent checkpoint(s)"
+        warn(f"{args.run_dir} keeps only {kept}, not --last {args.last}: averaging those (see keep_last)")
     out = check_output(args.out or Path(args.run_dir) / "averaged", tuple(paths), directory=True,
                        force=args.force, option="--out")  # fmt: skip
     out = average_checkpoints(paths, out)

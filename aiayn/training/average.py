@@ -20,6 +20,7 @@ from aiayn.atomic import atomic_dir
 from aiayn.errors import ModelDirError
 from aiayn.models.io import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save_model
 from aiayn.training.checkpoint import STATE_JSON, STATE_TENSORS, step_dirs
+from aiayn.training.rundir import TRAIN_CONFIG, read_run_config
 
 
 def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
@@ -58,7 +59,16 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
 
 
 def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
-    found = [p for _, p in step_dirs(Path(run_dir))]
+    """The newest ``k`` checkpoints of a run, oldest first (fewer if it kept fewer). The best one,
+    which ``prune`` keeps past the run's ``keep_last``, is not among them when it is older than those:
+    it would average a far earlier model in."""
+    run_dir = Path(run_dir)
+    found = [p for _, p in step_dirs(run_dir)]
     if not found:
         raise ModelDirError(f"{run_dir} holds no step-* checkpoints")
+    keep_last = read_run_config(run_dir).get("keep_last") if (run_dir / TRAIN_CONFIG).is_file() else None
+    best = run_dir / "best"
+    if isinstance(keep_last, int) and keep_last > 0 and best.is_symlink():
+        older = found[:-keep_last]
+        found = [p for p in found if p not in older or p.resolve() != best.resolve()]
     return found[-k:]

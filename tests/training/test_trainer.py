@@ -16,6 +16,7 @@ from aiayn.cli.main import main
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.models.io import load_model
+from aiayn.training import checkpoint as ckpt
 from aiayn.training import precision, trainer
 from aiayn.training.recipe import load_recipe
 from aiayn.training.trainer import Trainer, TrainingDiverged
@@ -243,6 +244,24 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     assert "not in a training run directory; give --out" in capsys.readouterr().err
     assert (mine / "loss.png").read_bytes() == b"the user's own figure"
     assert main(["plot", str(mine / "m.jsonl"), "--out", str(tmp_path / "figs")]) == 0
+
+
+def test_average_of_more_checkpoints_than_kept_warns_and_leaves_out_an_older_best(corpus, tmp_path, capsys):
+    """What a run with keep_last=2 whose first evaluation stayed the best leaves: step 2 (best), 6 and 8.
+    --last 5 averages the two newest, says so, and does not reach back to step 2."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", "eval_every=2", "keep_last=5")]) == 0
+    ckpt.mark_best(run, run / "step-000002")
+    ckpt.prune(run, 2)
+    config = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps({**config, "keep_last": 2}))
+    capsys.readouterr()
+    assert main(["average", str(run), "--last", "5"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"aiayn: warning: {run} keeps only 2 recent checkpoint(s), not --last 5: averaging those "
+                   "(see keep_last)"]  # fmt: skip
+    averaged = json.loads((run / "averaged" / "config.json").read_text())["averaged"]
+    assert [Path(p).name for p in averaged] == ["step-000006", "step-000008"]
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)
