@@ -161,6 +161,13 @@ class Trainer:
                     print(f"aiayn train: warning: skipping checkpoint {path.name}: {e}", file=sys.stderr)
         else:
             raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({'; '.join(skipped)})")
+        # each rank trains on its shard of the data: other shards would repeat and skip examples
+        world, now = state.get("world_size", self.dist.world_size), self.dist.world_size  # older: as now
+        if world != now:
+            raise ConfigError(
+                f"cannot resume {self.run_dir}: {path.name} was trained by {world} process(es), not {now}; "
+                f"resume with --nproc_per_node={world} (torchrun)"
+            )
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
         self.elapsed = state["elapsed"]
         if self.short_budget.load_state_dict(state):  # short_budget halved them
@@ -280,7 +287,7 @@ class Trainer:
             return None
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
-                 "epoch": self.task.epoch, "run_id": self.run_id,
+                 "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta(),

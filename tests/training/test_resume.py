@@ -107,3 +107,22 @@ def test_a_torn_metrics_line_does_not_stop_a_resume(corpus, tmp_path, reference)
         f.write('[1]\n{"step": 5, "spl')
     assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
     assert _losses(run) == reference
+
+
+def test_resume_with_another_number_of_processes_is_refused(corpus, tmp_path, capsys, reference):
+    """Each process trains on its shard of the data: resumed by another number of processes, the
+    shards would repeat and skip examples. A checkpoint from before the count was saved resumes."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS)]) == 0
+    state_file = run / "step-000004" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["world_size"] == 1
+    state_file.write_text(json.dumps({**state, "world_size": 2}))  # as two processes under torchrun save it
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("step-000004 was trained by 2 process(es), not 1; resume with --nproc_per_node=2 "
+                            "(torchrun)"), err  # fmt: skip
+    state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "world_size"}))
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
+    assert _losses(run) == reference
