@@ -32,7 +32,8 @@ from aiayn.training.task import TOKENIZER_DIR
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
-# fields that may change when a run is resumed: they do not change what is computed
+# fields that may change when a run is resumed: they do not change what is computed (max_steps and
+# max_minutes unless they set where a cosine ends, which check_resume_compatible refuses to move)
 # (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
 # hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
@@ -126,13 +127,27 @@ def read_run_config(run_dir: Path) -> dict:
 
 def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
     """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
-    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes."""
+    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes. A cosine
+    keeps its end: ``max_steps`` moves it when ``decay_steps=0`` (which may then name the old end
+    instead), and ``max_minutes`` under ``horizon="budget"``."""
     now, default = to_dict(cfg), default_dict(cfg)  # a field added since the run: its default
-    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != now[k])
+    was = {k: saved.get(k, default[k]) for k in now}
+    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k])
+    if now["schedule"] == was["schedule"] == "cosine":
+        end = was["decay_steps"] or was["max_steps"]
+        if end == (now["decay_steps"] or now["max_steps"]):
+            changed = [k for k in changed if k != "decay_steps"]  # decay_steps=<the old max_steps>: the same
+        elif "decay_steps" not in changed:
+            raise ConfigError(f"cannot resume {run_dir}: max_steps sets where this run's cosine ends "
+                              f"(decay_steps=0): set decay_steps={end} to extend it")  # fmt: skip
+        if now["horizon"] == was["horizon"] == "budget" and now["max_minutes"] != was["max_minutes"]:
+            minutes = was["max_minutes"]
+            raise ConfigError(f"cannot resume {run_dir}: max_minutes sets where this run's cosine ends "
+                              f"(horizon='budget'): resume with max_minutes={minutes}")  # fmt: skip
     if changed:
         k = changed[0]
         raise ConfigError(
-            f"cannot resume {run_dir}: {k} was {saved.get(k, default[k])!r}, now {now[k]!r} "
+            f"cannot resume {run_dir}: {k} was {was[k]!r}, now {now[k]!r} "
             f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
             f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
         )

@@ -8,6 +8,10 @@ import shutil
 import pytest
 
 from aiayn.cli.main import main
+from aiayn.errors import ConfigError
+from aiayn.training.config import to_dict
+from aiayn.training.recipe import load_recipe
+from aiayn.training.rundir import check_resume_compatible
 from tests.training.conftest import tiny_args
 
 ARGS = ["eval_every=2", "keep_last=5", "model.dropout=0.3"]
@@ -126,3 +130,31 @@ def test_resume_with_another_number_of_processes_is_refused(corpus, tmp_path, ca
     state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "world_size"}))
     assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
     assert _losses(run) == reference
+
+
+ENDS = "sets where this run's cosine ends"
+
+
+@pytest.mark.parametrize(
+    ("run", "resumed", "refused"),
+    [
+        (["max_steps=100"], ["max_steps=200"], rf"max_steps {ENDS} \(decay_steps=0\): set decay_steps=100"),
+        (["max_steps=100"], ["max_steps=200", "decay_steps=100"], None),  # the same cosine, then min_lr
+        (["max_steps=100", "decay_steps=100"], ["max_steps=200", "decay_steps=100"], None),
+        (["max_steps=100", "schedule=inverse_sqrt"], ["max_steps=200", "schedule=inverse_sqrt"], None),
+        (["horizon=budget", "max_minutes=5"], ["horizon=budget", "max_minutes=10"],
+         rf"max_minutes {ENDS} \(horizon='budget'\): resume with max_minutes=5.0"),
+        (["max_minutes=5"], ["max_minutes=10"], None),  # a budget that only stops the run
+    ],
+)  # fmt: skip
+def test_a_resumed_cosine_keeps_where_it_ends(tmp_path, run, resumed, refused):
+    """Before, a larger max_steps (or budget) moved the cosine's end, and the resumed run's learning
+    rate jumped back up the curve."""
+    cosine = ["schedule=cosine", "warmup=10", "out_dir=runs/x"]
+    saved = to_dict(load_recipe(None, [*cosine, *run]))
+    now = load_recipe(None, [*cosine, *resumed])
+    if refused is None:
+        check_resume_compatible(saved, now, tmp_path)
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            check_resume_compatible(saved, now, tmp_path)
