@@ -28,7 +28,7 @@ from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, default_dict, to_dict
 from aiayn.training.distributed import DistInfo, all_reduce_max
-from aiayn.training.task import TOKENIZER_DIR
+from aiayn.training.task import TOKENIZER_DIR, get_task
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
@@ -125,6 +125,17 @@ def read_run_config(run_dir: Path) -> dict:
     return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix="resume cannot go on")
 
 
+def model_fields(cfg: TrainConfig, model: dict) -> dict:
+    """A ``[model]`` table with its model config's defaults filled in (a field written out at its
+    default is no change), or as written where it no longer makes a config."""
+    task = get_task(cfg.task)
+    vocab = task.vocab_placeholder(max(cfg.vocab_size, 256))  # the same on both sides of a comparison
+    try:
+        return task.model_config.from_dict({**model, **vocab}).to_dict()
+    except ValueError:
+        return dict(model)
+
+
 def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
     """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
     is computed. The run is known by its ``run_id``, not its path, so a moved run resumes. A cosine
@@ -132,6 +143,9 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
     instead), and ``max_minutes`` under ``horizon="budget"``."""
     now, default = to_dict(cfg), default_dict(cfg)  # a field added since the run: its default
     was = {k: saved.get(k, default[k]) for k in now}
+    models = [model_fields(cfg, fields.pop("model")) for fields in (was, now)]  # compared field by field
+    for f in sorted(models[0].keys() | models[1].keys()):
+        was[f"model.{f}"], now[f"model.{f}"] = (model.get(f, "unset") for model in models)
     changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k])
     if now["schedule"] == was["schedule"] == "cosine":
         end = was["decay_steps"] or was["max_steps"]

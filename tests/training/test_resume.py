@@ -158,3 +158,12 @@ def test_a_resumed_cosine_keeps_where_it_ends(tmp_path, run, resumed, refused):
     else:
         with pytest.raises(ConfigError, match=refused):
             check_resume_compatible(saved, now, tmp_path)
+
+
+def test_a_model_field_written_out_at_its_default_resumes_and_a_changed_one_is_named(tmp_path):
+    model = ["model.d_model=32", "model.n_heads=2", "model.dropout=0.1"]
+    saved = to_dict(load_recipe(None, model))
+    check_resume_compatible(saved, load_recipe(None, [*model, "model.ff_dropout=0.0"]), tmp_path)
+    with pytest.raises(ConfigError, match=r"model.ff_dropout was 0.0, now 0.2 \(1 incompatible field\(s\): "
+                       r"model.ff_dropout\); resume with the run's settings"):  # fmt: skip
+        check_resume_compatible(saved, load_recipe(None, [*model, "model.ff_dropout=0.2"]), tmp_path)
