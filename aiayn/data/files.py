@@ -4,7 +4,8 @@ This module finds the bundled ``data/`` folder and the cache folder, and reads p
 UTF-8 text files. ``check_file`` makes one streaming pass over a file (never holding it whole) that
 rejects a missing path, a directory, an empty or all-blank file, a broken gzip stream or invalid
 UTF-8 with a ``DataError`` naming the file (and the 1-based line), and returns the line count,
-character count and a SHA-256 of the decompressed bytes (the cache key). ``iter_lines`` splits
+character count and a SHA-256 of the decompressed bytes (the cache key; ``checked_files`` gathers
+those of a training run's data, which its checkpoints record). ``iter_lines`` splits
 on ``"\\n"`` only (plus one ``"\\r"`` before it), never on the other characters ``str.splitlines``
 treats as line breaks, so line i of a source file stays aligned with line i of its target file,
 and ``open_bytes`` skips a UTF-8 byte-order mark (``BOM``, which Excel's "CSV UTF-8" and Notepad write)
@@ -15,6 +16,8 @@ tokenize, filter or pair lines; see ``corpus.py``.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import contextvars
 import gzip
 import hashlib
 import io
@@ -85,6 +88,21 @@ def _read_error(path: Path, e: Exception) -> DataError:
     return DataError(f"{path}: cannot read it ({e}); if it is gzipped, check it with gzip -t")
 
 
+_RECORD: contextvars.ContextVar[list[FileInfo] | None] = contextvars.ContextVar("checked_files", default=None)
+
+
+@contextlib.contextmanager
+def checked_files() -> Iterator[list[FileInfo]]:
+    """The files ``check_file`` checks inside the block, in order: the data a training run reads,
+    whose digests a resumed run compares with the ones it was trained on."""
+    seen: list[FileInfo] = []
+    token = _RECORD.set(seen)
+    try:
+        yield seen
+    finally:
+        _RECORD.reset(token)
+
+
 def check_file(path: str | os.PathLike) -> FileInfo:
     """Check that ``path`` is a readable, non-empty UTF-8 text file (plain or gzip); count and hash."""
     path = Path(path)
@@ -120,7 +138,10 @@ def check_file(path: str | os.PathLike) -> FileInfo:
             f"{path} holds only blank lines ({n_lines} lines, no text); give a file with one sentence "
             "(or text) per line"
         )
-    return FileInfo(path=path, n_lines=n_lines, n_chars=n_chars, sha256=h.hexdigest())
+    info = FileInfo(path=path, n_lines=n_lines, n_chars=n_chars, sha256=h.hexdigest())
+    if (seen := _RECORD.get()) is not None:
+        seen.append(info)
+    return info
 
 
 def _first_bad_line(path: Path) -> int:

@@ -4,7 +4,8 @@ A checkpoint ``RUN/step-000500/`` holds
     config.json, model.safetensors   the model (``aiayn.models.io``), loadable on its own
     tokenizer files                  written by the tokenizer's own ``save``
     trainer_state.json               step, data position, best score, optimizer hyper-parameters,
-                                     Python RNG state, anything else JSON can hold
+                                     Python RNG state, the data files' digests, the number of
+                                     processes, anything else JSON can hold
     trainer_state.safetensors        optimizer moments and torch RNG states
 Nothing is pickled. A checkpoint is written into ``RUN/.tmp-…`` and renamed into place only when
 complete (``aiayn.atomic``), so a run killed mid-write leaves the previous checkpoints intact (the

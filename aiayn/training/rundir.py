@@ -33,12 +33,13 @@ from aiayn.training.task import TOKENIZER_DIR, get_task
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 # fields that may change when a run is resumed: they do not change what is computed (max_steps and
-# max_minutes unless they set where a cosine ends, which check_resume_compatible refuses to move)
+# max_minutes unless they set where a cosine ends, which check_resume_compatible refuses to move;
+# dataset, another spelling of the same data, which the digests of its files in a checkpoint check)
 # (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
 # hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
                      "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
-                     "compile", "out_dir", "short_budget"}  # fmt: skip
+                     "compile", "out_dir", "short_budget", "dataset"}  # fmt: skip
 # what a run that never reached a checkpoint leaves; removed when it is started again (its subword
 # samples too: drawn with its tokenizer, they would feed a restarted run with other settings old ids)
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, SAMPLES_DIR, "tensorboard")
@@ -165,6 +166,24 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
             f"({len(changed)} incompatible field(s): {', '.join(changed)}); resume with the run's "
             f"settings (its {TRAIN_CONFIG}), or start a new run in another out_dir"
         )
+
+
+def check_data_files(run_dir: Path, saved: list[list[str]], now: list[list[str]]) -> None:
+    """The data files a run reads now (``[path, sha256]``, in the order the task checks them) hold
+    what its checkpoint's did; their paths may be spelt otherwise. A ``ConfigError`` names the first
+    that changed."""
+    if [digest for _, digest in saved] == [digest for _, digest in now]:
+        return
+    changed = [(was, path) for (was, a), (path, b) in zip(saved, now) if a != b]
+    if changed:
+        was, path = changed[0]
+        detail = f"{path} differs from " + ("what the run read" if path == was else f"the run's {was}")
+    else:
+        detail = f"the run read {len(saved)} data file(s), this reads {len(now)}"
+    raise ConfigError(
+        f"cannot resume {run_dir}: the data changed: {detail} (sha256); restore the data the run was "
+        "trained on, or train a new run in another out_dir"
+    )
 
 
 def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, list[Path], bool]:

@@ -28,10 +28,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from aiayn.data.files import checked_files
 from aiayn.device import resolve_device
 from aiayn.errors import AiaynError, ConfigError, ModelDirError
 from aiayn.models.common import count_parameters
 from aiayn.models.io import read_config
+from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import rundir
 from aiayn.training.budget import BudgetWatch, ShortBudget, budget_used
@@ -108,7 +110,9 @@ class Trainer:
         """The task, model, precision, optimiser and schedule; the newest loadable checkpoint's state."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
+        with checked_files() as files:  # the data files the task reads, which a checkpoint records
+            self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
+        self.data_files = [[str(f.path), f.sha256] for f in files]
         self.model = self.task.build_model().to(self.device)
         self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
                                            self.model.config)  # fmt: skip
@@ -181,12 +185,14 @@ class Trainer:
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
 
     def _check_meta(self, path: Path) -> None:
-        """What the checkpoint recorded of the data (``task.model_meta``: a classifier's labels) is
-        what the data gives now; a change (a label new in the training data) is named, not loaded."""
+        """What the checkpoint recorded of the data (``task.model_meta``: a classifier's labels; its
+        files' digests) is what the data gives now; a change (a label new in the training data, a file
+        edited) is named, not loaded. The dataset may be spelt otherwise where the files are the same."""
         saved = read_config(path)
+        files = read_json(path / ckpt.STATE_JSON, "the checkpoint is incomplete").get("data_files")
         for key, now in self.task.model_meta().items():
             was = saved.get(key, now)
-            if was == now:
+            if was == now or (key == "dataset" and files is not None):  # the files' digests say
                 continue
             if isinstance(was, list) and isinstance(now, list):
                 change = [f"{x!r} is new" for x in now if x not in was] + [
@@ -200,6 +206,8 @@ class Trainer:
                 f"cannot resume {self.run_dir}: in the training data now, {detail}; restore the data the "
                 "run was trained on, or train a new run in another out_dir"
             )
+        if files is not None:
+            rundir.check_data_files(self.run_dir, files, self.data_files)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def log(self, record: dict) -> None:
@@ -288,6 +296,7 @@ class Trainer:
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
+                 "data_files": self.data_files,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta(),

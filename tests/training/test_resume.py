@@ -167,3 +167,26 @@ def test_a_model_field_written_out_at_its_default_resumes_and_a_changed_one_is_n
     with pytest.raises(ConfigError, match=r"model.ff_dropout was 0.0, now 0.2 \(1 incompatible field\(s\): "
                        r"model.ff_dropout\); resume with the run's settings"):  # fmt: skip
         check_resume_compatible(saved, load_recipe(None, [*model, "model.ff_dropout=0.2"]), tmp_path)
+
+
+def test_resume_checks_the_data_by_its_contents_not_by_how_its_path_is_spelt(corpus, tmp_path, capsys):
+    """Before, edited data trained on silently, and the same data under another spelling of the path was
+    refused (the dataset strings differed). A checkpoint from before the digests resumes as it did."""
+    run, other_spelling = tmp_path / "run", f"dataset={corpus}/../{corpus.name}/"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", *ARGS)]) == 0
+    original = (corpus / "valid.en").read_text(encoding="utf-8")
+    (corpus / "valid.en").write_text(original.replace("dog", "cat", 1), encoding="utf-8")  # same lines
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS), "--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    changed = f"the data changed: {corpus / 'valid.en'} differs from what the run read (sha256); restore"
+    assert len(err) == 1 and changed in err[0], err
+    (corpus / "valid.en").write_text(original, encoding="utf-8")
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS), other_spelling, "--resume"]) == 0
+    state_file = run / "step-000004" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "data_files"}))  # as before
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS), "--resume"]) == 1  # unverifiable
+    assert "dataset is" in capsys.readouterr().err
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS), other_spelling, "--resume"]) == 0
