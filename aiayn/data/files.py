@@ -154,6 +154,12 @@ def _first_bad_line(path: Path) -> int:
     return 0  # unreachable when called after a decode error
 
 
+def split_lines(text: str) -> list[str]:
+    """``text`` cut at ``"\n"`` only (one ``"\r"`` before it dropped), as ``iter_lines`` reads a file:
+    ``str.splitlines`` would also cut at U+0085, U+2028, form feeds…, which scraped text holds."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def iter_lines(path: Path) -> Iterator[str]:
     """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending."""
     try:

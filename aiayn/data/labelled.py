@@ -84,10 +84,13 @@ def _column(spec: str, header: list[str] | None, names: tuple[str, ...], what: s
     return found
 
 
-def _is_header(row: list[str], text_column: str, label_column: str) -> bool:
+def _is_header(row: list[str], text_column: str, label_column: str, labelled: bool) -> bool:
+    """Whether the first row names columns: the ones asked for, or a text column and (for labelled
+    data) a label column by their usual names."""
     cells = {c.strip().lower() for c in row}
     named = {c.lower() for c in (text_column, label_column) if c and not c.isdigit()}
-    return bool(named & cells) or (bool(cells & set(LABEL_NAMES)) and bool(cells & set(TEXT_NAMES)))
+    usual = bool(cells & set(TEXT_NAMES)) and (not labelled or bool(cells & set(LABEL_NAMES)))
+    return bool(named & cells) or usual
 
 
 def _rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
@@ -120,7 +123,7 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
     first = next(rows, None)
     if first is None:
         raise DataError(f"{path} has no rows")
-    header = first[1] if _is_header(first[1], text_column, label_column) else None
+    header = first[1] if _is_header(first[1], text_column, label_column, labelled) else None
     t = _column(text_column, header, TEXT_NAMES, "text", path)
     y = _column(label_column, header, LABEL_NAMES, "label", path) if labelled else None
     width = len(header) if header else len(first[1])
@@ -225,7 +228,8 @@ class LabelMap:
                 "at least two classes"
             )
         numeric = all(re.fullmatch(r"-?[0-9]+", s) for s in seen)  # "--1" and "²" are names, not numbers
-        return cls(sorted(seen, key=int) if numeric else sorted(seen))
+        # "1" and "01" name two classes of one value: their order must not be the set's (hash seed)
+        return cls(sorted(seen, key=lambda s: (int(s), s)) if numeric else sorted(seen))
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -23,6 +23,7 @@ import numpy as np
 
 from aiayn.data.cache import encode_text
 from aiayn.data.corpus import TextCorpus
+from aiayn.data.files import split_lines
 from aiayn.data.tokenizer import Tokenizer
 
 
@@ -48,10 +49,10 @@ class DocumentIds:
         self.tok, self.sep, self.vocab_size = tok, sep, tok.vocab_size
 
     def model_bytes(self) -> bytes:
-        return self.tok.model_bytes() + f"\0documents, separator {self.sep}".encode()
+        return self.tok.model_bytes() + f"\0documents (lines cut at \\n), separator {self.sep}".encode()
 
     def encode(self, text: str) -> np.ndarray:
-        lines = [line for line in text.splitlines() if line.strip()]
+        lines = [line for line in split_lines(text) if line.strip()]
         return join_documents(self.tok.encode_batch(lines), self.sep)
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from aiayn.data.corpus import MULTI30K_LANGS, TEXT_DATASETS, load_parallel, load_text
+from aiayn.data.files import split_lines
 from aiayn.data.labelled import LabelledCorpus, find_table, load_labelled, table_format
 from aiayn.errors import DataError
 
@@ -80,7 +81,7 @@ def load_sentences(source: str | os.PathLike, split: str, text_column: str = "")
         examples = load_examples(source, split, text_column, labelled=False)
         return examples.texts, str(examples.path)
     text = load_text(source, split)
-    lines = [line for chunk in text.chunks() for line in chunk.splitlines() if line.strip()]
+    lines = [line for chunk in text.chunks() for line in split_lines(chunk) if line.strip()]
     if not lines:
         raise DataError(f"{text.file.path}: the {split} split holds no non-blank line")
     return lines, str(text.file.path)

@@ -53,6 +53,9 @@ MASK = "<mask>"  # the masked-LM symbol of a vocabulary trained with mask=True
 UNK_SURFACE = "\u2047"  # "⁇": what decoding an unknown token shows
 META_FILE = "tokenizer.json"
 SPM_FILE = "spm.model"
+# sentencepiece leaves out of training, without a word, every text longer than this (its default: 4,192
+# bytes): a review or a document per line would then never shape the vocabulary
+MAX_SENTENCE_BYTES = 1 << 24
 
 
 class Tokenizer:
@@ -153,6 +156,7 @@ class SentencePieceTokenizer(Tokenizer):
         source: str = "",  # where the sentences come from, for error messages (e.g. the file names)
         mask: bool = False,  # add "<mask>" (id 4) for masked-LM pre-training
         lowercase: bool = False,  # a normalisation rule that lowercases every input (module docstring)
+        add_dummy_prefix: bool = True,  # "▁" before each text, as before every other word (False: a stream)
     ) -> SentencePieceTokenizer:
         """Train on an iterable of sentences (streamed; sentencepiece keeps them in memory)."""
         if model_type not in ("bpe", "unigram"):
@@ -174,6 +178,8 @@ class SentencePieceTokenizer(Tokenizer):
                     byte_fallback=byte_fallback,
                     **rules,
                     remove_extra_whitespaces=False,
+                    add_dummy_prefix=add_dummy_prefix,
+                    max_sentence_length=MAX_SENTENCE_BYTES,
                     pad_id=PAD_ID,
                     bos_id=BOS_ID,
                     eos_id=EOS_ID,

@@ -127,3 +127,42 @@ def test_a_separate_source_is_read_whole_if_a_file_and_by_split_if_a_folder(tmp_
     assert load_sentences("multi30k", "valid")[1] == "multi30k.valid"
     with pytest.raises(DataError, match="is a folder"):
         load_examples(folder, "all")
+
+
+def test_an_unlabelled_table_with_a_text_header_reads_its_text_column(tmp_path):
+    """Pre-training reads a table's texts only: a header that names a text column (and no label
+    column) is a header, not a first text."""
+    csv = write(tmp_path / "u.csv", "id,text\n1,hello world\n2,a second one\n")
+    assert load_sentences(csv, "all")[0] == ["hello world", "a second one"]
+    tsv = write(tmp_path / "u.tsv", "sentence\nhello world\n")
+    assert load_sentences(tsv, "all")[0] == ["hello world"]
+
+
+def test_labels_of_one_value_are_ordered_the_same_whatever_the_hash_seed(tmp_path):
+    """ "1" and "01" are two classes of one integer value: their class ids must not follow the order
+    of a set (which the process's hash seed decides), or two ranks, or a resumed run, disagree."""
+    import os
+    import subprocess
+    import sys
+
+    table = write(tmp_path / "a.tsv", "text\tlabel\na\t1\nb\t01\nc\t2\nd\t0\n")
+    code = ("from aiayn.data.labelled import LabelMap, load_labelled; import sys; "
+            f"print(LabelMap.from_corpus(load_labelled({str(table)!r})).labels)")  # fmt: skip
+    orders = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout  # fmt: skip
+        for seed in range(8)
+    }
+    assert orders == {"['0', '01', '1', '2']\n"}
+
+
+def test_lines_are_cut_at_newlines_only_as_files_are_read(tmp_path):
+    """U+0085 (a cp1252 "…" decoded as Latin-1), U+2028 and form feeds are text inside a line, as
+    ``iter_lines`` reads them: not the ends of documents."""
+    text = write(tmp_path / "a.txt", "Wait\x85 what is this\r\nsecond\u2028line\x0chere\n")
+    assert load_sentences(text, "all")[0] == ["Wait\x85 what is this", "second\u2028line\x0chere"]

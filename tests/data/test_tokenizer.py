@@ -219,3 +219,21 @@ def test_few_and_many_texts_encode_to_the_same_ids(tok):
     one_by_one = [tok.encode(t) for t in many]
     assert tok.encode_batch(many) == one_by_one
     assert tok.encode_batch(many[:3]) == one_by_one[:3] and tok.encode_batch([]) == []
+
+
+def test_texts_longer_than_sentencepieces_default_limit_shape_the_vocabulary():
+    """sentencepiece silently leaves texts over 4,192 bytes out of training: documents of one line
+    each would then never shape the vocabulary (or leave nothing to train on)."""
+    docs = [" ".join(f"zebra{i % 7} quokka" for i in range(600))] * 20  # about 8,000 bytes each
+    tok = SentencePieceTokenizer.train(docs, 300)
+    assert len(docs[0].encode()) > 4192 and len(tok.encode("zebra3 quokka")) <= 3
+
+
+def test_a_stream_vocabulary_puts_no_word_boundary_before_a_text():
+    """``add_dummy_prefix=False`` (a language model's stream): a line's first word is encoded as the
+    stream holds it, with no "▁" before it."""
+    lines = ["First Citizen:", "Before we proceed any further, hear me speak."] * 50
+    tok = SentencePieceTokenizer.train(lines, 300, add_dummy_prefix=False)
+    stream = tok.encode("\n".join(lines[:2]))
+    assert stream[: len(tok.encode(lines[0]))] == tok.encode(lines[0])
+    assert not tok.sp.id_to_piece(tok.encode("Before")[0]).startswith("\u2581")

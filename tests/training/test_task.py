@@ -108,3 +108,21 @@ def test_a_task_checks_its_model_config_before_any_work(counting):
         load_recipe(None, ["task=counting", "model.n_layers=0"])
     with pytest.raises(ValueError, match="already registered"):
         register_task("counting")(type("Other", (CountingTask,), {}))
+
+
+def test_a_subword_language_model_reads_its_text_as_the_vocabulary_was_trained(tmp_path):
+    """The stream (``encode_text``) has no "▁" before a line's first word, and neither has the
+    vocabulary trained on those lines: a line reads the same alone (a prompt) and inside the text."""
+    from aiayn.data import load_tokenizer
+
+    overrides = ["task=lm", "dataset=shakespeare", "tokenizer=bpe", "vocab_size=500", "max_steps=1",
+                 "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "block_size=16",
+                 "batch_size=2", "schedule=constant", "warmup=0", "progress=false", "threads=1",
+                 f"out_dir={tmp_path / 'run'}"]  # fmt: skip
+    Trainer(load_recipe(None, overrides)).fit()
+    tok = load_tokenizer(tmp_path / "run" / "tokenizer")
+    a, b = "First Citizen:", "Before we proceed any further, hear me speak."
+    assert tok.encode(f"{a}\n{b}") == tok.encode(a) + tok.encode("\n") + tok.encode(
+        b
+    )  # a prompt as the stream
+    assert not tok.sp.id_to_piece(tok.encode(b)[0]).startswith("\u2581")

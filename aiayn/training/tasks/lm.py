@@ -25,6 +25,7 @@ from aiayn.data import (
     load_tokenizer,
     sequential_windows,
 )
+from aiayn.data.files import split_lines
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.errors import DataError
 from aiayn.models import LanguageModel
@@ -71,8 +72,12 @@ class LMTask(Task):
                 if cfg.tokenizer == "char":
                     tok = CharTokenizer.train(train.chunks())
                 else:
-                    lines = (line for chunk in train.chunks() for line in chunk.splitlines())
-                    tok = SentencePieceTokenizer.train(lines, cfg.vocab_size, model_type=cfg.tokenizer)
+                    # trained on the lines of the text it then encodes as a stream (encode_text): no
+                    # "▁" before each line's first word, which the stream does not have either
+                    lines = (line for chunk in train.chunks() for line in split_lines(chunk))
+                    tok = SentencePieceTokenizer.train(
+                        lines, cfg.vocab_size, model_type=cfg.tokenizer, add_dummy_prefix=False
+                    )
                 tok.save(tok_dir)
             return load_tokenizer(tok_dir)
 
