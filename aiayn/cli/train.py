@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 EPILOG = """examples:
@@ -13,6 +14,8 @@ EPILOG = """examples:
   torchrun --nproc_per_node=2 -m aiayn train recipes/multi30k-de-en.toml device=cpu
 
 Overrides are key=value pairs of recipe fields in TOML syntax; model fields take a "model." prefix.
+Ctrl-C (SIGINT) or SIGTERM stops the run with a checkpoint to --resume from; the exit status is then
+130 or 143, as for a program those signals ended.
 """
 
 
@@ -41,5 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if recipe is not None and "=" in recipe and not Path(recipe).exists():
         recipe, overrides = None, [recipe, *overrides]
     cfg = load_recipe(recipe, overrides)
-    Trainer(cfg, resume=args.resume).fit()
-    return 0
+    reason = Trainer(cfg, resume=args.resume).fit()["reason"]
+    # stopped by a signal (saved, resumable): the shell's 128 + its number, so that `&&` and a
+    # scheduler see an interrupted run, not a finished one
+    return {"SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}.get(reason, 0)

@@ -105,7 +105,7 @@ SHORT = ["max_tokens=2048", "max_minutes=0.25", "max_steps=1000", "short_budget=
 
 
 def _stop_after(monkeypatch, step: int):
-    """Stop the run as a SIGINT would (save and exit 0) once update ``step`` is done."""
+    """Stop the run as a SIGINT would (save, and exit 130) once update ``step`` is done."""
     real = trainer_module.Trainer.train_step
 
     def train_step(self, batches):
@@ -145,7 +145,7 @@ def test_resume_around_the_halving_is_exact(corpus, tmp_path, monkeypatch, stop)
     assert main(["train", *tiny_args(corpus, ref, *SHORT)]) == 0
     with monkeypatch.context() as m:
         _stop_after(m, stop)
-        assert main(["train", *tiny_args(corpus, run, *SHORT)]) == 0
+        assert main(["train", *tiny_args(corpus, run, *SHORT)]) == 130  # interrupted: 128 + SIGINT
     assert _train(run)[-1]["step"] == stop
     assert main(["train", *tiny_args(corpus, run, *SHORT), "--resume"]) == 0
 

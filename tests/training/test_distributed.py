@@ -108,9 +108,9 @@ def _torchrun(corpus, tmp_path, port: int, driver_options: list[str], *overrides
                             text=True, start_new_session=True)  # fmt: skip
 
 
-def _finish(proc: subprocess.Popen, pids: Path, timeout: float = 180) -> str:
-    """Wait for torchrun; ranks that hang are killed (torchrun starts each in a session of its own,
-    so by the process ids they wrote to ``pids``) and the test fails."""
+def _finish(proc: subprocess.Popen, pids: Path, timeout: float = 180, status: int = 0) -> str:
+    """Wait for torchrun (and its exit ``status``); ranks that hang are killed (torchrun starts each in
+    a session of its own, so by the process ids they wrote to ``pids``) and the test fails."""
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -120,7 +120,7 @@ def _finish(proc: subprocess.Popen, pids: Path, timeout: float = 180) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         pytest.fail(f"the two ranks hung (killed after {timeout} s):\n{err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == status, err[-3000:]
     return err
 
 
@@ -162,8 +162,8 @@ def test_sigterm_to_one_rank_stops_both_cleanly(corpus, tmp_path):
         assert proc.poll() is None and time.time() < deadline, "the run did not start"
         time.sleep(0.1)
     os.kill(int((pids / "rank1.pid").read_text()), signal.SIGTERM)  # rank 1 only
-    err = _finish(proc, pids)
-    assert "(SIGTERM)" in err
+    err = _finish(proc, pids, status=1)  # both ranks exit 143 (stopped, not finished): torchrun fails
+    assert "(SIGTERM)" in err and "exitcode  : 143" in err
     assert _same_final_state(dump, run) >= 5
 
 
