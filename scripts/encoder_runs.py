@@ -35,9 +35,9 @@ PRETRAINING_FILE = "pretraining.json"
 def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accuracy") -> dict:
     """Train one recipe into ``run_dir`` from nothing; its record for the results (``metric``: the
     validation figure that picks the best checkpoint)."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.toml", [*overrides, f"out_dir={run_dir}"])
+    if run_dir.exists():  # an earlier run of it, replaced once the overrides are known to be good
+        shutil.rmtree(run_dir)
     t0 = time.time()
     result = Trainer(cfg).fit()
     if result["reason"] in ("SIGINT", "SIGTERM"):
@@ -52,6 +52,12 @@ def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accur
             "updates_per_minute": round(result["step"] / minutes, 1), "best_step": best["step"],
             "run_dir": str(run_dir.relative_to(ROOT)), "machine": machine(), "commit": git_commit(),
             "valid_curve": [{k: r[k] for k in keys if k in r} for r in valid]}  # fmt: skip
+
+
+def check(recipe: str, overrides: list[str]) -> None:
+    """A later stage's overrides checked now, before the stages that come first train for an hour
+    (a ``ConfigError`` naming the key, as ``aiayn train`` would print it)."""
+    load_recipe(ROOT / "recipes" / f"{recipe}.toml", [*overrides, "out_dir=runs/reproduce-encoder/check"])
 
 
 # what each pre-training objective's validation reports, and the figure its record keeps

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -57,10 +58,13 @@ def launcher(processes: int) -> list[str]:
 
 
 def run(cmd: list[str]) -> float:
-    """Run ``cmd`` in the repository root (failing loudly); its wall-clock seconds."""
+    """Run ``cmd`` in the repository root; its wall-clock seconds (a stage that fails ends the
+    pipeline with one line: the stage has said why)."""
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"{Path(__file__).name}: a stage failed (exit status {done.returncode}): no results")
     return time.time() - t0
 
 
@@ -182,8 +186,16 @@ def main() -> int:
     args = parser().parse_args()
     if not 0 < args.r2l_share < 1:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
+    if not (args.minutes >= 0 and args.processes >= 1):
+        parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
+    if args.name is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.name):
+        parser().error(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only: it names files")
     name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
     final = ["model.bidirectional=true", "r2l_memory_from=cache", *args.final]
+    # every stage's overrides, checked before the first one trains (and an earlier pipeline's runs go)
+    path, planned = ROOT / "recipes" / f"{args.recipe}.toml", [ROOT / "runs" / f"reproduce-{name}-r2l"] * 2
+    load_recipe(path, [*args.overrides, *args.r2l, "reverse_target=true"])
+    load_recipe(path, [*args.overrides, *final, *r2l_overrides(planned[: 2 if args.jackknife else 1])])
     out = pipeline(args.recipe, args.overrides, final, name, args)
     print(json.dumps({k: out[k] for k in ("name", "stages", "total_minutes", "test")}, indent=1))
     return 0

@@ -47,6 +47,7 @@ from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain,
 from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 
 # --long-text: the results' name suffix and the recipe overrides (none: the recipe's own head+tail); the
 # clock, not the recipe's cap of 6,000 updates, ends the windows hour, which bf16 on a fast CPU passes
@@ -76,6 +77,8 @@ def main() -> int:
                          "updates where the CPU has fast bfloat16, and names its own runs and results, "
                          "e.g. imdb-clm60-bf16-windows")  # fmt: skip
     args = ap.parse_args()
+    if not args.pretrain_minutes >= 0:
+        ap.error(f"--pretrain-minutes {args.pretrain_minutes:g}: give minutes ≥ 0 (0: the recipe's)")
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
     if not (args.imdb / "train.tsv.gz").is_file():
         ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
@@ -90,10 +93,12 @@ def main() -> int:
     tag = encoder_runs.precision_tag(args.precision)
     pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
     name = (pre_name or prefix + tag) + suffix
+    tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
+              *args.overrides]  # fmt: skip
+    encoder_runs.check("imdb-finetune", tuning)  # before the pre-training's hour
     pre = pretrain(args.imdb, budget, objective=args.objective, name=pre_name, precision=args.precision)
     out["pretraining"] = pre
-    overrides = [f"dataset={args.imdb.resolve()}", f"init_from={ROOT / pre['run_dir']}",
-                 *FINETUNE_OVERRIDES[args.objective], *reading, *precision, *args.overrides]  # fmt: skip
+    overrides = [*tuning[:1], f"init_from={ROOT / pre['run_dir']}", *tuning[1:]]
     run = train("imdb-finetune", RUNS / f"{name}-finetune", overrides)
     run["dev"] = dev_scores(ROOT / run["run_dir"], dev)
     run["total_minutes"] = round(run["minutes"] + pre["minutes"], 2)  # pre-training counted
@@ -110,4 +115,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AiaynError as e:  # a recipe, override, dataset or run directory that is wrong: one line
+        sys.exit(f"{Path(__file__).name}: error: {e}")

@@ -55,6 +55,7 @@ from reproduce import git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.data.labelled import find_table  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 
 # the fine-tuned arm's own recipe fields, by objective (the scratch arm keeps the recipe's): the encoder
 # that read IMDb's labels after the causal LM fine-tunes at half the recipe's learning rate, the one
@@ -125,12 +126,17 @@ def main() -> int:
     test = args.test or args.sst2 / "test-unlabelled.tsv"
     if args.test and not args.test.is_file():
         ap.error(f"--test {args.test}: no such file")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        ap.error(f"--dropout {args.dropout:g}: give a probability in [0, 1)")
     started = time.time()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
     name += "" if args.dropout is None else f"-dropout{args.dropout:g}"
     results = ROOT / "results" / f"{name}.json"
+    planned = arms(args.objective, RUNS / "pre-trained", args.sst2, args.precision, args.dropout)
+    for _, overrides in planned.values():  # both arms' fine-tuning, checked before the pre-training's hour
+        encoder_runs.check("sst2-finetune", [*overrides, f"seed={args.seeds[0]}"])
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective, precision=args.precision)
     runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision, args.dropout)
     out["runs"] = earlier_runs(pre, args.seeds, results, {kind: o for kind, (_, o) in runs.items()})
@@ -161,4 +167,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AiaynError as e:  # a recipe, override, dataset or run directory that is wrong: one line
+        sys.exit(f"{Path(__file__).name}: error: {e}")
