@@ -246,6 +246,9 @@ def main() -> int:
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
     if args.members == 1 or args.members < 0:
         ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
+    if args.average < 1 or args.beam < 1 or args.mbr_beam == 1 or args.mbr_beam < 0:
+        ap.error(f"--average {args.average}, --beam {args.beam}, --mbr-beam {args.mbr_beam}: give --average "
+                 "and --beam ≥ 1 and --mbr-beam 0 (none) or ≥ 2, before any training")  # fmt: skip
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     name = args.name or run_name(args.recipe, args.overrides, args.members, args.tag)
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"

@@ -32,6 +32,9 @@ def load_script(name: str = "reproduce"):
         (["multi30k-en-de", "--members", "1"], "--members 1: give 2 or more"),
         (["shakespeare-char", "--members", "2"], "--members is for translation recipes"),
         (["multi30k-en-de", "--tag", "../elsewhere"], "--tag '../elsewhere': use letters"),
+        (["multi30k-en-de", "--average", "0"], "--average 0, --beam 5, --mbr-beam 0: give"),
+        (["multi30k-en-de", "--beam", "0"], "--beam 0"),
+        (["multi30k-en-de", "--mbr-beam", "-1"], "--mbr-beam -1"),
     ],
 )
 def test_arguments_are_checked_before_anything_runs(args, message):
@@ -51,6 +54,35 @@ def test_a_wrong_recipe_or_override_is_one_line(args, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 1 and run.stderr.startswith("reproduce.py: error: "), run.stderr
     assert message in run.stderr and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("reproduce_bidirectional", ["multi30k-de-en", "--final", "r2l_memory_dropout=1.5"],
+         "r2l_memory_dropout=1.5 must be in [0, 1)"),
+        ("reproduce_bidirectional", ["multi30k-de-en", "--r2l", "lrr=1"], "unknown key 'lrr'"),
+        ("reproduce_bidirectional", ["no-such-recipe"], "recipes/no-such-recipe.toml does not exist"),
+        ("reproduce_imdb", ["IMDB", "sed=2"], "unknown key 'sed'"),
+        ("reproduce_sst2", ["SST2", "IMDB", "--dropout", "1.5"], "--dropout 1.5: give a probability"),
+    ],
+)  # fmt: skip
+def test_the_pipelines_check_every_stage_before_the_first_trains(script, args, message, tmp_path):
+    """A later stage's mistake is found in a second, not after an hour of the stages before it (nor
+    after an earlier run was deleted): nothing is trained and runs/ is left as it was."""
+    (tmp_path / "IMDB").mkdir()
+    (tmp_path / "IMDB" / "train.tsv.gz").write_bytes(b"")  # the folder's check passes; nothing reads it
+    (tmp_path / "SST2").mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / "SST2" / name).write_text("label\tsentence\n1\ta\n")
+    args = [str(tmp_path / a) if a in ("IMDB", "SST2") else a for a in args]
+    runs = sorted((ROOT / "runs").glob("*")) if (ROOT / "runs").is_dir() else []
+    done = subprocess.run([sys.executable, str(SCRIPT.with_name(f"{script}.py")), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode in (1, 2) and message in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # argparse's usage lines may come before it
+    assert message in last and "Traceback" not in done.stderr and "aiayn train:" not in done.stderr
+    assert (sorted((ROOT / "runs").glob("*")) if (ROOT / "runs").is_dir() else []) == runs
 
 
 def test_the_run_name_leaves_out_cosmetic_overrides_and_ends_with_the_tag():
