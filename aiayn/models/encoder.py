@@ -130,8 +130,9 @@ class EncoderModel(nn.Module):
         if self.config.pooling == "first":
             return states[:, 0]
         real = (ids != self.config.pad_id).unsqueeze(-1)  # (B, T, 1)
-        if self.config.pooling == "max":  # each feature's largest value over the real tokens
-            return states.masked_fill(~real, torch.finfo(states.dtype).min).amax(1)
+        if self.config.pooling == "max":  # each feature's largest over the real tokens (none: 0, as mean)
+            pooled = states.masked_fill(~real, torch.finfo(states.dtype).min).amax(1)
+            return pooled.masked_fill(~real.any(1), 0.0)
         real = real.to(states.dtype)
         return (states * real).sum(1) / real.sum(1).clamp(min=1)
 

@@ -25,6 +25,8 @@ from aiayn.models.bidirectional import build_transformer
 from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.lm import LanguageModel
+from aiayn.models.prepack import is_packed
+from aiayn.models.quantize import is_quantized
 from aiayn.models.transformer import Transformer
 from aiayn.modules.config import LayerConfig
 from aiayn.textfiles import read_json
@@ -55,7 +57,12 @@ def build_model(kind: str, config: dict) -> nn.Module:
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:
-    """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``."""
+    """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``.
+    A model made for inference only (int8, bfloat16, prepacked: ``quantize``, ``prepack``) is refused:
+    its weights are not the float32 ones a model directory holds (a packed one's are not all there)."""
+    if is_quantized(model) or is_packed(model) or any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ConfigError("this model was quantized or prepacked for inference: save the float32 model "
+                          "(load it again, save it, then quantize or prepack)")  # fmt: skip
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
@@ -73,7 +80,9 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
         return path
     if (path / "best" / CONFIG_FILE).is_file():
         return (path / "best").resolve()
-    steps = sorted(p for p in path.glob("step-*") if (p / CONFIG_FILE).is_file()) if path.is_dir() else []
+    steps = [p for p in path.glob("step-*") if (p / CONFIG_FILE).is_file()] if path.is_dir() else []
+    # by number: step-1000000 comes after step-999999 (their names sort the other way)
+    steps.sort(key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1)
     return steps[-1] if steps else path
 
 

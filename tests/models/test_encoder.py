@@ -245,3 +245,11 @@ def test_causal_encoder_loss_is_next_token_cross_entropy_without_padding():
     assert_close("causal encoder loss", loss, ref, atol=1e-4)
     assert_close("causal encoder nll", nll, F.cross_entropy(logits[real], targets[real], reduction="sum"),
                  atol=1e-4)  # fmt: skip
+
+
+def test_max_pooling_of_a_row_without_a_real_token_is_zero_as_mean_pooling():
+    m = model(n_classes=2, pooling="max")
+    ids = torch.tensor([[1, 5, 6], [0, 0, 0]])
+    with torch.no_grad():
+        pooled = m.pool(ids, m.encode(ids)[0])
+    assert torch.isfinite(m.classify(ids)).all() and (pooled[1] == 0).all()

@@ -7,7 +7,7 @@ import torch
 
 from aiayn import LanguageModel, LMConfig, Transformer, TransformerConfig
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.models.io import load_model, read_config, save_model
+from aiayn.models.io import load_model, read_config, resolve_model_dir, save_model
 
 
 def _small() -> Transformer:
@@ -139,3 +139,32 @@ def test_from_dict_refuses_a_non_object():
         TransformerConfig.from_dict("hello")
     with pytest.raises(ConfigError, match="LMConfig: config must be a JSON object, got list"):
         LMConfig.from_dict([("d_model", 16)])
+
+
+@pytest.mark.parametrize("made", ["int8", "bf16", "prepacked"])
+def test_a_model_made_for_inference_only_is_not_saved_over_a_good_one(made, tmp_path):
+    """Quantized and prepacked models hold other weights than a model directory's float32 ones (a
+    packed model's are not all in its state dict): saving one is refused, and the directory keeps
+    the model it held."""
+    from aiayn.models.prepack import prepack
+    from aiayn.models.quantize import quantize
+
+    m = _small()
+    save_model(m, tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    if made == "prepacked":
+        prepack(m, "onednn")
+        with pytest.raises(ConfigError, match="quantize a model before prepacking it"):
+            quantize(m, "int8")
+    else:
+        quantize(m, made)
+    with pytest.raises(ConfigError, match="quantized or prepacked for inference"):
+        save_model(m, tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    load_model(tmp_path)
+
+
+def test_a_run_directory_resolves_to_its_latest_step_by_number(tmp_path):
+    for step in (999_999, 1_000_000):
+        save_model(_small(), tmp_path / f"step-{step:06d}")
+    assert resolve_model_dir(tmp_path).name == "step-1000000"
