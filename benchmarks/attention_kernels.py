@@ -32,7 +32,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from provenance import write_result
+from provenance import run_main, write_result
 
 from aiayn.cli.demo import machine
 from aiayn.modules import attention
@@ -136,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -16,7 +16,7 @@ import json
 import time
 
 import torch
-from provenance import write_result
+from provenance import run_main, write_result
 
 from aiayn import Transformer, TransformerConfig, build_transformer
 from aiayn.cli.demo import machine
@@ -78,4 +78,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from provenance import write_result  # noqa: E402
+from provenance import run_main, write_result  # noqa: E402
 from reproduce_bidirectional import build_cache, launcher, pipeline, r2l_overrides, run  # noqa: E402
 
 from aiayn.cli.demo import machine  # noqa: E402
@@ -226,4 +226,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from provenance import write_result  # noqa: E402
+from provenance import run_main, write_result  # noqa: E402
 
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.decoding.adapters import Seq2SeqAdapter  # noqa: E402
@@ -74,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

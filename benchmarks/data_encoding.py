@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from provenance import run_main
 
 
 def _rss_mib(field: str) -> float:
@@ -134,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -475,4 +475,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from provenance import run_main
+
+    run_main(main)

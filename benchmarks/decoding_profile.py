@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from decoding_engines import BASE  # noqa: E402  (the sibling benchmark's OPUS-MT sizes)
-from provenance import write_result  # noqa: E402
+from provenance import run_main, write_result  # noqa: E402
 
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
@@ -141,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

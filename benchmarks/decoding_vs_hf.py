@@ -18,6 +18,7 @@ import time
 from functools import partial
 
 import torch
+from provenance import run_main
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
@@ -157,4 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

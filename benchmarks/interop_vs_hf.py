@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import torch
-from provenance import write_result
+from provenance import run_main, write_result
 
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
@@ -142,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,7 +14,7 @@ import statistics
 import time
 
 import torch
-from provenance import write_result
+from provenance import run_main, write_result
 
 from aiayn.cli.demo import machine
 from aiayn.data import load_parallel
@@ -63,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

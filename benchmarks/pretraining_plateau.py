@@ -34,7 +34,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provenance import write_result  # noqa: E402
+from provenance import run_main, write_result  # noqa: E402
 
 from aiayn import EncoderConfig, EncoderModel  # noqa: E402
 from aiayn.data import load_tokenizer  # noqa: E402
@@ -155,4 +155,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from provenance import write_result
+from provenance import run_main, write_result
 
 from aiayn.cli.demo import machine
 from aiayn.modules.loss import fused_r_drop_loss, linear_label_smoothed_nll_loss, r_drop_loss
@@ -71,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

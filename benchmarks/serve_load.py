@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from provenance import write_result  # noqa: E402
+from provenance import run_main, write_result  # noqa: E402
 
 from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
@@ -73,16 +74,20 @@ def start(
     argv = [sys.executable, "-m", "aiayn", "serve", "--model", model, "--port", str(port), "--threads",
             str(threads), *MODES[mode], "--queue-size", "256", "--batch-window-ms", str(window_ms),
             "--workers", str(workers), "--quantize", quantize]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()  # noqa: SIM115 -- the server writes it as long as it runs (a pipe would fill)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}/"
     for _ in range(300):
+        if proc.poll() is not None:  # it refused its options or models: say why, at once
+            log.seek(0)
+            raise SystemExit(log.read().decode("utf-8", "replace").strip() or "the server exited")
         try:
             urllib.request.urlopen(url + "health", timeout=1)
             return proc, url
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("the server did not start")
+    raise SystemExit("the server did not start within a minute")
 
 
 def one(url: str, text: str, beam: int) -> tuple[float, bool]:
@@ -232,4 +237,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

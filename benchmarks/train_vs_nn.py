@@ -37,7 +37,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from provenance import write_result
+from provenance import run_main, write_result
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
@@ -273,4 +273,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
