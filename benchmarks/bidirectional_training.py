@@ -134,8 +134,16 @@ class Bench:
         self.common = [*MAKE[direction], *SHORT, f"seed={seed}"]
 
     def record(self, arm: str, make, *how) -> dict:
+        """The arm's figures: from the summary where it was measured at this budget and what it
+        leaves for the arms after it (the right-to-left models in runs/) is still there; else run now."""
         name = f"{self.tag}-{arm}"
-        if name not in self.summary["arms"]:
+        kept = self.summary["arms"].get(name)
+        models = (kept or {}).get("stages", {}).get("r2l_models", [])
+        if (
+            kept is None
+            or kept.get("budget_minutes") != self.args.minutes
+            or not all((ROOT / d).is_dir() for d in models)
+        ):
             result = make(name, *how)
             shutil.copy(ROOT / "results" / f"{name}.json", OUT / f"{name}.json")
             for f in (ROOT / "results").glob(f"{name}*"):
