@@ -48,14 +48,18 @@ clean:
 # (ahead on validation with both seeds, +0.42 for the ensembles; docs/results.md, 2026-11-27); the LM:
 # one process.
 TORCHRUN := $(PY) -m torch.distributed.run --standalone --nproc_per_node=2
+# TAG=zen4 (every reproduce target) ends the results' names with -zen4: a run on another machine then
+# sits beside the committed figures instead of replacing them
+TAG ?=
+tag = $(if $(TAG),--tag $(TAG))
 reproduce-multi30k-de-en: $(STAMP)
-	$(TORCHRUN) scripts/reproduce.py multi30k-de-en weight_decay=0.1
+	$(TORCHRUN) scripts/reproduce.py multi30k-de-en weight_decay=0.1 $(tag)
 
 reproduce-multi30k-en-de: $(STAMP)
-	$(PY) scripts/reproduce.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 --members 2
+	$(PY) scripts/reproduce.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 --members 2 $(tag)
 
 reproduce-shakespeare-char: $(STAMP)
-	$(PY) scripts/reproduce.py shakespeare-char
+	$(PY) scripts/reproduce.py shakespeare-char $(tag)
 
 # Issue 58: the bidirectional model on cached right-to-left translations, the whole pipeline (the
 # right-to-left model, its translations of the training set, the bidirectional model) inside the plain
@@ -71,12 +75,13 @@ memory_dropout = $(if $(MEMORY_DROPOUT),r2l_memory_dropout=$(MEMORY_DROPOUT) --n
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
 reproduce-multi30k-de-en-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 --processes 2 \
-	  --r2l-share 0.3 --r2l lr=0.0025 --final r2l_init=true r2l_freeze=true $(call memory_dropout,multi30k-de-en)
+	  --r2l-share 0.3 --r2l lr=0.0025 --final r2l_init=true r2l_freeze=true $(call memory_dropout,multi30k-de-en) \
+	  $(tag)
 
 reproduce-multi30k-en-de-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 \
 	  --processes 2 --r2l-share 0.3 --r2l lr=0.00175 --final r2l_init=true r2l_freeze=true \
-	  $(call memory_dropout,multi30k-en-de)
+	  $(call memory_dropout,multi30k-en-de) $(tag)
 
 # Issues 16 and 59: SST-2 and IMDb are not bundled (research use only); point SST2 at GLUE's SST-2
 # folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,
@@ -104,9 +109,9 @@ DROPOUT ?=
 reproduce-sst2: $(STAMP)
 	@test -n "$(SST2)" -a -n "$(IMDB)" || { echo "usage: make reproduce-sst2 SST2=path/to/sst2 IMDB=path/to/imdb"; exit 2; }
 	$(PY) scripts/reproduce_sst2.py $(SST2) $(IMDB) --objective $(OBJECTIVE) --precision $(PRECISION) \
-		$(if $(DROPOUT),--dropout $(DROPOUT))
+		$(if $(DROPOUT),--dropout $(DROPOUT)) $(tag)
 
 reproduce-imdb: $(STAMP)
 	@test -n "$(IMDB)" || { echo "usage: make reproduce-imdb IMDB=path/to/imdb"; exit 2; }
 	$(PY) scripts/reproduce_imdb.py $(IMDB) --objective $(OBJECTIVE) --long-text $(LONG_TEXT) \
-		--pretrain-minutes $(PRETRAIN_MINUTES) --precision $(PRECISION)
+		--pretrain-minutes $(PRETRAIN_MINUTES) --precision $(PRECISION) $(tag)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -52,6 +53,21 @@ def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accur
             "updates_per_minute": round(result["step"] / minutes, 1), "best_step": best["step"],
             "run_dir": str(run_dir.relative_to(ROOT)), "machine": machine(), "commit": git_commit(),
             "valid_curve": [{k: r[k] for k in keys if k in r} for r in valid]}  # fmt: skip
+
+
+TAG_HELP = (
+    "ends the results' and fine-tuning runs' names with -TAG (letters, digits, '.', '_', '-'), e.g. "
+    "the machine, so that this run's files sit beside those already in results/"
+)
+
+
+def tagged(name: str, tag: str | None, error) -> str:
+    """``name-tag`` (``error``, argparse's, for a tag that cannot name files), or ``name``."""
+    if tag is None:
+        return name
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", tag):
+        error(f"--tag {tag!r}: use letters, digits, '.', '_' and '-' only: it names files")
+    return f"{name}-{tag}"
 
 
 def check(recipe: str, overrides: list[str]) -> None:

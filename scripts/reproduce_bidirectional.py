@@ -179,6 +179,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--final", nargs="*", default=[], metavar="key=value",
                     help="more overrides for stage 3 only (e.g. r2l_memory_dropout=0.1)")  # fmt: skip
     ap.add_argument("--name", help="results/NAME.json (default: RECIPE-bidirectional[-jackknife])")
+    ap.add_argument("--tag", help="ends NAME with -TAG (letters, digits, '.', '_', '-'), e.g. the machine, "
+                    "so that this run's files sit beside those already in results/")  # fmt: skip
     return ap
 
 
@@ -188,9 +190,11 @@ def main() -> int:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
     if not (args.minutes >= 0 and args.processes >= 1):
         parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
-    if args.name is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.name):
-        parser().error(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only: it names files")
+    for flag, value in (("--name", args.name), ("--tag", args.tag)):
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            parser().error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
     name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
+    name += f"-{args.tag}" if args.tag else ""
     final = ["model.bidirectional=true", "r2l_memory_from=cache", *args.final]
     # every stage's overrides, checked before the first one trains (and an earlier pipeline's runs go)
     path, planned = ROOT / "recipes" / f"{args.recipe}.toml", [ROOT / "runs" / f"reproduce-{name}-r2l"] * 2

@@ -76,6 +76,7 @@ def main() -> int:
                     help="both stages' arithmetic (default: the recipes' fp32); bf16 autocast makes more "
                          "updates where the CPU has fast bfloat16, and names its own runs and results, "
                          "e.g. imdb-clm60-bf16-windows")  # fmt: skip
+    ap.add_argument("--tag", help=encoder_runs.TAG_HELP)
     args = ap.parse_args()
     if not args.pretrain_minutes >= 0:
         ap.error(f"--pretrain-minutes {args.pretrain_minutes:g}: give minutes ≥ 0 (0: the recipe's)")
@@ -92,7 +93,7 @@ def main() -> int:
     precision = encoder_runs.precision_overrides(args.precision)
     tag = encoder_runs.precision_tag(args.precision)
     pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
-    name = (pre_name or prefix + tag) + suffix
+    name = encoder_runs.tagged((pre_name or prefix + tag) + suffix, args.tag, ap.error)
     tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
               *args.overrides]  # fmt: skip
     encoder_runs.check("imdb-finetune", tuning)  # before the pre-training's hour

@@ -119,6 +119,7 @@ def main() -> int:
                     help="both arms' dropout instead of the recipe's 0.1 (runs and results named "
                          "…-dropout0.2 and so on)")  # fmt: skip
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
+    ap.add_argument("--tag", help=encoder_runs.TAG_HELP)
     args = ap.parse_args()
     train_file, dev = find_table(args.sst2, "train"), find_table(args.sst2, "valid")
     if train_file is None or dev is None:
@@ -133,6 +134,7 @@ def main() -> int:
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
     name += "" if args.dropout is None else f"-dropout{args.dropout:g}"
+    name = encoder_runs.tagged(name, args.tag, ap.error)
     results = ROOT / "results" / f"{name}.json"
     planned = arms(args.objective, RUNS / "pre-trained", args.sst2, args.precision, args.dropout)
     for _, overrides in planned.values():  # both arms' fine-tuning, checked before the pre-training's hour
