@@ -42,10 +42,6 @@ def quantize(model: nn.Module, name: str = "int8") -> nn.Module:
     does nothing."""
     if name not in QUANTIZATIONS:
         raise ConfigError(f"--quantize={name!r} is not one of {QUANTIZATIONS}")
-    from aiayn.models.prepack import is_packed  # prepack imports this module
-
-    if name != "none" and is_packed(model):
-        raise ConfigError("quantize a model before prepacking it (prepack's weights are not Linear layers)")
     model.eval()
     if name == "none":
         return model

@@ -139,7 +139,8 @@ class Batcher:
         return await self.enqueue(kind, payload, size, alone=alone)
 
     def close(self) -> None:
-        """Stop the workers once the jobs already queued have run."""
+        """Stop the workers once the jobs already queued and those in running searches are done (the
+        threads are waited for 10 s each)."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
@@ -183,7 +184,9 @@ class Batcher:
                 busy = bool(jobs)
                 first = self._next(None if not busy else 0)
                 if first is _STOP:
-                    return
+                    if not busy:
+                        return
+                    first = None  # closing: the running searches finish first
                 if first is not None and first.future.cancelled():
                     self._leave(1)
                 elif first is not None:

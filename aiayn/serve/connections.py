@@ -8,16 +8,17 @@ byte at a time, and it accepts connections until the process runs out of file de
 open). A ``ConnectionGuard`` adds two rules, where sockets are made and where requests are read:
 
 - the listening socket (``listener``) counts the connections it accepts; one more than
-  ``max_connections`` aborts the oldest connection that is closing but still flushing an answer its
-  client does not read, else the oldest that is not being answered (reading its headers, or idle
-  between requests) — or closes the new one, when every one is being answered. The process so holds
-  at most ``max_connections`` client sockets, plus those closing in this turn of the event loop;
+  ``max_connections`` aborts the oldest connection that is closing but stalled flushing an answer its
+  client does not read (writes paused), else the oldest that is not being answered (reading its
+  headers, or idle between requests) — or closes the new one, when every one is being answered. The
+  process so holds at most ``max_connections`` client sockets, plus those closing in this turn of the
+  event loop;
 - the protocol (``protocol``, uvicorn's h11 one) closes a connection whose request headers have not
   all arrived ``header_timeout`` seconds after it opened (or after its previous answer), or whose
   body has not all arrived ``body_timeout`` seconds (and a grace second) after its headers, and
-  aborts one whose client has read none of its answer for ``send_timeout`` seconds (asyncio's write
-  buffer full all that time: a slow reader would otherwise hold its connection, and a place under the
-  cap, for as long as it likes).
+  aborts one whose answer has not drained for ``send_timeout`` seconds (asyncio's write buffer over
+  its high-water mark all that time, the kernel's full: a client that reads nothing, or next to
+  nothing, would otherwise hold its connection, and a place under the cap, for as long as it likes).
 
 A route that reads the body answers a slow one 408 first (``dependencies.read_body``); the
 connection's own deadline also covers the routes that never read it (a 404, a ``GET`` with a body).
@@ -56,7 +57,8 @@ class ConnectionGuard:
         self.open += 1
         if self.open <= self.max_connections:
             return True
-        leaving = [c for c in self.connections if c.transport.is_closing() and not c.aborted]
+        # closing, and its writes paused: the client is not reading what is left of its answer
+        leaving = [c for c in self.connections if c.transport.is_closing() and c.stalled and not c.aborted]
         idle = [c for c in self.connections if _idle(c)]
         if leaving or idle:
             oldest = min(leaving or idle, key=lambda c: c.opened)

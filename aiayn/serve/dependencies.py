@@ -62,7 +62,8 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     raw = b"".join(chunks)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
-        return _form(_multipart(raw, request.headers["content-type"]))
+        parameters = request.headers["content-type"].partition(";")[2]  # the boundary
+        return _form(_multipart(raw, f"{kind};{parameters}"))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -110,7 +111,7 @@ def _multipart(raw: bytes, content_type: str) -> list[tuple[str, str]]:
             {"Content-Type": content_type.encode("latin-1")},
             lambda field: fields.append((field.field_name or b"", field.value or b"")),
             lambda file: files.append(file.field_name or b""),
-            {"MAX_MEMORY_FILE_SIZE": len(raw) + 1},  # never spilled to disk: the body is bounded
+            config={"MAX_MEMORY_FILE_SIZE": len(raw) + 1},  # never spilled to disk: the body is bounded
         )
         parser.write(raw)
         parser.finalize()

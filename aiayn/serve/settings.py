@@ -35,7 +35,7 @@ class Settings:
     max_connections: int = 512  # open connections; past it the oldest idle one is closed for the new one
     header_timeout_s: float = 10.0  # a request's headers must arrive within this (else the connection closes)
     body_timeout_s: float = 30.0  # a request's body must arrive within this (else 408)
-    send_timeout_s: float = 30.0  # an answer its client reads none of for this long is cut off
+    send_timeout_s: float = 30.0  # an answer not drained for this long (its client not reading) is cut off
     keep_alive_s: float = 5.0  # an idle connection is closed after this
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no key needed
 

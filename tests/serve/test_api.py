@@ -62,6 +62,15 @@ def test_languages_and_translate_as_libretranslate(client, served):
     assert len(body["translatedText"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
 
 
+def test_a_multipart_media_type_is_read_whatever_its_case(client):
+    """Media types are case-insensitive (RFC 9110): ``Multipart/Form-Data`` is a multipart form."""
+    parts = [("q", "Ein Mann"), ("source", "de"), ("target", "en"), ("api_key", "secret")]
+    body = "".join(f'--XyZ\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in parts)
+    r = client.post("/translate", content=(body + "--XyZ--\r\n").encode(),
+                    headers={"content-type": "Multipart/Form-Data; boundary=XyZ"})  # fmt: skip
+    assert r.status_code == 200 and "translatedText" in r.json(), r.text
+
+
 def test_source_auto_is_refused_where_two_loaded_sources_translate_into_the_target(served, tmp_path):
     """aiayn detects no language: with de→en and fr→en loaded, ``auto`` names neither (LibreTranslate
     would detect); with one source per target it is that source."""

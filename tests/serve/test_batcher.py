@@ -409,3 +409,18 @@ def test_each_worker_thread_runs_on_start_before_its_first_job():
     b.close()
     assert sorted(t.name for t in started) == ["aiayn-model-0", "aiayn-model-1"]
     assert set(ran) <= set(started) and threading.main_thread() not in started
+
+
+def test_closing_finishes_the_searches_that_are_running():
+    """``close`` lets a running search finish its jobs (a server shutting down answers them) instead
+    of abandoning them after one more step."""
+    search = FakeRunning(delay=0.01)
+    b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(search))
+
+    async def go():
+        job = asyncio.ensure_future(b.submit("steps", 30, size=2))  # ~0.3 s of steps
+        await asyncio.sleep(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, b.close)
+        return await job
+
+    assert asyncio.run(go()) == "done after 30"

@@ -186,9 +186,10 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_send_timeout(
 
 
 def test_room_under_the_cap_comes_from_closing_connections_first_then_idle_ones_never_busy_ones():
-    """A connection closing but stuck flushing to a client that reads nothing is the first to go
-    (it takes no more requests), then the oldest idle one; each is aborted once; with only busy
-    connections left, the new one is refused."""
+    """A connection closing but stalled flushing to a client that reads nothing is the first to go
+    (it takes no more requests), then the oldest idle one; each is aborted once; one closing while
+    its client reads (an answer with Connection: close) and busy ones are never cut off: with only
+    those left, the new one is refused."""
     from types import SimpleNamespace
 
     from aiayn.serve.connections import ConnectionGuard
@@ -205,16 +206,18 @@ def test_room_under_the_cap_comes_from_closing_connections_first_then_idle_ones_
             self.closing = True  # connection_lost comes in the next turn of the loop
 
     class Connection:  # what the guard reads of uvicorn's protocol
-        def __init__(self, opened, closing=False, busy=False):
+        def __init__(self, opened, closing=False, busy=False, stalled=False):
             self.opened, self.aborted, self.transport = opened, False, Transport(closing)
             self.cycle = SimpleNamespace(response_complete=not busy)
+            self.stalled = object() if stalled else None  # the send timer, while writes are paused
 
-    busy, idle, stuck = Connection(0, busy=True), Connection(1), Connection(2, closing=True)
-    guard = ConnectionGuard(3, 1.0, 1.0, 1.0)
-    guard.connections, guard.open = {busy, idle, stuck}, 3
+    busy, idle, stuck = Connection(0, busy=True), Connection(1), Connection(3, closing=True, stalled=True)
+    reading = Connection(2, closing=True)  # its client is reading the rest of its answer
+    guard = ConnectionGuard(4, 1.0, 1.0, 1.0)
+    guard.connections, guard.open = {busy, idle, stuck, reading}, 4
     assert guard.accepted(None) and stuck.transport.aborts == 1 and idle.transport.aborts == 0
     assert guard.accepted(None) and idle.transport.aborts == 1 and stuck.transport.aborts == 1
-    assert not guard.accepted(None) and busy.transport.aborts == 0
+    assert not guard.accepted(None) and busy.transport.aborts == 0 and reading.transport.aborts == 0
 
 
 @pytest.mark.parametrize(("path", "status"), [("translate", b"408"), ("nope", b"404")])
