@@ -44,6 +44,7 @@ signatures printed say exactly how they were computed. --tokenized-bleu adds the
 trained on Multi30k's tokenised files report (lowercased, Moses-normalised and -tokenised text,
 e.g. fairseq's "BLEU4"). Its words are not sacreBLEU's (quotes normalised and escaped, apostrophes
 split off), so compare it with papers' figures, and the detokenized figures with each other.
+Each sentence's best translation is scored (--nbest is refused: aiayn translate writes n-best lists).
 A classifier is scored on a TSV/CSV/JSONL file (--data) with the columns it was trained on:
 accuracy, macro-F1 and the confusion matrix.
 """

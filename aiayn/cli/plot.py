@@ -17,8 +17,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", help="a training run directory (with metrics.jsonl), or a metrics file")
-    p.add_argument("--out", help="folder for the PNGs (default: the run directory); new, empty, or "
-                   "holding only these PNGs, which a rerun replaces as a set")  # fmt: skip
+    p.add_argument("--out", help="folder for the PNGs (default: the run directory; needed for a metrics "
+                   "file outside one); new, empty, or holding only these PNGs, which a rerun replaces as a "
+                   "set")  # fmt: skip
     p.set_defaults(run=run)
 
 

@@ -24,7 +24,8 @@ EXAMPLES = """examples:
   curl -s 127.0.0.1:5000/translate -H 'Content-Type: application/json' \\
        -d '{"q": "Ein Mann fährt Fahrrad.", "source": "de", "target": "en"}'
 
-LibreTranslate's API (/translate, /languages) works with its clients unchanged; the native API is
+LibreTranslate's API (/translate, /languages, /detect; JSON, URL-encoded or multipart forms) works
+with its clients unchanged; the native API is
 /v1/translate, /v1/generate (server-sent events with "stream": true), /v1/classify, /v1/fill-mask;
 /health, /metrics (Prometheus), /docs (OpenAPI), and / (the page). Binds to loopback unless --host
 says otherwise.
