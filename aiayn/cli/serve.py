@@ -123,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",
           flush=True)  # fmt: skip
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:  # after a graceful stop the workers are gone already; after a forced one (a second
+        # Ctrl-C) they stop at their next decoding step, so that none is inside the model at exit
+        app.state.server.batcher.close(finish=False)
     return 0
 
 

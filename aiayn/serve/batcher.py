@@ -95,6 +95,7 @@ class Batcher:
         self.pending: deque[Job] = deque()  # submitted and not yet taken by a worker, oldest first
         self.waiting = 0  # jobs submitted and not yet started or skipped: at most ``max_queue``
         self.closing = False
+        self.abandoning = False  # close(finish=False): stop at the next step, answering with an error
         self.cond = threading.Condition()  # guards ``pending``, ``waiting`` and ``closing``
         self.started: dict[str, float] = {}  # worker thread name -> when its current batch started
         self.flight: dict[str, int] = {}  # worker thread name -> texts in its running searches
@@ -138,11 +139,14 @@ class Batcher:
         """``enqueue``, then its result."""
         return await self.enqueue(kind, payload, size, alone=alone)
 
-    def close(self) -> None:
+    def close(self, finish: bool = True) -> None:
         """Stop the workers once the jobs already queued and those in running searches are done (the
-        threads are waited for 10 s each)."""
+        threads are waited for 10 s each); ``finish=False`` (a forced exit): at their next decoding
+        step, the jobs they hold answered with an error (no thread is left inside the model while the
+        interpreter shuts down)."""
         with self.cond:
             self.closing = True
+            self.abandoning = self.abandoning or not finish
             self.cond.notify_all()
         for thread in self.threads:
             thread.join(timeout=10)
@@ -165,6 +169,8 @@ class Batcher:
         with self.cond:
             if timeout != 0:
                 self.cond.wait_for(lambda: self.pending or self.closing, timeout)
+            if self.abandoning:
+                return _STOP
             if self.pending:
                 return self.pending.popleft()
             return _STOP if self.closing else None
@@ -184,7 +190,7 @@ class Batcher:
                 busy = bool(jobs)
                 first = self._next(None if not busy else 0)
                 if first is _STOP:
-                    if not busy:
+                    if not busy or self.abandoning:
                         return
                     first = None  # closing: the running searches finish first
                 if first is not None and first.future.cancelled():
@@ -328,7 +334,7 @@ class Batcher:
         if not jobs:
             return []
         try:
-            with stop_when(lambda: all(job.future.cancelled() for job in jobs)):
+            with stop_when(lambda: self.abandoning or all(job.future.cancelled() for job in jobs)):
                 results = self.run(jobs[0].kind, [job.payload for job in jobs])
             return [(job, result, None) for job, result in zip(jobs, results, strict=True)]
         except Exception as e:  # noqa: BLE001 -- the batch's callers get the error

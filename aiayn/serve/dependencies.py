@@ -24,6 +24,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from python_multipart import create_form_parser
 from python_multipart.exceptions import FormParserError
+from starlette.requests import ClientDisconnect
 
 from aiayn.serve.server import HTTPError, Server, invalid
 
@@ -59,6 +60,8 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         raise HTTPError(408, f"the body did not arrive within {seconds:g} s (--body-timeout)",
                         {"Connection": "close"}) from None  # fmt: skip
+    except ClientDisconnect:  # it left before its body was in: its choice, not a failure of ours
+        raise HTTPError(499, "client closed the request") from None
     raw = b"".join(chunks)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":

@@ -424,3 +424,30 @@ def test_closing_finishes_the_searches_that_are_running():
         return await job
 
     assert asyncio.run(go()) == "done after 30"
+
+
+@pytest.mark.parametrize("kind", ["steps", "batch"])
+def test_a_forced_close_stops_the_searches_at_their_next_step_and_answers_with_an_error(kind):
+    """``close(finish=False)`` (a second Ctrl-C): no worker is left inside the model while the
+    interpreter shuts down, and the jobs it held are answered with an error, not left hanging."""
+    search = FakeRunning(delay=0.01)
+
+    def slow(key, payloads):  # a whole-batch search of 1,000 steps that looks for a stop between them
+        for _ in range(1000):
+            check_stop()
+            time.sleep(0.01)
+        return payloads
+
+    b = Batcher(slow, max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(search))
+
+    async def go():
+        job = asyncio.ensure_future(b.submit(kind, 1000, size=2))
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(None, lambda: b.close(finish=False))
+        closed = time.perf_counter() - t0
+        with pytest.raises((RuntimeError, SearchStopped)):
+            await job
+        return closed
+
+    assert asyncio.run(go()) < 1.0 and not any(t.is_alive() for t in b.threads)

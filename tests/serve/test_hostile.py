@@ -264,6 +264,22 @@ def test_hostile_bodies_are_4xx_json_and_leave_no_traceback(guarded):
     assert "Traceback" not in log.read_text()
 
 
+def test_a_client_that_leaves_mid_body_is_a_499_not_a_server_failure(guarded):
+    """A client that closes its connection before its body is in made a choice, as one that leaves
+    while queued: logged 499, no traceback, no 500 counted."""
+    url, _, log = guarded
+    s = _raw(url)
+    s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b'Content-Length: 100\r\n\r\n{"q":')  # fmt: skip
+    time.sleep(0.2)
+    s.close()
+    time.sleep(0.5)
+    text = log.read_text()
+    assert "POST /translate 499" in text and "ClientDisconnect" not in text and "Traceback" not in text
+    with urllib.request.urlopen(url + "metrics", timeout=5) as r:
+        assert 'route="/translate",status="500"' not in r.read().decode()
+
+
 @pytest.mark.parametrize(("method", "path", "status"), [("GET", "nope", 404), ("DELETE", "health", 405),
                                                         ("POST", "languages", 405)])  # fmt: skip
 def test_unknown_paths_and_methods_answer_the_documented_error_shape(guarded, method, path, status):

@@ -25,15 +25,17 @@ def test_in_passing_thread_returns_raises_and_sets_threads_only_there():
 
 
 def test_serve_loads_the_models_off_the_main_thread_and_hands_the_threads_to_the_workers(monkeypatch):
-    loads, apps = [], []
+    loads, apps, closed = [], [], []
 
     def load_service(name, dirs, device, quantize, gemm):
         loads.append((name, threading.current_thread(), torch.get_num_threads()))
         return SimpleNamespace(name=name, kind="translation")
 
     monkeypatch.setattr("aiayn.serve.services.load_service", load_service)
+    batcher = SimpleNamespace(close=lambda finish: closed.append(finish))
+    app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(batcher=batcher)))
     monkeypatch.setattr("aiayn.serve.app.create_app", lambda services, settings, threads: apps.append(
-        (services, threads)))  # fmt: skip
+        (services, threads)) or app)  # fmt: skip
     monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets: None)
     parser = argparse.ArgumentParser()
     serve_cli.add_parser(parser.add_subparsers())
@@ -48,3 +50,4 @@ def test_serve_loads_the_models_off_the_main_thread_and_hands_the_threads_to_the
     assert [([s.name for s in ss], n) for ss, n in apps] == [(["a", "b"], 1)]
     assert all(t is not threading.main_thread() and n == 1 for _, t, n in loads)
     assert torch.get_num_threads() == before  # the main thread's are untouched
+    assert closed == [False]  # once uvicorn is done, whatever its workers still hold stops
