@@ -168,6 +168,18 @@ class MaskFiller:
             )
         return cls(model, tok, meta.get("trained_max_len"))
 
+    def query_ids(self, query: str) -> list[int]:
+        """``query``'s ids as training masked them: a space before ``<mask>`` goes to the word that
+        fills it, and so does sentencepiece's word boundary before a text that starts with ``<mask>``
+        (a lone "▁" piece there, which no masked training text has)."""
+        tok = self.tokenizer
+        ids = tok.encode(query.replace(f" {MASK}", MASK))  # a BERT vocabulary reads its [MASK] too
+        sp = getattr(tok, "sp", None)
+        lone = sp.piece_to_id("\u2581") if sp is not None else None
+        if lone is not None and lone != sp.unk_id():
+            ids = [i for k, i in enumerate(ids) if not (i == lone and ids[k + 1 : k + 2] == [tok.mask_id])]
+        return ids
+
     @torch.no_grad()
     def fill(self, query: str, top_k: int = 5) -> list[list[Filler]]:
         """For each ``<mask>`` of ``query`` in order, the ``top_k`` fillers, most probable first.
@@ -177,7 +189,7 @@ class MaskFiller:
         if top_k < 1:
             raise ConfigError(f"top_k={top_k} must be at least 1")
         tok = self.tokenizer
-        ids = tok.encode(query.replace(f" {MASK}", MASK))  # a BERT vocabulary reads its [MASK] too
+        ids = self.query_ids(query)
         if tok.mask_id not in ids:
             raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
         if len(ids) + 2 > self.max_len:

@@ -119,3 +119,15 @@ def test_bad_input_is_one_line_and_changes_nothing(ws, capsys, argv, fragment):
     after = snapshot(ws)
     assert not [k for k in before if after.get(k) != before[k]], "files changed"
     assert not (ws / "run").exists() or not any((ws / "run").glob("step-*"))
+
+
+def test_a_query_that_starts_with_a_mask_reads_as_training_masked_its_first_word(originals):
+    """Training masks a text's first word as one id (its "▁film" piece); a query starting with
+    <mask> must not put sentencepiece's lone "▁" piece before it, as a text in the middle does not."""
+    from aiayn.decoding.classifier import MaskFiller
+
+    filler = MaskFiller.from_dir(originals["mlm"])
+    tok, mask = filler.tokenizer, filler.tokenizer.mask_id
+    first, middle = filler.query_ids("<mask> great movie ."), filler.query_ids("a <mask> movie .")
+    assert first == [mask, *tok.encode("great movie .")]  # the word after it keeps its own "▁"
+    assert middle[: len(tok.encode("a")) + 1] == [*tok.encode("a"), mask]

@@ -377,8 +377,12 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("classify", "layer_decay=0", r"layer_decay=0.0 must be in \(0, 1\] \(1 = one learning rate"),
         ("classify", "word_dropout=1", r"word_dropout=1.0 must be in \[0, 1\) \(the share of training"),
         ("mlm", "word_dropout=0.1", r"word_dropout=0.1 leaves pieces out .* task='mlm' does not take it"),
+        ("mlm", "model.detector=true", r"model.detector is task='rtd''s head; task='mlm' would never"),
+        ("clm", "model.detector=true", r"task='clm' would never train it"),
+        ("classify", "model.positional=learned model.max_len=40 max_len=64",
+         r"model.max_len=40 learned positions cannot read max_len=64 tokens"),
     ],
-)
+)  # fmt: skip
 def test_bad_encoder_configs(task, override, match):
     with pytest.raises(ConfigError, match=match):
-        load_recipe(None, [f"task={task}", override])
+        load_recipe(None, [f"task={task}", *override.split()])

@@ -99,6 +99,8 @@ class MLMTask(EncoderTask):
     def check_config(cls, cfg: TrainConfig) -> None:
         if cfg.model.get("n_classes"):
             raise ConfigError("model.n_classes is for task='classify'; pre-training has no classes")
+        if cfg.model.get("detector") and cfg.task != "rtd":
+            raise ConfigError(f"model.detector is task='rtd''s head; task={cfg.task!r} would never train it")
         super().check_config(cfg)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
