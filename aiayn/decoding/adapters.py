@@ -167,11 +167,18 @@ class LMAdapter(IncrementalDecoder):
 
     model: LanguageModel
 
-    def __init__(self, model: LanguageModel, use_cache: bool = True, window: int | None = None):
+    def __init__(
+        self,
+        model: LanguageModel,
+        use_cache: bool = True,
+        window: int | None = None,
+        never: tuple[int, ...] = (),
+    ):
         super().__init__(model, use_cache)
         if window is not None and window < 1:
             raise ValueError(f"window={window} must be at least 1 (or None: the whole prefix)")
         self.window = window
+        self.never = never  # ids the search never emits (``steps.restrict``): a stream LM's untrained ones
 
     def step(self, prefix: Tensor) -> Tensor:
         if self.window is not None and prefix.size(1) > self.window:

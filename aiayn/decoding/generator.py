@@ -28,18 +28,28 @@ from aiayn.interop.model_dir import load_lm_dir
 
 class Generator:
     """A language model with its tokenizer; ``trained_max_len``: the context it was trained on
-    (None: unknown, as for a run saved before it was recorded)."""
+    (None: unknown, as for a run saved before it was recorded); ``never``: ids it never had as
+    targets (``untrained_ids``, which an LM run records: bos, unk and eos are not in its text), which
+    it therefore never emits: it continues for as many tokens as asked."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, trained_max_len: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        trained_max_len: int | None = None,
+        never: tuple[int, ...] = (),
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.context = context(model.config, trained_max_len)
+        self.never = never
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Generator:
         model, tokenizer, meta = load_lm_dir(directory, device)
-        trained = meta.get("trained_max_len")
-        return cls(model, tokenizer, trained if isinstance(trained, int) else None)
+        trained, untrained = meta.get("trained_max_len"), meta.get("untrained_ids")
+        never = tuple(i for i in untrained if isinstance(i, int)) if isinstance(untrained, list) else ()
+        return cls(model, tokenizer, trained if isinstance(trained, int) else None, never)
 
     @property
     def device(self) -> torch.device:
@@ -47,7 +57,7 @@ class Generator:
 
     def adapter(self, use_cache: bool = True) -> LMAdapter:
         """The search's view of the model, reading at most ``context`` tokens."""
-        return LMAdapter(self.model, use_cache, window=self.context)
+        return LMAdapter(self.model, use_cache, window=self.context, never=self.never)
 
     def encode(self, prompt: str) -> list[int]:
         """The prompt's ids; an empty prompt is an error (the model predicts from a token)."""

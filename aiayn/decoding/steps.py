@@ -29,9 +29,14 @@ def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
 
 def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
     """Padding is never generated (as in fairseq; with Marian's bos = pad, neither is bos), nor an id
-    the tokenizer has no token for (``decoder.vocab_limit``, ``interop.pretrained.limit_to``), and
-    outputs shorter than ``min_len`` may not end: eos gets probability 0 before then."""
+    the tokenizer has no token for (``decoder.vocab_limit``, ``interop.pretrained.limit_to``), nor an
+    id the model never had as a target (``decoder.never``: a language model trained on a stream of
+    text has no bos, unk or eos in it, only label smoothing's crumbs of probability), and outputs
+    shorter than ``min_len`` may not end: eos gets probability 0 before then."""
     log_probs[..., decoder.pad_id] = float("-inf")
+    never = getattr(decoder, "never", ())
+    if never:
+        log_probs[..., list(never)] = float("-inf")
     limit = getattr(decoder, "vocab_limit", None)  # an adapter of a model that was told one
     if limit is not None:
         log_probs[..., limit:] = float("-inf")

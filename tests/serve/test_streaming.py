@@ -6,6 +6,7 @@ import torch
 from aiayn import LanguageModel, LMConfig
 from aiayn.data import SentencePieceTokenizer
 from aiayn.decoding.adapters import LMAdapter
+from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.models.io import save_model
 from aiayn.serve.services import LMService
@@ -76,3 +77,26 @@ def test_a_stream_never_emits_padding_nor_ends_before_min_len(tmp_path, monkeypa
         )
         text, _ = service.stream("a", 10, config, lambda _: True)
         assert text == tok.decode([piece] * 3)
+
+
+def test_a_stream_lm_never_emits_the_ids_it_never_trained_on(tmp_path, monkeypatch):
+    """An LM run records bos, unk and eos as ``untrained_ids`` (its text stream holds none of them;
+    label smoothing gave them crumbs of probability): the generator and the server's stream never
+    emit them, so an answer is as long as asked, not ended by an eos that means nothing."""
+    tok = SentencePieceTokenizer.train(["a good film", "the plot is dull"] * 50, 300)
+    torch.manual_seed(0)
+    model = LanguageModel(LMConfig(vocab_size=tok.vocab_size, n_layers=1, d_model=16, n_heads=2, d_ff=32))
+    save_model(model, tmp_path / "lm", untrained_ids=[tok.bos_id, tok.unk_id, tok.eos_id])
+    tok.save(tmp_path / "lm")
+    piece = tok.encode("film")[-1]
+
+    def preferring_specials(self, prefix):
+        log_probs = torch.full((prefix.size(0), tok.vocab_size), -10.0)
+        log_probs[:, [tok.eos_id, tok.unk_id, tok.bos_id, piece]] = torch.tensor([0.0, -0.5, -1.0, -3.0])
+        return log_probs
+
+    monkeypatch.setattr(LMAdapter, "step", preferring_specials)
+    (hyp,) = Generator.from_dir(tmp_path / "lm").complete("a", 6, SearchConfig(beam=1))
+    assert hyp.tokens == [piece] * 6
+    text, made = LMService("lm", tmp_path / "lm").stream("a", 6, SearchConfig(beam=1), lambda _: True)
+    assert made == 6 and text == tok.decode([piece] * 6)

@@ -126,3 +126,5 @@ def test_a_subword_language_model_reads_its_text_as_the_vocabulary_was_trained(t
         b
     )  # a prompt as the stream
     assert not tok.sp.id_to_piece(tok.encode(b)[0]).startswith("\u2581")
+    meta = json.loads((tmp_path / "run" / "best" / "config.json").read_text())
+    assert meta["untrained_ids"] == sorted({tok.bos_id, tok.unk_id, tok.eos_id})  # not in the text stream

@@ -121,8 +121,12 @@ class LMTask(Task):
     def model_meta(self) -> dict[str, Any]:
         """``trained_max_len``: the context trained on (``block_size``); generation reads no more
         (``decoding/generator.py``), since the model's positions past it (it has
-        ``max(block_size, 1024)``) never trained."""
-        return {**super().model_meta(), "trained_max_len": self.opts.block_size}
+        ``max(block_size, 1024)``) never trained. ``untrained_ids``: the special ids the text stream
+        never holds (bos, unk, eos), which only label smoothing gave any probability: generation
+        never emits them (a sampled eos ended a server's answer after a few tokens)."""
+        c = self.tok
+        untrained = sorted({c.bos_id, c.unk_id, c.eos_id} - {c.pad_id})
+        return {**super().model_meta(), "trained_max_len": self.opts.block_size, "untrained_ids": untrained}
 
     def save_tokenizers(self, directory: Path) -> None:
         self.tok.save(directory)  # beside config.json, where aiayn generate looks for it
