@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability nucleus")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--greedy", action="store_true", help="take the most probable token each step")
-    p.add_argument("--stop-at-eos", action="store_true", help="end a sample when the model emits eos (one "
-                   "trained by aiayn on a text stream never does: eos is not in its text; GPT-2 does)")  # fmt: skip
+    p.add_argument("--stop-at-eos", action="store_true", help="end a sample when the model emits eos "
+                   "(one trained by aiayn on a text stream never does: eos is not in its text; GPT-2 "
+                   "does)")  # fmt: skip
     p.set_defaults(run=run)
 
 
