@@ -60,10 +60,17 @@ class Generator:
         return LMAdapter(self.model, use_cache, window=self.context, never=self.never)
 
     def encode(self, prompt: str) -> list[int]:
-        """The prompt's ids; an empty prompt is an error (the model predicts from a token)."""
-        ids = self.tokenizer.encode(prompt)
+        """The prompt's ids; an empty prompt is an error (the model predicts from a token), and so is
+        one with characters the vocabulary lacks (a character-level model's: read as unknown, an
+        input the model never trained on, while the prompt printed back would show them)."""
+        tok = self.tokenizer
+        ids = tok.encode(prompt)
         if not ids:
             raise ConfigError("the prompt is empty; give at least one character (e.g. a newline)")
+        if tok.unk_id != tok.eos_id and tok.unk_id in ids:
+            unknown = sorted({ch for ch in prompt if tok.encode(ch) == [tok.unk_id]})
+            raise ConfigError(f"the prompt has characters this model's vocabulary lacks "
+                              f"({' '.join(unknown)}); leave them out or replace them")  # fmt: skip
         return ids
 
     def complete(

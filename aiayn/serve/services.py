@@ -221,7 +221,10 @@ class LMService:
                     break
                 sent = text
             prefix = torch.cat([prefix, prefix.new_tensor([[token]])], 1)
-        return g.tokenizer.decode(out), len(out)
+        text = g.tokenizer.decode(out)
+        if text != sent:  # a character left unfinished at the end: its pieces still join to the text
+            emit(text[len(sent) :])
+        return text, len(out)
 
 
 class EncoderService:

@@ -23,6 +23,8 @@ def test_errors(model_dirs, capsys):
     assert "this command needs a language model" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dirs["lm"]), "--prompt", ""]) == 1
     assert "prompt is empty" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model_dirs["lm"]), "--prompt", "Ein \u2713 Mann"]) == 1
+    assert "the prompt has characters this model's vocabulary lacks (\u2713)" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dirs["lm"]), "--top-p", "2"]) == 1
     assert "top_p=2.0 must be in (0, 1]" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dirs["lm"]), "--greedy", "--top-k", "40"]) == 1

@@ -248,6 +248,14 @@ def test_generate_classify_fill_mask(client):
         ("/v1/translate", {"json": {"q": "a", "beam": 4, "mbr": "rouge", **KEY}}, 400, "mbr='rouge'"),
         ("/v1/translate", {"json": {"q": 3, **KEY}}, 400, "q must be a string"),
         ("/v1/generate", {"json": {"prompt": "a", "max_new_tokens": 0, **KEY}}, 400, "max_new_tokens"),
+        ("/v1/generate", {"json": {"prompt": "a", "greedy": True, "sample": True, **KEY}}, 400, "contradict"),
+        (
+            "/v1/generate",
+            {"json": {"prompt": "a", "beam": 4, "nbest": 2, **KEY}},
+            400,
+            "beam, nbest: not read",
+        ),
+        ("/v1/generate", {"json": {"prompt": "a \u2713", **KEY}}, 400, "vocabulary lacks (\u2713)"),
         (
             "/v1/generate",
             {"json": {"prompt": "a", "greedy": True, "top_k": 5, **KEY}},

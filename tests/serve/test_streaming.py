@@ -34,6 +34,13 @@ def test_streamed_pieces_join_to_the_text_when_a_character_spans_tokens(tmp_path
     text, made = service.stream("a", len(script) + 1, SearchConfig(beam=1), emit)
     assert text == tok.decode(script) == "中文 a" and made == len(script)
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    # cut off after the first byte of "文" (max_new_tokens): the unfinished character still reaches
+    # the client, so that the pieces join to the final text
+    ids, pieces = iter(script), []
+    text, made = service.stream("a", 5, SearchConfig(beam=1), emit)
+    assert (
+        made == 5 and text == tok.decode(script[:5]) and text.endswith("\ufffd") and "".join(pieces) == text
+    )
 
 
 def test_a_stream_past_the_trained_context_is_the_generators_continuation(tmp_path):

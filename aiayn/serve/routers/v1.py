@@ -83,9 +83,17 @@ async def generate(
         raise invalid(f"prompt exceeds character limit ({limits.char_limit})")
     if (problem := text_problem(body.prompt)) is not None:
         raise invalid(f"prompt {problem}")
+    service.generator.encode(body.prompt)  # an empty prompt, or characters the model lacks: 400 now
     if not 1 <= body.max_new_tokens <= limits.max_new_tokens:
         raise invalid(f"max_new_tokens must be in 1..{limits.max_new_tokens}")
-    config = server.search_config(body.given(), beam=1, sample=not body.greedy)
+    given = body.given()
+    if body.greedy and given.get("sample"):
+        raise invalid("greedy: true and sample: true contradict each other; give one of them")
+    unread = [k for k in GENERATE_UNREAD if k in given and given[k] != GENERATE_UNREAD[k]]
+    if unread:  # one continuation, token by token: a search's options would be ignored
+        raise invalid(f"{', '.join(unread)}: not read by /v1/generate (one continuation, token by token); "
+                      "leave them out")  # fmt: skip
+    config = server.search_config(given, beam=1, sample=not body.greedy)
     if not body.stream:
         prompt = Prompt(body.prompt, body.max_new_tokens, config, lambda _: True)
         text, _ = await server.submit(Generation(service.name), prompt, 1, request)
@@ -95,6 +103,11 @@ async def generate(
     queued = server.enqueue(Generation(service.name), stream.prompt(body, config), 1)
     job = asyncio.ensure_future(server.result(queued))
     return StreamingResponse(stream.events(job), media_type="text/event-stream")
+
+
+# /v1/generate's own values of the search options it does not read (others are refused)
+GENERATE_UNREAD = {"beam": 1, "nbest": 1, "lenpen": SearchConfig.lenpen, "max_len": None, "r2l_beam": None,
+                   "mbr": None}  # fmt: skip
 
 
 class _Stream:
