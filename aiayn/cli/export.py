@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     trained = meta.get("trained_max_len")
     with atomic_dir(out) as tmp:
         if isinstance(model, LanguageModel) and isinstance(trained, int):
-            export_gpt2(model, tmp, trained)  # the context it trained on, which aiayn generate keeps to
+            untrained = meta.get("untrained_ids")
+            export_gpt2(model, tmp, trained,  # the context it trained on, which aiayn generate keeps to
+                        tuple(untrained) if isinstance(untrained, list) else ())  # fmt: skip
         else:
             export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)

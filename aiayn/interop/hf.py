@@ -215,11 +215,15 @@ def check_architectures(hf_config: dict, readable: tuple[str, ...], source: str 
         raise ModelDirError(f"{source}: architectures={names}: aiayn reads {', '.join(readable)}")
 
 
-def write_generation_config(directory: Path, pad_id: int, **ids: int | None) -> None:
+def write_generation_config(
+    directory: Path, pad_id: int, never: tuple[int, ...] = (), **ids: int | float | None
+) -> None:
     """``generation_config.json``: transformers' ``generate`` on an export never emits padding
-    (``bad_words_ids``, as OPUS-MT's own configs have it), which aiayn's searches never do; ``ids``
-    the special ids it starts and stops with (``eos_token_id=…``)."""
-    write_json(directory / GENERATION_CONFIG, {"bad_words_ids": [[pad_id]], "pad_token_id": pad_id, **ids})
+    (``bad_words_ids``, as OPUS-MT's own configs have it), nor the ids in ``never``, which aiayn's
+    searches never do; ``ids`` the special ids it starts and stops with (``eos_token_id=…``) and
+    other settings (``max_length``)."""
+    banned = [[pad_id], *([i] for i in never if i != pad_id)]
+    write_json(directory / GENERATION_CONFIG, {"bad_words_ids": banned, "pad_token_id": pad_id, **ids})
 
 
 def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:

@@ -121,12 +121,13 @@ def load_lm_dir(
 ) -> tuple[nn.Module, Tokenizer, dict]:
     """``(model, tokenizer, meta)`` of a language-model directory (or of a training run: its best
     checkpoint), in eval mode; ``meta`` is its ``config.json`` (``trained_max_len``: the context it
-    was trained on); for a GPT-2 directory only the ``trained_max_len`` that aiayn's export keeps, if
-    it is one (a downloaded GPT-2 trained every position)."""
+    was trained on; ``untrained_ids``: the ids it never had as targets); for a GPT-2 directory only
+    those that aiayn's export keeps, if it is one (a downloaded GPT-2 trained every position and id)."""
     directory = resolve_model_dir(directory)
     if hf_model_type(directory) == "gpt2":  # a downloaded GPT-2 (docs/interop.md), or aiayn's export
-        trained = read_hf_config(directory).get("aiayn_trained_max_len")  # an export of an aiayn run
-        return (*load_gpt2_generation(directory, device), {"trained_max_len": trained} if trained else {})
+        hf = read_hf_config(directory)  # an export of an aiayn run keeps what its run recorded
+        meta = {k: hf[f"aiayn_{k}"] for k in ("trained_max_len", "untrained_ids") if hf.get(f"aiayn_{k}")}
+        return (*load_gpt2_generation(directory, device), meta)
     check_kind(directory, ("lm",))
     tok = load_tokenizer(directory)
     model = load_model(directory, device)

@@ -193,10 +193,14 @@ def test_language_model_export_keeps_its_tokenizer_and_generates_as_the_original
     aiayn generate on the export prints what it prints on the original."""
     lm_dir(tmp_path / "lm", **LMS["gpt2-shaped"])
     meta = json.loads((tmp_path / "lm" / "config.json").read_text())  # as a run trained on 8 positions
-    (tmp_path / "lm" / "config.json").write_text(json.dumps({**meta, "trained_max_len": 8}))
+    run = {**meta, "trained_max_len": 8, "untrained_ids": [1, 2, 3]}  # bos, eos, unk: not in its text
+    (tmp_path / "lm" / "config.json").write_text(json.dumps(run))
     assert main(["export", "--model", str(tmp_path / "lm"), "--to", "hf", str(tmp_path / "hf")]) == 0
     assert "aiayn's tokenizer in aiayn_tokenizer/" in capsys.readouterr().out
     assert Generator.from_dir(tmp_path / "hf").context == 8  # the export reads no more than the run
+    assert Generator.from_dir(tmp_path / "hf").never == (1, 2, 3)  # and emits what the run emits
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["bad_words_ids"] == [[0], [1], [2], [3]]  # transformers' generate neither
     outputs = []
     for name in ("lm", "hf"):  # 20 characters: past the 8 positions, each step reads the last 8
         args = ["generate", "--model", str(tmp_path / name), "--prompt", "Ein", "--max-new-tokens", "20"]

@@ -141,11 +141,16 @@ def check_exportable(c: LMConfig) -> None:
 
 
 def export_gpt2(
-    model: LanguageModel, directory: str | os.PathLike, trained_max_len: int | None = None
+    model: LanguageModel,
+    directory: str | os.PathLike,
+    trained_max_len: int | None = None,
+    untrained_ids: tuple[int, ...] = (),
 ) -> Path:
     """Write ``model`` as a GPT2LMHeadModel directory that HF loads; ``trained_max_len`` (the context
     an aiayn run trained on) is kept as ``aiayn_trained_max_len``, so that aiayn's generation reads
-    no more of the export than of the original (``decoding/generator.py``).
+    no more of the export than of the original (``decoding/generator.py``), and ``untrained_ids``
+    (the special ids an aiayn LM run never had as targets) as ``aiayn_untrained_ids`` and in
+    generation_config.json's ``bad_words_ids``: neither aiayn nor transformers emits them.
 
     Sinusoidal positions become GPT-2's learned table (its ``max_len`` rows: a hard limit in HF).
     Embedding scaling, which GPT-2 lacks, is folded into untied matrices: ``"emb"`` writes
@@ -186,6 +191,8 @@ def export_gpt2(
     }
     if trained_max_len is not None:
         config["aiayn_trained_max_len"] = trained_max_len
+    if untrained_ids:
+        config["aiayn_untrained_ids"] = list(untrained_ids)
     out = hf.write_hf_directory(directory, config, tensors)
-    hf.write_generation_config(out, c.pad_id, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
+    hf.write_generation_config(out, c.pad_id, untrained_ids, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
     return out
