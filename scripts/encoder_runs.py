@@ -13,12 +13,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import re
 import shutil
 import time
 from pathlib import Path
 
-from reproduce import git_commit, machine
+from reproduce import check_names, git_commit, machine
 
 from aiayn.atomic import atomic_path, write_bytes, write_json
 from aiayn.data.sentences import load_examples
@@ -63,11 +62,8 @@ TAG_HELP = (
 
 def tagged(name: str, tag: str | None, error) -> str:
     """``name-tag`` (``error``, argparse's, for a tag that cannot name files), or ``name``."""
-    if tag is None:
-        return name
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", tag):
-        error(f"--tag {tag!r}: use letters, digits, '.', '_' and '-' only: it names files")
-    return f"{name}-{tag}"
+    check_names(error, ("--tag", tag))
+    return name if tag is None else f"{name}-{tag}"
 
 
 def check(recipe: str, overrides: list[str]) -> None:

@@ -205,6 +205,14 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
 COSMETIC = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
 
 
+def check_names(error, *flags: tuple[str, str | None]) -> None:
+    """Each given ``(flag, value)`` names files: letters, digits, '.', '_' and '-' only (``error``:
+    argparse's, which exits)."""
+    for flag, value in flags:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
+
+
 def run_name(recipe: str, overrides: list[str], members: int, tag: str | None) -> str:
     """NAME of runs/reproduce-NAME and results/NAME.json: the recipe, what changes its results, the tag."""
     return (
@@ -239,9 +247,7 @@ def main() -> int:
     ap.add_argument("--name", help="NAME itself (letters, digits, '.', '_', '-') instead of one made from "
                     "the recipe and the overrides, e.g. when an override holds a path")  # fmt: skip
     args = ap.parse_args()
-    for flag, value in (("--tag", args.tag), ("--name", args.name)):
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
-            ap.error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
+    check_names(ap.error, ("--tag", args.tag), ("--name", args.name))
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
     if args.members == 1 or args.members < 0:

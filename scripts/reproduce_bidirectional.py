@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from reproduce import check_names  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -190,16 +192,14 @@ def main() -> int:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
     if not (args.minutes >= 0 and args.processes >= 1):
         parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
-    for flag, value in (("--name", args.name), ("--tag", args.tag)):
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
-            parser().error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
+    check_names(parser().error, ("--name", args.name), ("--tag", args.tag))
     name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
     name += f"-{args.tag}" if args.tag else ""
     final = ["model.bidirectional=true", "r2l_memory_from=cache", *args.final]
     # every stage's overrides, checked before the first one trains (and an earlier pipeline's runs go)
-    path, planned = ROOT / "recipes" / f"{args.recipe}.toml", [ROOT / "runs" / f"reproduce-{name}-r2l"] * 2
+    path, r2l_dir = ROOT / "recipes" / f"{args.recipe}.toml", ROOT / "runs" / f"reproduce-{name}-r2l"
     load_recipe(path, [*args.overrides, *args.r2l, "reverse_target=true"])
-    load_recipe(path, [*args.overrides, *final, *r2l_overrides(planned[: 2 if args.jackknife else 1])])
+    load_recipe(path, [*args.overrides, *final, *r2l_overrides([r2l_dir] * (2 if args.jackknife else 1))])
     out = pipeline(args.recipe, args.overrides, final, name, args)
     print(json.dumps({k: out[k] for k in ("name", "stages", "total_minutes", "test")}, indent=1))
     return 0

@@ -140,17 +140,17 @@ def read_references(path: Path) -> list[dict]:
         runs = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path} is not valid JSON ({e}); restore it (git checkout {path.name})") from None
-    numbers = lambda kind: (int, float) if kind is float else kind  # noqa: E731
-    if not isinstance(runs, list) or not all(
-        isinstance(run, dict)
-        and all(
-            isinstance(run.get(k), numbers(kind)) and not isinstance(run.get(k), bool)
-            for k, kind in REFERENCE_FIELDS.items()
-        )  # fmt: skip
-        for run in runs
-    ):
+    if not isinstance(runs, list) or not all(map(_is_reference, runs)):
         raise DataError(f"{path} is not a list of demo runs with {', '.join(REFERENCE_FIELDS)}; restore it")
     return runs
+
+
+def _is_reference(run: object) -> bool:
+    """Whether ``run`` holds every ``REFERENCE_FIELDS`` field, of its type (an int for a float)."""
+    if not isinstance(run, dict):
+        return False
+    kinds = {k: (int, float) if kind is float else kind for k, kind in REFERENCE_FIELDS.items()}
+    return all(isinstance(run.get(k), kind) and not isinstance(run.get(k), bool) for k, kind in kinds.items())
 
 
 def against_references(speed: float, references: list[dict]) -> list[str]:

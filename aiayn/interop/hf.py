@@ -209,10 +209,17 @@ def check_architectures(hf_config: dict, readable: tuple[str, ...], source: str 
     """A ``ModelDirError`` for a checkpoint whose ``architectures`` name a head aiayn does not read
     (GPT-2's sequence classifier, Marian's causal LM, …), instead of a missing or unexpected tensor
     later; a config that names none is read by its tensors."""
-    names = hf_config.get("architectures") or []
-    name = names[0] if isinstance(names, list) and names else None
+    name = architecture(hf_config)
     if name is not None and name not in readable:
-        raise ModelDirError(f"{source}: architectures={names}: aiayn reads {', '.join(readable)}")
+        raise ModelDirError(
+            f"{source}: architectures={hf_config['architectures']}: aiayn reads {', '.join(readable)}"
+        )
+
+
+def architecture(hf_config: dict) -> str | None:
+    """The first class a ``config.json``'s ``architectures`` names (None: it names none)."""
+    names = hf_config.get("architectures") or []
+    return names[0] if isinstance(names, list) and names else None
 
 
 def write_generation_config(

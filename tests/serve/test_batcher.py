@@ -51,15 +51,26 @@ def test_max_items_zero_runs_one_job_at_a_time():
     assert [len(p) for _, p in run.calls] == [1, 1, 1, 1]
 
 
-def test_a_full_queue_refuses_at_once_and_cancelled_jobs_are_skipped():
+def _one_slot_queue() -> tuple[Recorder, Batcher]:
+    """A batcher whose queue holds one job, and whose worker takes 0.3 s a job."""
     run = Recorder(delay=0.3)
-    b = Batcher(run, max_queue=1, window=0.0, max_items=1)
+    return run, Batcher(run, max_queue=1, window=0.0, max_items=1)
+
+
+async def _busy_and_full(b: Batcher) -> tuple[asyncio.Future, asyncio.Future]:
+    """Job 1 running on the worker and job 2 waiting in the queue (then full)."""
+    first = asyncio.ensure_future(b.submit("k", 1))
+    await asyncio.sleep(0.1)  # the worker is busy with job 1
+    second = asyncio.ensure_future(b.submit("k", 2))  # waits in the queue (size 1)
+    await asyncio.sleep(0.01)
+    return first, second
+
+
+def test_a_full_queue_refuses_at_once_and_cancelled_jobs_are_skipped():
+    run, b = _one_slot_queue()
 
     async def go():
-        first = asyncio.ensure_future(b.submit("k", 1))
-        await asyncio.sleep(0.1)  # the worker is busy with job 1
-        second = asyncio.ensure_future(b.submit("k", 2))  # waits in the queue (size 1)
-        await asyncio.sleep(0.01)
+        first, second = await _busy_and_full(b)
         with pytest.raises(QueueFull):
             await b.submit("k", 3)
         second.cancel()  # its caller gave up: the slot's job must not run
@@ -100,14 +111,10 @@ def test_jobs_left_for_a_later_round_count_against_the_queue_bound():
 
 
 def test_a_cancelled_job_gives_its_place_in_a_full_queue_to_the_next_caller():
-    run = Recorder(delay=0.3)
-    b = Batcher(run, max_queue=1, window=0.0, max_items=1)
+    run, b = _one_slot_queue()
 
     async def go():
-        first = asyncio.ensure_future(b.submit("k", 1))
-        await asyncio.sleep(0.1)  # the worker is busy with job 1
-        second = asyncio.ensure_future(b.submit("k", 2))  # fills the queue
-        await asyncio.sleep(0.01)
+        first, second = await _busy_and_full(b)
         second.cancel()
         await asyncio.sleep(0.01)
         depth = b.depth()

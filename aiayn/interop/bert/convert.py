@@ -185,14 +185,13 @@ def config_from_bert(
 def is_classifier(hf_config: dict, state: dict[str, Tensor], source: str) -> bool:
     """Whether a checkpoint is ``BertForSequenceClassification`` (else a masked-LM model): by its
     ``architectures``, or for ``BertModel`` or none named, by the head tensors it holds."""
-    names = hf_config.get("architectures") or []
-    name = names[0] if isinstance(names, list) and names else None
+    name = hf.architecture(hf_config)
     if name in MASKED_LM or name == CLASSIFIER:
         return name == CLASSIFIER
     if name not in (None, "BertModel"):
         raise ModelDirError(
-            f"{source}: architectures={names}: aiayn reads {', '.join(MASKED_LM)} (as the masked-LM model) "
-            f"and {CLASSIFIER}"
+            f"{source}: architectures={hf_config['architectures']}: aiayn reads {', '.join(MASKED_LM)} "
+            f"(as the masked-LM model) and {CLASSIFIER}"
         )
     if "classifier.weight" in state or "cls.predictions.transform.dense.weight" in state:
         return "classifier.weight" in state
