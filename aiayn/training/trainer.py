@@ -397,7 +397,13 @@ class Trainer:
         if reason == "max_minutes":  # the budget's estimate of the total becomes the count
             bar.total = self.step
             bar.refresh()
-        if self.step != last_eval:
+        if self.step != last_eval and reason in ("SIGINT", "SIGTERM"):
+            # saved at once, not evaluated: a scheduler's grace period is short, evaluation (decoding
+            # the validation set) may not fit in it, and a resumed run then evaluates where an
+            # uninterrupted one would (its best and patience unchanged by the stop)
+            self.save(improved=False)
+            barrier(self.dist)
+        elif self.step != last_eval:
             self.evaluate_and_save()
         return reason
 

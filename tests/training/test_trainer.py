@@ -137,6 +137,35 @@ def test_sigterm_saves_a_checkpoint_and_exits_as_a_terminated_program(corpus, tm
     assert step == max(_train_losses(run))
 
 
+def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_uninterrupted_one(
+    corpus, tmp_path, monkeypatch
+):
+    args = ["max_steps=15", "eval_every=5", "model.dropout=0.3"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, ref, *args)]) == 0
+    real = Trainer.train_step
+
+    def train_step(self, batches):  # a SIGTERM arrives during update 8
+        stats = real(self, batches)
+        if self.step == 8:
+            self._stop_signal = "SIGTERM"
+        return stats
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", train_step)
+        assert main(["train", *tiny_args(corpus, run, *args)]) == 143
+    assert (run / "step-000008" / "model.safetensors").is_file()
+    assert os.readlink(run / "best").endswith("step-000005")  # the only evaluated checkpoint
+
+    def records(path):
+        rows = map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
+        return [(r["split"], r["step"], r["loss"]) for r in rows]
+
+    assert ("valid", 8) not in [r[:2] for r in records(run)]
+    assert main(["train", *tiny_args(corpus, run, *args), "--resume"]) == 0
+    assert records(run) == records(ref)  # the same updates, evaluated at the same steps
+
+
 def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(corpus, tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(load_recipe(None, tiny_args(corpus, run, "max_steps=10", "eval_every=3")))
