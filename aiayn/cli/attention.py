@@ -60,9 +60,14 @@ def token_labels(tok: Tokenizer, ids: list[int], config) -> list[str]:
 def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     translator = Translator.from_dir(args.model, args.device)
     model, c, device = translator.model, translator.model.config, translator.device
-    (src,), _ = translator.encode([args.src], strict=True)
+    (src,), cut = translator.encode([args.src])
     if not src:
         raise ConfigError("--src is blank; give a sentence")
+    if cut:  # a map of part of the sentence would pass for the whole one's
+        n = len(translator.src_tokenizer.encode(args.src)) + 1
+        raise ConfigError(
+            f"--src has {n} tokens with </s>; this model reads at most {translator.max_src_len}"
+        )
     src = src + [c.eos_id]
     r2l_in = None
     if args.tgt is not None:

@@ -129,7 +129,7 @@ def translate(args, config, translator: Translator, scorer: Translator | None, s
             n = len(translator.src_tokenizer.encode_batch([lines[i]])[0]) + 1
             raise DataError(
                 f"{args.input or '<stdin>'}: line {start + i + 1} has {n} source tokens, over the maximum "
-                f"of {translator.max_src_len} (max_src_len); shorten it, or allow truncation"
+                f"of {translator.max_src_len} (--max-src-len); shorten it, or drop --strict to truncate it"
             )
         limit = translator.max_src_len
         warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")

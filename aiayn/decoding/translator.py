@@ -120,7 +120,7 @@ class Translator:
                 if strict:
                     raise DataError(
                         f"line {i + 1} has {len(ids) + 1} source tokens, over the maximum of "
-                        f"{self.max_src_len} (max_src_len); shorten it, or allow truncation"
+                        f"{self.max_src_len} (max_src_len); shorten it, or truncate it (strict=False)"
                     )
                 cut.append(i)
                 ids = ids[:keep]

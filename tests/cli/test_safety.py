@@ -228,6 +228,13 @@ CASES = [
     ("min-len-above-max-len", None, [*TR, "--min-len", "1000", "--max-len", "5"], "min_len"),
     ("max-src-len-zero", None, [*TR, "--max-src-len", "0"], "max_src_len"),
     ("max-src-len-negative", None, [*TR, "--max-src-len", "-4"], "max_src_len"),
+    ("strict-long-line", None, [*TR, "--strict", "--max-src-len", "3"], "drop --strict to truncate it"),
+    (
+        "attention-long-src",
+        None,
+        ["attention", "--model", "model", "--src", "ein mann " * 3000, "--out", "maps"],
+        "--src has 27001 tokens with </s>; this model reads at most 1024",
+    ),
     ("lr-nan", None, [*TRAIN, "lr=nan"], "lr=nan"),
     ("lr-inf", None, [*TRAIN, "lr=inf"], "lr=inf"),
     ("max-minutes-negative", None, [*TRAIN, "max_minutes=-1"], "max_minutes"),
