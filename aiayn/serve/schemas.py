@@ -79,7 +79,9 @@ class TranslateRequest(Body):
     q: Texts
     source: str = Field("auto", description="the source language's code, or auto")
     target: str = Field(min_length=1, description="the target language's code (see /languages)")
-    format: Literal["text", "html"] = Field("text", description="accepted for LibreTranslate's clients")
+    format: Literal["text", "html"] = Field(
+        "text", description="html: the texts between the tags are translated, the markup kept"
+    )
     alternatives: int = Field(
         0, strict=False, description="other translations per text, 0 to the server's --max-beam − 1"
     )

@@ -306,10 +306,11 @@ class Trainer:
         ckpt.prune(self.run_dir, self.cfg.keep_last)
         return path
 
-    def evaluate_and_save(self) -> dict[str, float]:
-        metrics = self.evaluate() if self.dist.is_main else {}
-        improved = self._improved(metrics) if self.dist.is_main else False
-        if self.dist.is_main:
+    def evaluate_and_save(self, evaluate: bool = True) -> dict[str, float]:
+        evaluate = evaluate and self.dist.is_main
+        metrics = self.evaluate() if evaluate else {}
+        improved = self._improved(metrics) if evaluate else False
+        if evaluate:
             self.log({"step": self.step, "split": "valid", **metrics, "elapsed": round(self.elapsed, 1)})
         self.save(improved)
         barrier(self.dist)
@@ -397,14 +398,8 @@ class Trainer:
         if reason == "max_minutes":  # the budget's estimate of the total becomes the count
             bar.total = self.step
             bar.refresh()
-        if self.step != last_eval and reason in ("SIGINT", "SIGTERM"):
-            # saved at once, not evaluated: a scheduler's grace period is short, evaluation (decoding
-            # the validation set) may not fit in it, and a resumed run then evaluates where an
-            # uninterrupted one would (its best and patience unchanged by the stop)
-            self.save(improved=False)
-            barrier(self.dist)
-        elif self.step != last_eval:
-            self.evaluate_and_save()
+        if self.step != last_eval:  # after a signal saved now, not evaluated (a grace period is short;
+            self.evaluate_and_save(reason not in ("SIGINT", "SIGTERM"))  # resumed, it evaluates as it would)
         return reason
 
     def _log_train(self, stats: dict[str, float], tok_s: float, bar: tqdm) -> None:

@@ -62,6 +62,19 @@ def test_languages_and_translate_as_libretranslate(client, served):
     assert len(body["translatedText"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
 
 
+def test_libretranslate_html_translates_the_texts_between_the_tags(client, served):
+    translator = Translator.from_dir(served["de-en"])
+    one, two = translator.translate(["Ein Mann", "Zwei Hunde"], SearchConfig(beam=4))
+    page = '<p class="a">Ein Mann</p>\n<p translate="no">Ein Mann</p><b>Zwei  Hunde</b>!'
+    r = client.post("/translate", json={"q": [page, "<br>"], "source": "de", "target": "en",
+                                        "format": "html", "alternatives": 2, **KEY})  # fmt: skip
+    assert r.status_code == 200, r.text
+    html = f'<p class="a">{one}</p>\n<p translate="no">Ein Mann</p><b>{two}</b>!'.replace("&", "&amp;")
+    assert r.json() == {"translatedText": [html, "<br>"], "alternatives": [[], []]}  # none for HTML
+    r = client.post("/translate", json={"q": "<p>a</p>" * 5, "target": "en", "format": "html", **KEY})
+    assert r.status_code == 400 and "(5 texts between tags) exceeds text limit (4)" in r.json()["error"]
+
+
 def test_a_multipart_media_type_is_read_whatever_its_case(client):
     """Media types are case-insensitive (RFC 9110): ``Multipart/Form-Data`` is a multipart form."""
     parts = [("q", "Ein Mann"), ("source", "de"), ("target", "en"), ("api_key", "secret")]

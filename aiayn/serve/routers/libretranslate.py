@@ -1,7 +1,8 @@
 """LibreTranslate's API: existing LibreTranslate clients work unchanged.
 
 ``/translate`` decodes with beam 4 (or ``alternatives + 1``) and answers with LibreTranslate's field
-names; ``/languages`` lists each loaded language with the targets it translates into (none for a
+names; with ``format=html`` it translates the texts between the tags (``HtmlText``). ``/languages``
+lists each loaded language with the targets it translates into (none for a
 language that is only a target), so that a client's target list holds every target too. aiayn has no
 language detector: ``source=auto`` (and ``/detect``) names the one source language that can be meant,
 and is refused (400) where several loaded models could be.
@@ -14,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from aiayn.serve.dependencies import ServerDep, parse
+from aiayn.serve.html_text import HtmlText
 from aiayn.serve.jobs import Translation
 from aiayn.serve.schemas import (
     ERRORS,
@@ -74,18 +76,50 @@ async def translate(
     service = _by_languages(server, body.source, body.target)
     if not 0 <= body.alternatives < server.settings.max_beam:
         raise invalid(f"alternatives must be in 0..{server.settings.max_beam - 1}")
-    n = body.alternatives + 1
-    config = server.search_config(beam=min(max(4, n), server.settings.max_beam), nbest=n)
-    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
-    results = await server.submit(Translation(service.name, config, False), sources, len(texts), request)
-    best = [r["translation"] for r in results]
-    others = [[h["text"] for h in r["hypotheses"][1:]] for r in results]
+    if body.format == "html":
+        best, others = await _translate_html(server, service, texts, request)
+    else:
+        n = body.alternatives + 1
+        config = server.search_config(beam=min(max(4, n), server.settings.max_beam), nbest=n)
+        results = await _submit(server, service, config, texts, request)
+        best = [r["translation"] for r in results]
+        others = [[h["text"] for h in r["hypotheses"][1:]] for r in results]
     detected = DetectedLanguage(confidence=100.0, language=service.source)
     return TranslateResponse(
         translatedText=best if many else best[0],
         alternatives=(others if many else others[0]) if body.alternatives else None,
         detectedLanguage=([detected] * len(results) if many else detected) if body.source == "auto" else None,
     )
+
+
+async def _submit(server: Server, service: TranslationService, config, texts: list[str], request: Request):
+    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    return await server.submit(Translation(service.name, config, False), sources, len(texts), request)
+
+
+async def _translate_html(
+    server: Server, service: TranslationService, texts: list[str], request: Request
+) -> tuple[list[str], list[list[str]]]:
+    """Each markup text with its texts between tags translated (``HtmlText``), as one batch; no
+    alternatives (LibreTranslate gives none for HTML)."""
+    pages = [HtmlText(t) for t in texts]
+    pieces = [piece for page in pages for piece in page.texts]
+    limit = server.settings.batch_limit
+    if len(pieces) > limit:
+        raise invalid(f"format=html: request ({len(pieces)} texts between tags) exceeds text limit ({limit})")
+    results = (
+        await _submit(
+            server, service, server.search_config(beam=min(4, server.settings.max_beam)), pieces, request
+        )
+        if pieces
+        else []
+    )
+    translations, start = [r["translation"] for r in results], 0
+    best = []
+    for page in pages:
+        best.append(page.join(translations[start : start + len(page.texts)]))
+        start += len(page.texts)
+    return best, [[] for _ in pages]
 
 
 def _translators(server: Server) -> list[TranslationService]:

@@ -1,0 +1,57 @@
+"""LibreTranslate's format=html: the texts between tags out, the translations back in, the markup kept."""
+
+import pytest
+
+from aiayn.serve.html_text import HtmlText
+
+
+def upper(markup: str) -> tuple[list[str], str]:
+    page = HtmlText(markup)
+    return page.texts, page.join([t.upper() for t in page.texts])
+
+
+@pytest.mark.parametrize(
+    ("markup", "texts", "joined"),
+    [
+        ("kein html", ["kein html"], "KEIN HTML"),
+        ("", [], ""),
+        # whitespace inside a text reads as one space; around it, it stays; references are unescaped
+        # for the model and the translation escaped back
+        ('<p class="x"> Ein  Mann\n fährt &amp; liest. </p>', ["Ein Mann fährt & liest."],
+         '<p class="x"> EIN MANN FÄHRT &amp; LIEST. </p>'),
+        ("<p>&lt;b&gt; heißt &#x3c;fett&#62;</p><!-- Notiz -->", ["<b> heißt <fett>"],
+         "<p>&lt;B&gt; HEISST &lt;FETT&gt;</p><!-- Notiz -->"),
+        # inline markup splits a sentence; a text without a letter is kept
+        ("<p>Hallo <b>Welt</b>!</p>", ["Hallo", "Welt"], "<p>HALLO <b>WELT</b>!</p>"),
+        # raw elements and translate="no" (and "yes" inside it) as HTML defines them
+        ('<script>var a = "<p>x</p>";</script><style>p{color:red}</style><code>Mann</code>', [],
+         '<script>var a = "<p>x</p>";</script><style>p{color:red}</style><code>Mann</code>'),
+        ('<div translate="no">Marke <span translate="yes">Hund</span> X</div> Ende',
+         ["Hund", "Ende"], '<div translate="no">Marke <span translate="yes">HUND</span> X</div> ENDE'),
+        ("<div TRANSLATE=NO><div>innen</div> noch behalten</div> aus", ["aus"],
+         "<div TRANSLATE=NO><div>innen</div> noch behalten</div> AUS"),
+        # pre: a text per line, the line breaks and indentation kept
+        ("<pre>Zeile eins\n  Zeile zwei\n</pre>", ["Zeile eins", "Zeile zwei"],
+         "<pre>ZEILE EINS\n  ZEILE ZWEI\n</pre>"),
+        # void elements, attributes (not translated), doctype; an end tag closes what it left open
+        ('<!DOCTYPE html><img alt="Bild">Bild<br/><ul><li>eins<li>zwei</ul> drei &nbsp;',
+         ["Bild", "eins", "zwei", "drei"],
+         '<!DOCTYPE html><img alt="Bild">BILD<br/><ul><li>EINS<li>ZWEI</ul> DREI \xa0'),
+    ],
+)  # fmt: skip
+def test_texts_out_and_translations_in(markup, texts, joined):
+    assert upper(markup) == (texts, joined)
+
+
+def test_the_markup_comes_back_as_written_when_nothing_changes():
+    markup = ('<!DOCTYPE html><html lang="de"><head><title>Titel</title></head>\n'
+              '<body><p>Zwei <a href="/x?a=1&amp;b=2">Hunde</a> spielen.</p>'
+              "<?php echo 1; ?></body></html>")  # fmt: skip
+    page = HtmlText(markup)
+    assert page.texts == ["Titel", "Zwei", "Hunde", "spielen."]
+    assert page.join(page.texts) == markup
+
+
+def test_a_translation_per_text_is_required():
+    with pytest.raises(ValueError):
+        HtmlText("<p>a</p><p>b</p>").join(["A"])
