@@ -3,7 +3,8 @@
 The format comes from the file name (``.tsv``, ``.csv``, ``.jsonl``, each optionally ``.gz``).
 A TSV/CSV file has a header row when its first row names the columns asked for (or, when none are
 named, holds a column called ``label`` and one called ``text``/``sentence``/…); without a header,
-``text_column`` and ``label_column`` are 0-based column numbers. A JSON-lines file holds one object
+``text_column`` and ``label_column`` are 0-based column numbers (and a first row whose label is in no
+other row is warned about: a header of other names, read as an example). A JSON-lines file holds one object
 per line with those keys. TSV is read without quoting (GLUE's files hold bare quote characters);
 CSV with the usual double quotes.
 
@@ -20,6 +21,7 @@ import csv
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,10 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
         if y is not None:
             labels.append(_check_cell(path, line, row[y], "label", repr(names[y])).strip())
         lines.append(line)
+    if header is None and len(labels) >= 20 and labels.count(labels[0]) == 1:
+        warnings.warn(f"{path}: line 1's label {labels[0]!r} is in no other row; if line 1 names the "
+                      "columns, give text_column (and label_column) by name, or it is read as an "
+                      "example", stacklevel=2)  # fmt: skip
     return texts, labels, lines
 
 

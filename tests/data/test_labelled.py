@@ -48,6 +48,16 @@ def test_no_header_needs_column_numbers(tmp_path):
     assert c.texts == ["good", "bad"] and c.labels == ["1", "0"]
 
 
+def test_a_header_of_other_names_read_by_column_numbers_is_warned_about(tmp_path, recwarn):
+    rows = "".join(f"{i % 2}\ttext {i}\n" for i in range(30))
+    path = write(tmp_path / "a.tsv", "polarity\treview\n" + rows)
+    with pytest.warns(UserWarning, match=r"a.tsv: line 1's label 'polarity' is in no other row"):
+        c = load_labelled(path, text_column="1", label_column="0")
+    assert c.labels[0] == "polarity"  # read as an example, as asked
+    load_labelled(write(tmp_path / "b.tsv", rows), text_column="1", label_column="0")
+    assert not recwarn.list  # no header: no warning
+
+
 def test_jsonl_labels_of_any_form(tmp_path):
     rows = [{"text": "a", "label": 1}, {"text": "b", "label": True}, {"sentence": "c", "label": "x"}]
     c = load_labelled(write(tmp_path / "a.jsonl", "\n".join(map(json.dumps, rows)) + "\n\n"))
