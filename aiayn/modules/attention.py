@@ -115,8 +115,9 @@ def scaled_dot_product_attention(
     """softmax(Q Kᵀ / √d_k) V, with an optional boolean mask (True = may attend).
 
     With ``need_weights`` the scores are computed explicitly so the weights can be returned; without
-    it, the fused ``F.scaled_dot_product_attention`` kernel runs, except for short keys on the CPU
-    (``EXPLICIT_MAX_KEYS``), where the explicit products are faster. Both give the same output.
+    it, the fused ``F.scaled_dot_product_attention`` kernel runs, except where the explicit products
+    are faster on the CPU (``_explicit_is_faster``: short keys, ``EXPLICIT_MAX_KEYS``; single queries
+    over many rows and 8–256 keys). Both give the same output.
     ``dropout_p`` is applied to the weights; pass 0 at evaluation time.
 
     Shape:

@@ -100,8 +100,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 def _end(start: int | Tensor, x: Tensor) -> int:
-    """One past the last position of ``x`` (B, T, d) whose rows start at ``start``: an int, or
-    (B,) when rows are at different positions (iteration-level batching)."""
+    """One past the last position of ``x`` (B, T, d) whose rows start at ``start`` (an int, or (B,)
+    when rows are at different positions: iteration-level batching): an int, the furthest row's."""
     return (start if isinstance(start, int) else int(start.max())) + x.size(1)
 
 

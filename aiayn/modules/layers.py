@@ -170,7 +170,10 @@ class DecoderLayer(nn.Module):
 
         if self.cross_attn_r2l is not None:
             if c.r2l_memory is None:
-                raise ValueError("this decoder was built with r2l_memory=True: pass r2l_memory")
+                raise ValueError(
+                    "this decoder layer was built with r2l=True (a model's r2l_memory=True or "
+                    "bidirectional=True): pass r2l_memory"
+                )
             h = self.cross_attn_r2l_res.normed(x)
             h, weights["cross_r2l"] = self.cross_attn_r2l(
                 h, c.r2l_memory, c.r2l_memory, c.r2l_mask, need_weights, _slot(cache, "cross_r2l")

@@ -333,7 +333,7 @@ def linear_label_smoothed_nll_loss(
 
     ``chunk_bytes`` bounds the float32 logits held at once. The three matrix products follow
     autocast, as an ``nn.Linear`` would: under bfloat16 autocast (``precision=bf16``) they take
-    bfloat16 inputs, so each logit is rounded to 2⁻⁹ of its size, as the logits of an autocast
+    bfloat16 inputs, so each logit is rounded to within 2⁻⁸ of its size, as the logits of an autocast
     output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
     float32. On CPUs with AVX512_BF16 the products are most of this loss's time, and bfloat16 ones
     run well ahead of float32 ones at the loss's shapes (docs/results.md, "The output layer's
