@@ -66,7 +66,8 @@ class Metrics:
             "aiayn_request_seconds", "Request latency", ["route"], registry=r, buckets=seconds
         )
         self.batch = Histogram("aiayn_batch_texts", "Texts decoded together per batch (per decoding step "
-                               "when scheduling by step)", registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
+                               "when scheduling by step)", registry=r,
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128))  # fmt: skip
         # throughput is PromQL's: rate(aiayn_output_tokens_total[1m]); while decoding, divided by
         # rate(aiayn_decode_seconds_total[1m]) (busy seconds, summed over the workers)
         self.tokens = Counter("aiayn_output_tokens", "Output tokens produced", registry=r)
