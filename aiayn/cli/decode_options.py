@@ -171,7 +171,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                    "against the others; try --beam 10")  # fmt: skip
     s = p.add_argument_group("sampling")
     s.add_argument("--sample", action="store_true", help="sample instead of beam search")
-    s.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")
+    s.add_argument(
+        "--temperature", type=float, default=1.0, help="divide log-probs by T in [1e-4, 1e4] (default: 1)"
+    )
     s.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens")
     s.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability nucleus")
     s.add_argument("--seed", type=int, default=None, help="random seed for sampling")

@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations to draw (default: 1)")
-    p.add_argument("--temperature", type=float, default=1.0, help="divide log-probs by T (default: 1)")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="divide log-probs by T in [1e-4, 1e4] (default: 1)"
+    )
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability nucleus")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")

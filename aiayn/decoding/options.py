@@ -16,6 +16,7 @@ from aiayn.decoding.scoring import PENALTIES
 from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
+MAX_TEMPERATURE = 1e4  # and its highest: far below float32's range (-inf / inf is NaN), already uniform
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # read by sampling only
 
 
@@ -31,7 +32,7 @@ class SearchConfig:
     max_len_b: int = 50  # the "+ 50" of §6.1
     min_len: int = 0  # no eos before this many tokens (min_len = max_len: fixed-length output)
     sample: bool = False  # sample instead of searching
-    temperature: float = 1.0  # sampling: divide log-probs by T (≥ MIN_TEMPERATURE)
+    temperature: float = 1.0  # sampling: divide log-probs by T (MIN_TEMPERATURE to MAX_TEMPERATURE)
     top_k: int | None = None  # sampling: keep the k most probable tokens (None = all)
     top_p: float | None = None  # sampling: keep the smallest set with probability ≥ p (None = all)
     seed: int | None = None  # sampling: seed of the torch.Generator (None = torch's global RNG)
@@ -83,6 +84,8 @@ class SearchConfig:
             fail("min_len", f"is above max_len={self.max_len}: no output could satisfy both")
         if not self.temperature >= MIN_TEMPERATURE:  # below it float32 log-probs / T underflow to nothing
             fail("temperature", f"must be ≥ {MIN_TEMPERATURE:g} (use greedy decoding for T -> 0)")
+        if not self.temperature <= MAX_TEMPERATURE:
+            fail("temperature", f"must be ≤ {MAX_TEMPERATURE:g} (at T = 100 sampling is all but uniform)")
         if self.top_k is not None and self.top_k < 1:
             fail("top_k", "must be at least 1 (or None for no top-k filtering)")
         if self.top_p is not None and not 0 < self.top_p <= 1:

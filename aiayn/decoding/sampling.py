@@ -43,8 +43,10 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        # drop a token when the tokens before it already reach top_p (keeps the first one always)
+        # drop a token when the tokens before it already reach top_p; the first one always stays (a
+        # top_p under float32's smallest number is 0 there, which the ones before the first reach)
         drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop_sorted[:, 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

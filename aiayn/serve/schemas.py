@@ -234,12 +234,22 @@ class ClassifyResponse(BaseModel):
     results: list[Label] | list[list[Label]] = Field(description="per text when q is a list")
 
 
+# fillers in one fill-mask answer (<mask>s × top_k): each carries the whole text, so that 800 masks of a
+# 5,000-character text at top_k 100 do not make a 400 MB answer
+MAX_FILLERS = 100
+
+
 class FillMaskRequest(Body):
     """One text whose <mask> pieces an encoder fills."""
 
     q: Texts = Field(description="one text with one or more <mask>")
     model: str | None = Field(None, description="an encoder's name (optional when one is loaded)")
-    top_k: int = Field(5, ge=1, le=100, description="pieces per <mask>, most probable first")
+    top_k: int = Field(
+        5,
+        ge=1,
+        le=MAX_FILLERS,
+        description=f"pieces per <mask>, most probable first; <mask>s × top_k at most {MAX_FILLERS}",
+    )
 
 
 class Filler(BaseModel):

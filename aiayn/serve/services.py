@@ -249,6 +249,10 @@ class EncoderService:
         flat = [[{"label": y, "probability": round(p, 6)} for y, p in r] for r in ranked]
         return per_request(flat, requests)
 
+    def masks(self, query: str) -> int:
+        """How many ``<mask>`` pieces the filler reads in ``query`` (0 without a filler)."""
+        return 0 if self.filler is None else self.filler.query_ids(query).count(self.filler.tokenizer.mask_id)
+
     def fill(self, query: str, top_k: int) -> list[list[dict]]:
         if self.filler is None:
             raise ConfigError(f"model {self.name!r} has no <mask> in its vocabulary")

@@ -24,6 +24,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert _kept(top_p=0.81) == [False, True, True, True]
     assert _kept(top_p=0.1) == [False, True, False, False]  # the most probable token always stays
     assert _kept(top_p=1.0) == [True] * 4
+    assert _kept(top_p=1e-46) == [False, True, False, False]  # 0 in float32: still the most probable
 
 
 def test_top_k_then_top_p():

@@ -283,6 +283,20 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),
         ("/v1/fill-mask", {"json": {"q": "no mask here", "model": "mlm", **KEY}}, 400, "has no <mask>"),
+        (
+            "/v1/fill-mask",
+            {"json": {"q": "<mask> " * 11, "top_k": 10, "model": "mlm", **KEY}},
+            400,
+            "11 <mask>s × top_k=10 is over the 100 fillers an answer holds",
+        ),
+        (
+            "/v1/translate",
+            {"json": {"q": "a", "sample": True, "temperature": 1e39, **KEY}},
+            400,
+            "temperature",
+        ),
+        ("/v1/generate", {"json": {"prompt": "a", "temperature": 1e39, **KEY}}, 400, "temperature=1e+39"),
+        ("/v1/generate", {"json": {"prompt": "a", "top_p": 1e-46, "max_new_tokens": 3, **KEY}}, 200, ""),
     ],
 )
 def test_bad_requests_are_4xx_json_and_the_server_keeps_serving(client, path, kwargs, status, fragment):

@@ -22,6 +22,7 @@ from aiayn.serve.dependencies import ServerDep, parse
 from aiayn.serve.jobs import Classification, Generation, MaskFilling, Prompt, Translation
 from aiayn.serve.schemas import (
     ERRORS,
+    MAX_FILLERS,
     ClassifyRequest,
     ClassifyResponse,
     FillMaskRequest,
@@ -182,5 +183,8 @@ async def fill_mask(
     if len(texts) != 1:
         raise invalid("fill-mask takes one q")
     service = server.pick(body.model, EncoderService)
+    if (n := service.masks(texts[0])) * body.top_k > MAX_FILLERS:  # each filler carries the whole text
+        raise invalid(f"{n} <mask>s × top_k={body.top_k} is over the {MAX_FILLERS} fillers an answer holds; "
+                      "give fewer masks or a smaller top_k")  # fmt: skip
     masks = await server.submit(MaskFilling(service.name, body.top_k), texts[0], 1, request)
     return FillMaskResponse(model=service.name, masks=masks)
