@@ -101,19 +101,21 @@ class Observe:
                 status = message["status"]
             await send(message)
 
+        path = scope["path"]  # decoded: a %0a would start a forged log line, a %00 make the log binary
+        shown = path if path.isprintable() else path.encode("unicode_escape").decode("ascii")
         try:
             await self.app(scope, receive, send_watched)
         except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
-            log.exception("%s %s failed", scope["method"], scope["path"])
+            log.exception("%s %s failed", scope["method"], shown)
             if status is None:
                 await JSONResponse({"error": "internal error: the server failed on this request"}, 500)(
                     scope, receive, send_watched
                 )
-        path, seconds = scope["path"], time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         route = path if path in ROUTES else "other"
         self.server.metrics.requests.labels(route, str(status)).inc()
         self.server.metrics.latency.labels(route).observe(seconds)
-        log.info("%s %s %s %.1f ms", scope["method"], path, status, 1000 * seconds)
+        log.info("%s %s %s %.1f ms", scope["method"], shown, status, 1000 * seconds)
 
 
 class HeadAsGet:

@@ -662,6 +662,13 @@ def test_a_batch_run_again_job_by_job_counts_the_tokens_of_every_job(served):
         server.batcher.close()
 
 
+def test_a_path_cannot_forge_a_log_line(client, caplog):
+    with caplog.at_level("INFO", logger="aiayn.serve"):
+        assert client.get("/%0aFORGED%20200%20line%00").status_code == 404
+    (line,) = [r.getMessage() for r in caplog.records if "FORGED" in r.getMessage()]
+    assert line.startswith("GET /\\nFORGED 200 line\\x00 404 ") and line.isprintable()
+
+
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):
     """A route that fails with an exception no handler knows (a bug, here planted in the tokenizing
     step) is answered 500 in the JSON shape of every error, logged with its traceback, counted in
