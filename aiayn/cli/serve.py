@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -52,8 +53,11 @@ def add_parser(sub) -> None:
         "--threads", type=int, default=0, help="torch CPU threads for the model (0 = PyTorch's default)"
     )
     limits = p.add_argument_group("limits")
+    p.add_argument("--allowed-hosts", metavar="NAME[,NAME…]",
+                   help="Host headers answered (without port), or '*' for any (default: with a loopback "
+                   "--host, localhost, 127.0.0.1 and ::1 only, against DNS rebinding; else any)")  # fmt: skip
     for f in dataclasses.fields(Settings):
-        if f.name == "api_keys":
+        if f.name in ("api_keys", "allowed_hosts"):
             continue
         value = getattr(d, f.name)
         kind = float if isinstance(value, float) else str if isinstance(value, str) else int
@@ -98,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port (1..65535)")
     if args.threads < 0:
         raise ConfigError(f"--threads {args.threads} must be ≥ 0 (0 = PyTorch's default)")
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name != "api_keys"}
+    own = ("api_keys", "allowed_hosts")
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name not in own}
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
-    settings = Settings(**fields, api_keys=keys)
+    settings = Settings(**fields, api_keys=keys, allowed_hosts=allowed_hosts(args.allowed_hosts, args.host))
     models = parse_models(args.model)
     backlog = min(ACCEPT_BURST, settings.max_connections)
     reserve_descriptors(settings.max_connections + 2 * backlog)
@@ -129,6 +134,24 @@ def run(args: argparse.Namespace) -> int:
         # Ctrl-C) they stop at their next decoding step, so that none is inside the model at exit
         app.state.server.batcher.close(finish=False)
     return 0
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def allowed_hosts(given: str | None, host: str) -> frozenset[str]:
+    """The Host headers to answer: ``--allowed-hosts`` (``*``: any, the empty set), else on a
+    loopback ``--host`` its own names, else any."""
+    if given is not None:
+        names = frozenset(n.strip().lower().strip("[]") for n in given.split(",") if n.strip())
+        if not names:
+            raise ConfigError("--allowed-hosts is empty; give names (--allowed-hosts example.org) or '*'")
+        return frozenset() if "*" in names else names
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host.lower() == "localhost"
+    return LOOPBACK_NAMES | {host.lower().strip("[]")} if loopback else frozenset()
 
 
 H11_MAX_HEADERS = 16 * 1024  # bytes of a request line and headers at most (h11's own default, stated)

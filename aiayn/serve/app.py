@@ -103,8 +103,9 @@ class Observe:
 
         path = scope["path"]  # decoded: a %0a would start a forged log line, a %00 make the log binary
         shown = path if path.isprintable() else path.encode("unicode_escape").decode("ascii")
+        app = self.app if (refusal := self._refused_host(scope)) is None else refusal
         try:
-            await self.app(scope, receive, send_watched)
+            await app(scope, receive, send_watched)
         except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
             log.exception("%s %s failed", scope["method"], shown)
             if status is None:
@@ -116,6 +117,22 @@ class Observe:
         self.server.metrics.requests.labels(route, str(status)).inc()
         self.server.metrics.latency.labels(route).observe(seconds)
         log.info("%s %s %s %.1f ms", scope["method"], shown, status, 1000 * seconds)
+
+    def _refused_host(self, scope) -> JSONResponse | None:
+        """400 for a Host header outside ``--allowed-hosts`` (a browser's request after DNS rebinding
+        names the attacker's host); None to go on (no header: not a browser's)."""
+        allowed = self.server.settings.allowed_hosts
+        raw = dict(scope["headers"]).get(b"host")
+        if not allowed or raw is None:
+            return None
+        host = raw.decode("latin-1").strip().lower()
+        name = host[1 : host.find("]")] if host.startswith("[") else host.rpartition(":")[0] or host
+        if name in allowed:
+            return None
+        shown = ascii(host)[1:-1]
+        return JSONResponse({"error": f"Host {shown!r} is not one this server answers to (it answers "
+                                      f"{', '.join(sorted(allowed))}); to serve it, pass --allowed-hosts "
+                                      "with its name (or '*')"}, 400)  # fmt: skip
 
 
 class HeadAsGet:

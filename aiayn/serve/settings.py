@@ -38,6 +38,9 @@ class Settings:
     send_timeout_s: float = 30.0  # an answer not drained for this long (its client not reading) is cut off
     keep_alive_s: float = 5.0  # an idle connection is closed after this
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no key needed
+    # the Host headers answered (lowercase names or addresses, no port); empty: any. aiayn serve on
+    # loopback answers only its own names, so that a web page cannot reach it by DNS rebinding
+    allowed_hosts: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         for name in (

@@ -81,6 +81,18 @@ def test_it_binds_to_loopback_and_logs_one_line_per_request(server):
     )
 
 
+def test_on_loopback_it_answers_its_own_names_only(server):
+    """A web page that rebinds its own name to 127.0.0.1 sends that name as Host: refused (400)."""
+    url, _, _ = server
+    port = url.rsplit(":", 1)[1].rstrip("/")
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
+        assert httpx.get(url + "health", headers={"host": host}).status_code == 200, host
+    r = httpx.get(url + "health", headers={"host": f"rebind.evil.example:{port}"})
+    assert r.status_code == 400 and "--allowed-hosts" in r.json()["error"]
+    r = httpx.get(url + "health/", headers={"host": "rebind.evil.example"})  # no redirect to that host
+    assert r.status_code == 400 and "location" not in r.headers
+
+
 def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     """A client closes its connection during a long search: the server notices at once (the ASGI
     disconnect message, not a poll), answers the request 499 in its metrics and log, and the search
