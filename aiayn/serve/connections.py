@@ -20,13 +20,15 @@ open). A ``ConnectionGuard`` adds two rules, where sockets are made and where re
   its high-water mark all that time, the kernel's full: a client that reads nothing, or next to
   nothing, would otherwise hold its connection, and a place under the cap, for as long as it likes).
 
-A route that reads the body answers a slow one 408 first (``dependencies.read_body``); the
+A request h11 cannot parse is answered 400 as JSON (uvicorn's own answer is plain text). A route
+that reads the body answers a slow one 408 first (``dependencies.read_body``); the
 connection's own deadline also covers the routes that never read it (a 404, a ``GET`` with a body).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -113,6 +115,17 @@ def _protocol(guard: ConnectionGuard) -> type[H11Protocol]:
             state = self.conn.their_state  # the next request, on a kept-alive connection (or pipelined)
             if not self.transport.is_closing() and state in (h11.IDLE, h11.SEND_BODY):
                 self._expect(state, guard.header_timeout if state is h11.IDLE else guard.body_timeout)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 cannot parse (no Host, two lengths, a bad chunk, over
+            16 KiB of headers), as JSON like every other error instead of plain text."""
+            body = json.dumps({"error": msg}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]  # fmt: skip
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
         def pause_writing(self) -> None:
             super().pause_writing()

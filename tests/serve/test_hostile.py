@@ -136,7 +136,7 @@ def test_a_flood_of_half_sent_headers_neither_exhausts_files_nor_blocks_health(g
     flood = []
     for _ in range(500):
         s = _raw(url)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: the headers never end
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: the headers never end
         flood.append(s)
     try:
         t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_send_timeout(
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
     s.connect((host, int(port)))
     body = json.dumps({"q": ["Ein Mann", "Zwei Hunde"], "attention": True, "max_len": 100, "min_len": 100})
-    request = (f"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request = (f"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode()  # fmt: skip
     s.sendall(request * 12)
     time.sleep(5.0)  # the answers are made until the writes stall: read nothing meanwhile
@@ -226,7 +226,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off_within_the_body_timeout(guarded
     at once, and the connection still closes when the body is late. Before, both stayed open."""
     url, _, _ = guarded
     s = _raw(url)
-    s.sendall(f"POST /{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+    s.sendall(f"POST /{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
               + b"Content-Length: 100\r\n\r\n")  # fmt: skip
     t0, answer, closed = time.perf_counter(), b"", False
     s.settimeout(0.25)
@@ -264,12 +264,35 @@ def test_hostile_bodies_are_4xx_json_and_leave_no_traceback(guarded):
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /health HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+        b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc",
+        b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n",
+    ],
+    ids=["garbage", "no-host", "two-lengths", "bad-chunk"],
+)
+def test_a_request_http_cannot_parse_is_answered_400_as_json(guarded, request_bytes):
+    url, _, _ = guarded
+    with _raw(url) as s:
+        s.sendall(request_bytes)
+        answer = b""
+        while chunk := s.recv(65536):  # the server closes the connection after its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer
+    assert json.loads(body) == {"error": "Invalid HTTP request received."}
+    assert _health(url) == 200
+
+
 def test_a_client_that_leaves_mid_body_is_a_499_not_a_server_failure(guarded):
     """A client that closes its connection before its body is in made a choice, as one that leaves
     while queued: logged 499, no traceback, no 500 counted."""
     url, _, log = guarded
     s = _raw(url)
-    s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b'Content-Length: 100\r\n\r\n{"q":')  # fmt: skip
     time.sleep(0.2)
     s.close()
