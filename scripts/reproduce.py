@@ -5,9 +5,9 @@
     torchrun --standalone --nproc_per_node=2 scripts/reproduce.py multi30k-de-en  # 2 DDP processes
 
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
-keep whichever of {best, averaged} × {beam search, minimum Bayes risk over a beam of 10} (or, with
-``--ensemble K``, the ensemble of the last K checkpoints with beam search) scores higher BLEU on
-the *validation* set (never the test set), try that choice again with a length penalty of 1.0
+keep whichever of {best, averaged} with beam search (and, when asked, minimum Bayes risk over a beam
+of ``--mbr-beam`` and the ensemble of the last ``--ensemble K`` checkpoints; both off by default)
+scores higher BLEU on the *validation* set (never the test set), try that choice again with a length penalty of 1.0
 besides 0.6 (``--lenpen``), then translate test2016 with the better and score it
 with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
 earlier run's directory again (e.g. after the evaluation changed, or when it failed: the training

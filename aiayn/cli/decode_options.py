@@ -151,7 +151,7 @@ MODEL_OPTIONS = ("model", "ensemble_with", "rerank_with")
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
     d = SearchConfig()
     g = p.add_argument_group("search")
-    g.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default: {d.beam})")
+    g.add_argument("--beam", type=int, default=None, help=f"beam size; 1 = greedy (default: {d.beam})")
     g.add_argument("--nbest", type=int, default=d.nbest, help="hypotheses (or samples) per sentence")
     g.add_argument("--lenpen", type=float, default=d.lenpen, help=f"length penalty α (default: {d.lenpen})")
     kinds = ["gnmt", "simple"]
@@ -183,7 +183,9 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     """The ``SearchConfig`` of the options ``add_search_arguments`` added (same names)."""
     names = [f.name for f in dataclasses.fields(SearchConfig)]
     options = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    if options.get("sample") and options.get("beam", SearchConfig.beam) != SearchConfig.beam:
+    if options.get("beam") is None:  # not given: the default
+        options.pop("beam", None)
+    elif options.get("sample"):
         raise ConfigError(f"--beam {options['beam']} sizes a beam search, which --sample does not run "
                           "(it draws --nbest samples); leave one of them out")  # fmt: skip
     return SearchConfig(**options, use_cache=not args.no_cache)

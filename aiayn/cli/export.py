@@ -38,7 +38,7 @@ directory is refused.
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a model as a Hugging Face (transformers) directory",
+    p = sub.add_parser("export", help="write a model for Hugging Face transformers or CTranslate2",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", required=True, metavar="DIR", help="model directory (aiayn's or HF's)")
     p.add_argument(

@@ -104,7 +104,7 @@ def test_detaching_stops_the_l2r_gradient_into_the_r2l_decoder(detach):
 
 
 def test_memory_of_another_sequence_feeds_the_l2r_loss_only():
-    """With ``memory_tgt`` the left-to-right loss reads that sequence's states (exactly as if it
+    """With ``memory=R2LMemory(tgt)`` the left-to-right loss reads that sequence's states (exactly as if it
     were the teacher-forced ``r2l_tgt``), and the right-to-left loss stays the reference's."""
     m = model()
     src, tgt_in, tgt_out = batch()
