@@ -150,6 +150,7 @@ def parse(model: type[M]) -> Callable[..., Awaitable[M]]:
 
 
 PROBLEMS = {
+    "extra_forbidden": "is not a field of this request (its fields: /docs)",
     "string_type": "must be a string",
     "int_type": "must be an integer",
     "int_parsing": "must be an integer",

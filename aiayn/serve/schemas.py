@@ -114,15 +114,23 @@ class Language(BaseModel):
 
 # -- the native API ----------------------------------------------------------------------------------
 class SearchOptions(Body):
-    """Every decoding option of aiayn translate, with its defaults."""
+    """Every decoding option of aiayn translate, with its defaults. A field the native API does not
+    know is an error (a misspelt option would otherwise decode with the default, silently)."""
 
+    model_config = ConfigDict(strict=True, extra="forbid")
     beam: int = Field(SearchConfig.beam, description="beam size, up to the server's --max-beam; 1 = greedy")
     nbest: int = Field(
         SearchConfig.nbest, description="hypotheses returned per text (≤ beam), or samples (≤ --max-beam)"
     )
     lenpen: float = Field(SearchConfig.lenpen, description="α of the length penalty; 0 = log-probability")
+    lenpen_kind: str = Field(
+        SearchConfig.lenpen_kind, description="gnmt: ((5 + |Y|) / 6)^α (Wu et al.); simple: |Y|^α"
+    )
     max_len: int | None = Field(
-        None, description="output tokens at most, up to the server's --max-len (default: input length + 50)"
+        None, description="output tokens at most, up to the server's --max-len (default: input + max_len_b)"
+    )
+    max_len_b: int = Field(
+        SearchConfig.max_len_b, description="the + 50 of the default max_len (≤ --max-len)"
     )
     min_len: int = Field(
         SearchConfig.min_len, description="no end of sentence before this many tokens (≤ --max-len)"
@@ -219,6 +227,8 @@ class GenerateResponse(BaseModel):
 class ClassifyRequest(Body):
     """Texts to label with an encoder's classification head."""
 
+    model_config = ConfigDict(strict=True, extra="forbid")
+
     q: Texts
     model: str | None = Field(None, description="an encoder's name (optional when one is loaded)")
     top_k: int = Field(1, ge=1, le=100, description="labels per text, most probable first")
@@ -241,6 +251,8 @@ MAX_FILLERS = 100
 
 class FillMaskRequest(Body):
     """One text whose <mask> pieces an encoder fills."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     q: Texts = Field(description="one text with one or more <mask>")
     model: str | None = Field(None, description="an encoder's name (optional when one is loaded)")

@@ -40,7 +40,7 @@ def invalid(problem: str) -> HTTPError:
 
 # each decoding option that sets how much work one search does, and the setting that bounds it
 BOUNDS = {"beam": "max_beam", "r2l_beam": "max_beam", "nbest": "max_beam", "max_len": "max_len",
-          "min_len": "max_len"}  # fmt: skip
+          "min_len": "max_len", "max_len_b": "max_len"}  # fmt: skip
 
 
 def text_problem(text: str) -> str | None:
@@ -178,9 +178,13 @@ class Server:
         busy = self.batcher.busy()
         return len(busy) == self.settings.workers and min(busy) > self.settings.timeout_s
 
-    def pick(self, name: str | None, cls: type) -> Any:
-        """The service called ``name``, or the only one of its kind when ``name`` is None."""
+    def pick(self, name: str | None, cls: type, can: str | None = None) -> Any:
+        """The service called ``name``, or when ``name`` is None the only one of its kind (that has
+        the attribute ``can``: an encoder's ``classifier`` or ``filler``, when given)."""
         of_kind = [s for s in self.services.values() if isinstance(s, cls)]
+        able = [s for s in of_kind if can is not None and getattr(s, can) is not None]
+        if name is None and able:  # an encoder that cannot do it is no candidate
+            of_kind = able
         if name is not None:
             service = self.services.get(name)
             if service is None or not isinstance(service, cls):

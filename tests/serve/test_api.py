@@ -75,6 +75,14 @@ def test_libretranslate_html_translates_the_texts_between_the_tags(client, serve
     assert r.status_code == 400 and "(5 texts between tags) exceeds text limit (4)" in r.json()["error"]
 
 
+def test_without_a_model_name_the_one_encoder_that_can_is_chosen(client):
+    """Two encoders are loaded, a classifier and a masked LM: each route has one that can answer it."""
+    r = client.post("/v1/classify", json={"q": "a great film", **KEY})
+    assert r.status_code == 200 and r.json()["model"] == "sentiment", r.text
+    r = client.post("/v1/fill-mask", json={"q": "a great <mask> .", **KEY})
+    assert r.status_code == 200 and r.json()["model"] == "mlm", r.text
+
+
 def test_a_multipart_media_type_is_read_whatever_its_case(client):
     """Media types are case-insensitive (RFC 9110): ``Multipart/Form-Data`` is a multipart form."""
     parts = [("q", "Ein Mann"), ("source", "de"), ("target", "en"), ("api_key", "secret")]
@@ -296,6 +304,16 @@ def test_generate_classify_fill_mask(client):
             "temperature",
         ),
         ("/v1/generate", {"json": {"prompt": "a", "temperature": 1e39, **KEY}}, 400, "temperature=1e+39"),
+        (
+            "/v1/translate",
+            {"json": {"q": "a", "beams": 3, **KEY}},
+            400,
+            "beams=3 is not a field of this request",
+        ),
+        ("/v1/classify", {"json": {"q": "a", "topk": 3, **KEY}}, 400, "topk=3 is not a field"),
+        ("/v1/translate", {"json": {"q": "a", "max_len_b": 5000, **KEY}}, 400, "max_len_b=5000 is over"),
+        ("/v1/translate", {"json": {"q": "a", "lenpen_kind": "simple", "max_len_b": 3, **KEY}}, 200, ""),
+        ("/v1/generate", {"json": {"prompt": "a", "max_len_b": 3, **KEY}}, 400, "max_len_b: not read"),
         ("/v1/generate", {"json": {"prompt": "a", "top_p": 1e-46, "max_new_tokens": 3, **KEY}}, 200, ""),
     ],
 )

@@ -107,8 +107,9 @@ async def generate(
 
 
 # /v1/generate's own values of the search options it does not read (others are refused)
-GENERATE_UNREAD = {"beam": 1, "nbest": 1, "lenpen": SearchConfig.lenpen, "max_len": None, "r2l_beam": None,
-                   "mbr": None}  # fmt: skip
+GENERATE_UNREAD = {"beam": 1, "nbest": 1, "lenpen": SearchConfig.lenpen,
+                   "lenpen_kind": SearchConfig.lenpen_kind, "max_len": None,
+                   "max_len_b": SearchConfig.max_len_b, "r2l_beam": None, "mbr": None}  # fmt: skip
 
 
 class _Stream:
@@ -165,7 +166,7 @@ async def classify(
 ) -> ClassifyResponse:
     """Label ``q`` (a string or a list) with a classifier; ``top_k`` labels each."""
     many, texts = isinstance(body.q, list), server.texts(body.q)
-    service = server.pick(body.model, EncoderService)
+    service = server.pick(body.model, EncoderService, can="classifier")
     results = await server.submit(Classification(service.name, body.top_k), texts, len(texts), request)
     return ClassifyResponse(model=service.name, results=results if many else results[0])
 
@@ -182,7 +183,7 @@ async def fill_mask(
     texts = server.texts(body.q)
     if len(texts) != 1:
         raise invalid("fill-mask takes one q")
-    service = server.pick(body.model, EncoderService)
+    service = server.pick(body.model, EncoderService, can="filler")
     if (n := service.masks(texts[0])) * body.top_k > MAX_FILLERS:  # each filler carries the whole text
         raise invalid(f"{n} <mask>s × top_k={body.top_k} is over the {MAX_FILLERS} fillers an answer holds; "
                       "give fewer masks or a smaller top_k")  # fmt: skip
