@@ -21,7 +21,7 @@ def tiny_transformer(vocab: int = 50, seed: int = 0, eos_bias: float = 0.0, **kw
     """A random 2+2-layer model; ``eos_bias`` > 0 makes eos likelier, so outputs vary in length."""
     torch.manual_seed(seed)
     sizes = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, n_encoder_layers=2, n_decoder_layers=2)
-    cfg = TransformerConfig(**sizes, output_bias=eos_bias != 0.0, **{**TINY, **kw})
+    cfg = TransformerConfig(output_bias=eos_bias != 0.0, **{**sizes, **TINY, **kw})
     model = build_transformer(cfg).eval()
     if eos_bias:
         with torch.no_grad():

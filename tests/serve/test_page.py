@@ -180,6 +180,94 @@ def test_a_bidirectional_model_shows_the_right_to_left_translation_and_attention
         stop(proc)
 
 
+def test_keys_layers_per_kind_errors_and_an_encoder(browser, served, tmp_path):
+    """Served with --api-keys: the page asks for the key; a 3+1-layer model's explorer lists each
+    kind's own layers, and a key token shows the lines into it; a text whose maps are over the limit is
+    translated without them; an error clears the last answer; encoders classify and fill masks."""
+    deep = translation_dir(tmp_path / "deep", eos_bias=1.0, seed=1, n_encoder_layers=3, n_decoder_layers=1)
+    (tmp_path / "keys.txt").write_text("secret\n", encoding="utf-8")
+    models = ["--model", f"deep={deep}", "--model", f"sentiment={served['sentiment']}",
+              "--model", f"mlm={served['mlm']}"]  # fmt: skip
+    url, proc = start_serve([*models, "--api-keys", str(tmp_path / "keys.txt")], tmp_path / "serve.log")
+    tab, errors = browser.new_page(), []
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    done = "document.getElementById('t-go').disabled === false"
+    try:
+        tab.goto(url)
+        tab.wait_for_selector("#translator:not([hidden])")
+        tab.click("#t-go")
+        tab.wait_for_selector("#key-box:not([hidden])")
+        assert "enter the key above" in tab.text_content("#error") and tab.text_content("#t-out") == ""
+        tab.fill("#api-key", "secret")
+        tab.click("#t-go")
+        tab.wait_for_selector("#explorer:not([hidden])")
+        translation = tab.text_content("#t-out")
+        assert tab.text_content("#error") == "" and translation
+        disabled = tab.eval_on_selector_all(
+            "#a-kind option", "els => els.filter(e => e.disabled).map(e => e.value)"
+        )
+        assert disabled == ["r2l_self", "r2l_cross", "cross_r2l"]  # not reachable by typing either
+        layers = lambda: tab.eval_on_selector_all("#a-layer option", "els => els.length")  # noqa: E731
+        tab.select_option("#a-kind", "encoder")
+        assert layers() == 3
+        tab.select_option("#a-layer", "2")
+        tab.select_option("#a-kind", "cross")
+        assert layers() == 1 and tab.input_value("#a-layer") == "0"
+        tab.select_option("#a-view", "lines")
+        tab.hover('#a-svg-view text[data-key="0"]')
+        into = tab.eval_on_selector_all(
+            "#a-svg-view line", "els => els.filter(e => e.style.display !== 'none').map(e => e.dataset.j)"
+        )
+        assert into and set(into) == {"0"}
+        tab.set_viewport_size({"width": 400, "height": 800})  # a phone: no sideways scrolling
+        assert tab.evaluate("document.documentElement.scrollWidth") <= 400
+        tab.set_viewport_size({"width": 1000, "height": 900})
+
+        def over_the_limit(route):  # the server's answer to maps over --max-attention-values
+            if route.request.post_data_json["attention"]:
+                route.fulfill(status=413, content_type="application/json", body='{"error": "over the limit"}')
+            else:
+                route.continue_()
+
+        tab.route("**/v1/translate", over_the_limit)
+        tab.click("#t-go")
+        tab.wait_for_selector("#t-note:not([hidden])")
+        assert tab.text_content("#t-out") == translation and tab.is_hidden("#explorer")
+        assert "over the limit" in tab.text_content("#t-note")
+        tab.unroute("**/v1/translate")
+        tab.route("**/v1/translate", lambda r: r.fulfill(status=503, content_type="application/json",
+                                                         body='{"error": "busy"}'))  # fmt: skip
+        tab.click("#t-go")
+        tab.wait_for_function(done)
+        assert tab.text_content("#error") == "busy" and tab.text_content("#t-out") == ""
+        assert tab.locator("#t-alts li").count() == 0 and tab.is_hidden("#explorer")
+        tab.unroute("**/v1/translate")
+
+        tab.select_option("#e-model", "sentiment")
+        assert tab.is_enabled("#e-classify") and tab.is_disabled("#e-fill")
+        tab.fill("#e-text", "a great film")
+        tab.click("#e-classify")
+        tab.wait_for_selector("#e-out li")
+        status, answer = post(url + "v1/classify", {"q": "a great film", "model": "sentiment", "top_k": 3,
+                                                    "api_key": "secret"})  # fmt: skip
+        assert status == 200
+        assert tab.eval_on_selector_all("#e-out li", "els => els.map(e => e.textContent)") == [
+            f"{r['label']} {r['probability']:.3f}" for r in answer["results"]
+        ]
+        tab.select_option("#e-model", "mlm")
+        assert tab.is_disabled("#e-classify") and tab.is_enabled("#e-fill")
+        tab.fill("#e-text", "a great <mask> .")
+        tab.click("#e-fill")
+        tab.wait_for_selector("#e-out li")
+        assert (
+            tab.text_content("#e-out li").startswith("<mask> 1: ") and tab.locator("#e-out li").count() == 1
+        )
+        assert errors == [] and tab.text_content("#error") == ""
+    finally:
+        tab.close()
+        stop(proc)
+
+
 def _kinds(tab) -> list[str]:
     """The attention kinds the explorer offers (its visible options)."""
     return tab.eval_on_selector_all("#a-kind option", "els => els.filter(e => !e.hidden).map(e => e.value)")

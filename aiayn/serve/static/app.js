@@ -1,44 +1,86 @@
-// aiayn's page: a translator, an attention explorer for the translation just made, and a language-model
-// playground. Plain JavaScript, no library, no request beyond this server.
+// aiayn's page: a translator, an attention explorer for the translation just made, a language-model
+// playground and an encoder's classifier and mask filler. Plain JavaScript, no library, no request
+// beyond this server.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#2457c5", "#d1495b", "#00798c", "#edae49", "#66a182", "#8e5ea2", "#30638e", "#e07a5f"];
-let attention = null;
+const MAX_PNG_SIDE = 16384; // pixels; a larger canvas fails (or stalls the tab) in browsers
+let attention = null, models = [];
 
 function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
+
+function number(id, fallback) { // an emptied field is its default, not 0
+  const text = $(id).value.trim();
+  return text === "" ? fallback : Number(text);
+}
+
+function shown(token) { // a label a reader can see: spaces and line breaks drawn, an empty token named
+  return token.trim() !== "" ? token : token.replace(/ /g, "\u2423").replace(/\n/g, "\u21b5") || "\u2205";
+}
 
 function fill(select, items) {
   select.replaceChildren(...items.map(([value, text]) => new Option(text, value)));
 }
 
 async function api(path, body) {
-  const r = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-  if (!r.ok) throw new Error((await r.json()).error || r.statusText);
+  const headers = { "Content-Type": "application/json" }, key = $("api-key").value;
+  if (key) headers["X-API-Key"] = key;
+  const r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
+  if (!r.ok) {
+    let message = r.statusText;
+    try { message = (await r.json()).error || message; } catch (_) { /* not JSON: a proxy's page */ }
+    if (r.status === 403) { // the server was started with --api-keys
+      $("key-box").hidden = false;
+      message += ": enter the key above";
+    }
+    const error = new Error(message);
+    error.status = r.status;
+    throw error;
+  }
   return r;
 }
 
 async function init() {
-  const health = await (await fetch("/health")).json();
-  const models = health.models;
+  models = (await (await fetch("/health")).json()).models;
   $("models").textContent = "models: " + models.map((m) => `${m.name} (${m.kind})`).join(", ");
   const translators = models.filter((m) => m.kind === "translation");
   const lms = models.filter((m) => m.kind === "lm");
+  const encoders = models.filter((m) => m.kind === "encoder" && (m.classify || m.fill_mask));
   fill($("t-model"), translators.map((m) => [m.name, `${m.name}: ${m.source} → ${m.target}`]));
   fill($("g-model"), lms.map((m) => [m.name, m.name]));
+  fill($("e-model"), encoders.map((m) => [m.name, m.name]));
   $("translator").hidden = translators.length === 0;
   $("playground").hidden = lms.length === 0;
+  $("encoder").hidden = encoders.length === 0;
+  if (encoders.length) encoderButtons();
 }
 
 // -- translate -----------------------------------------------------------------------------------
 $("t-form").addEventListener("submit", async (event) => {
   event.preventDefault();
   showError();
-  const beam = Number($("t-beam").value), nbest = Math.min(Number($("t-nbest").value), beam);
+  const beam = number("t-beam", 4), nbest = Math.min(number("t-nbest", 1), beam);
   $("t-go").disabled = true;
+  // the last answer leaves at once: after an error nothing on the page belongs to another text
+  $("t-out").textContent = "";
+  $("t-alts").replaceChildren();
+  $("t-r2l").hidden = true;
+  $("t-note").hidden = true;
+  attention = null;
+  setupExplorer();
   try {
     const body = { model: $("t-model").value, q: [$("t-src").value], beam, nbest, attention: true };
-    const result = (await (await api("/v1/translate", body)).json()).results[0];
+    let answer;
+    try {
+      answer = await api("/v1/translate", body);
+    } catch (e) { // a long text's maps are over the server's --max-attention-values: translate without
+      if (e.status !== 413) throw e;
+      answer = await api("/v1/translate", { ...body, attention: false });
+      $("t-note").textContent = `No attention maps: ${e.message}`;
+      $("t-note").hidden = false;
+    }
+    const result = (await answer.json()).results[0];
     $("t-out").textContent = result.translation;
     $("t-r2l").hidden = result.r2l === undefined; // a bidirectional model: the memory it read
     $("t-r2l-text").textContent = result.r2l || "";
@@ -62,12 +104,23 @@ $("t-form").addEventListener("submit", async (event) => {
 // -- attention -----------------------------------------------------------------------------------
 function setupExplorer() {
   $("explorer").hidden = !(attention && attention.encoder);
-  if ($("explorer").hidden) return;
-  for (const option of $("a-kind").options) option.hidden = !attention[option.value]; // r2l_*: bidirectional only
-  if ($("a-kind").selectedOptions[0].hidden) $("a-kind").value = "cross";
-  const layers = attention.encoder.length, heads = attention.encoder[0].length;
-  fill($("a-layer"), [...Array(layers).keys()].map((i) => [i, `layer ${i}`]));
-  fill($("a-head"), [["all", "all heads"], ...[...Array(heads).keys()].map((i) => [i, `head ${i}`])]);
+  if ($("explorer").hidden) {
+    $("a-view-box").replaceChildren(); // nothing left to export
+    return;
+  }
+  for (const option of $("a-kind").options) { // r2l_*: a bidirectional model's only
+    option.hidden = option.disabled = !attention[option.value];
+  }
+  if ($("a-kind").selectedOptions[0].disabled) $("a-kind").value = "cross";
+  setupLayers();
+}
+
+function setupLayers() { // the kind's own layers and heads (an encoder and a decoder may differ)
+  const maps = attention[$("a-kind").value], layer = Number($("a-layer").value), head = $("a-head").value;
+  fill($("a-layer"), [...Array(maps.length).keys()].map((i) => [i, `layer ${i}`]));
+  fill($("a-head"), [["all", "all heads"], ...[...Array(maps[0].length).keys()].map((i) => [i, `head ${i}`])]);
+  if (layer < maps.length) $("a-layer").value = String(layer);
+  if (head === "all" || Number(head) < maps[0].length) $("a-head").value = head || "all";
   render();
 }
 
@@ -91,7 +144,7 @@ function el(name, attrs, text) {
 
 function label(text, x, y, anchor, extra = {}) {
   const node = el("text", { x, y, "text-anchor": anchor, "font-size": 12, "font-family": "sans-serif", class: "tok",
-    tabindex: 0, ...extra }, text);
+    tabindex: 0, ...extra }, shown(text));
   node.setAttribute("role", "button");
   return node;
 }
@@ -146,19 +199,23 @@ function lines(queries, keys, heads, head) { // bertviz's head view: queries lef
   heads.forEach((h, n) => queries.forEach((_, i) => keys.forEach((_, j) => {
     const line = el("line", { x1: left + 4, y1: 12 + i * row, x2: left + gap - 4, y2: 12 + j * row,
       stroke: COLORS[(head === "all" ? n : Number(head)) % COLORS.length], "stroke-width": 2,
-      "stroke-opacity": (h[i][j] / heads.length ** 0.5).toFixed(4), "data-i": i });
+      "stroke-opacity": (h[i][j] / heads.length ** 0.5).toFixed(4), "data-i": i, "data-j": j });
     all.push(line);
     svg.append(line);
   })));
-  const only = (i) => all.forEach((line) => {
-    line.style.display = i === null || Number(line.dataset.i) === i ? "" : "none";
+  const only = (axis, index) => all.forEach((line) => { // a query's lines, or the lines into a key
+    line.style.display = index === null || Number(line.dataset[axis]) === index ? "" : "none";
   });
   queries.forEach((q, i) => {
     const t = label(q, left, 16 + i * row, "end", { "data-query": i });
-    hover(t, () => only(i), () => only(null));
+    hover(t, () => only("i", i), () => only("i", null));
     svg.append(t);
   });
-  keys.forEach((k, j) => svg.append(label(k, left + gap, 16 + j * row, "start", { "data-key": j })));
+  keys.forEach((k, j) => {
+    const t = label(k, left + gap, 16 + j * row, "start", { "data-key": j });
+    hover(t, () => only("j", j), () => only("j", null));
+    svg.append(t);
+  });
   return svg;
 }
 
@@ -169,7 +226,8 @@ function hover(node, on, off) {
   node.addEventListener("blur", () => { node.classList.remove("on"); off(); });
 }
 
-for (const id of ["a-kind", "a-layer", "a-head", "a-view"]) $(id).addEventListener("change", render);
+$("a-kind").addEventListener("change", setupLayers);
+for (const id of ["a-layer", "a-head", "a-view"]) $(id).addEventListener("change", render);
 
 function download(blob, name) {
   const a = document.createElement("a");
@@ -185,15 +243,24 @@ function svgText() { return new XMLSerializer().serializeToString($("a-svg-view"
 
 $("a-svg").addEventListener("click", () => download(new Blob([svgText()], { type: "image/svg+xml" }), "attention.svg"));
 $("a-png").addEventListener("click", () => {
+  showError();
   const svg = $("a-svg-view"), image = new Image();
+  const width = Number(svg.getAttribute("width")), height = Number(svg.getAttribute("height"));
+  const scale = Math.min(2, MAX_PNG_SIDE / Math.max(width, height)); // twice the size, where it fits
+  if (scale < 0.5) {
+    showError(`This map is too large for a PNG (${width} × ${height}); export SVG`);
+    return;
+  }
+  image.onerror = () => showError("The browser could not draw this map as a PNG; export SVG");
   image.onload = () => {
     const canvas = document.createElement("canvas");
-    canvas.width = Number(svg.getAttribute("width")) * 2;
-    canvas.height = Number(svg.getAttribute("height")) * 2;
+    canvas.width = Math.ceil(width * scale);
+    canvas.height = Math.ceil(height * scale);
     const ctx = canvas.getContext("2d");
-    ctx.scale(2, 2);
+    ctx.scale(scale, scale);
     ctx.drawImage(image, 0, 0);
-    canvas.toBlob((blob) => download(blob, "attention.png"), "image/png");
+    canvas.toBlob((blob) => blob ? download(blob, "attention.png")
+      : showError("The browser could not make this PNG; export SVG"), "image/png");
   };
   image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svgText());
 });
@@ -202,9 +269,9 @@ $("a-png").addEventListener("click", () => {
 $("g-form").addEventListener("submit", async (event) => {
   event.preventDefault();
   showError();
-  const out = $("g-out"), topK = Number($("g-topk").value), topP = Number($("g-topp").value);
-  const body = { model: $("g-model").value, prompt: $("g-prompt").value, max_new_tokens: Number($("g-max").value),
-    temperature: Number($("g-temp").value), top_k: topK > 0 ? topK : null, top_p: topP < 1 ? topP : null, stream: true };
+  const out = $("g-out"), topK = number("g-topk", 0), topP = number("g-topp", 1); // emptied: off
+  const body = { model: $("g-model").value, prompt: $("g-prompt").value, max_new_tokens: number("g-max", 100),
+    temperature: number("g-temp", 0.8), top_k: topK > 0 ? topK : null, top_p: topP < 1 ? topP : null, stream: true };
   out.textContent = body.prompt;
   $("g-go").disabled = true;
   try {
@@ -229,6 +296,43 @@ $("g-form").addEventListener("submit", async (event) => {
     showError(e);
   } finally {
     $("g-go").disabled = false;
+  }
+});
+
+// -- encoder -------------------------------------------------------------------------------------
+function encoderButtons() { // what the chosen encoder can do: classify (a head), fill masks (a masked LM)
+  const m = models.find((x) => x.name === $("e-model").value) || {};
+  $("e-classify").disabled = !m.classify;
+  $("e-fill").disabled = !m.fill_mask;
+}
+
+$("e-model").addEventListener("change", encoderButtons);
+
+function item(text) {
+  const li = document.createElement("li");
+  li.textContent = text;
+  return li;
+}
+
+$("e-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  showError();
+  const fillMasks = event.submitter === $("e-fill"), out = $("e-out");
+  const body = { model: $("e-model").value, q: $("e-text").value, top_k: number("e-topk", 3) };
+  out.replaceChildren();
+  $("e-classify").disabled = $("e-fill").disabled = true;
+  try {
+    const answer = await (await api(fillMasks ? "/v1/fill-mask" : "/v1/classify", body)).json();
+    if (fillMasks) { // per <mask>: its pieces, most probable first
+      out.replaceChildren(...answer.masks.map((fillers, k) => item(`<mask> ${k + 1}: ` + fillers.map((f) =>
+        `${shown(f.token.trim())} ${f.probability.toFixed(3)}`).join(", "))));
+    } else {
+      out.replaceChildren(...answer.results.map((r) => item(`${r.label} ${r.probability.toFixed(3)}`)));
+    }
+  } catch (e) {
+    showError(e);
+  } finally {
+    encoderButtons();
   }
 });
 
