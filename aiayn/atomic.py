@@ -117,6 +117,8 @@ def _writing(path: Path) -> Iterator[None]:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise WriteError(path, e.strerror or str(e)) from None
+        if e.filename is not None and Path(e.filename).name.startswith(TMP_PREFIX):  # ours, not an input's
+            raise WriteError(path, e.strerror or str(e)) from None
         raise
 
 
@@ -168,8 +170,13 @@ def open_output(path: str | os.PathLike | None) -> Iterator[BinaryIO]:
     """A binary stream to write an output to piece by piece: stdout for ``None`` or ``-``, else
     ``path`` as ``atomic_path`` writes it (whole once the block ends without an error)."""
     if path is None or str(path) == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+        try:
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        except OSError as e:
+            if e.filename is not None:  # a file the caller read or wrote meanwhile: its own error
+                raise
+            raise OutputError(f"cannot write to standard output: {e.strerror or e}") from None
         return
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         yield f
@@ -327,11 +334,13 @@ def check_output(
         if given.is_symlink() and not given.exists():
             raise OutputError(f"{option} {given} is a symbolic link to nothing; give a file name")
         try:
-            output_target(given)
+            _, stream = output_target(given)
         except OutputError as e:
             raise OutputError(f"{option} {e}") from None
         if not out.parent.is_dir():
             raise OutputError(f"{option} {given}: folder {given.parent} does not exist; create it first")
+        if not stream:  # a file renamed into place there (a FIFO or device is written into)
+            _check_writable(out.parent, option, given)
         return given
     if given.is_symlink():
         raise OutputError(f"{option} {given} is a symbolic link; give the directory it points to")
@@ -347,6 +356,16 @@ def check_output(
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
     return given
+
+
+def _check_writable(folder: Path, option: str, given: Path) -> None:
+    """An ``OutputError`` now, where ``folder`` takes no new file, rather than after the work."""
+    probe = temporary_name(folder / given.name)
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        probe.unlink()
+    except OSError as e:
+        raise OutputError(f"{option} {given}: cannot write in {folder} ({e.strerror or e})") from None
 
 
 def check_figure_dir(

@@ -102,6 +102,12 @@ def bf16_speedup(device: torch.device, tokens: int, d_model: int, d_ff: int) -> 
     return best(torch.float32) / best(torch.bfloat16)
 
 
+def max_threads() -> int:
+    """The most CPU threads a run may ask for: four per CPU (far more only fails, or crashes, inside
+    the thread libraries)."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def set_threads(threads: int) -> None:
     """PyTorch's CPU threads for the calling thread's operations; 0 leaves PyTorch's default."""
     if threads:

@@ -15,6 +15,8 @@ from aiayn.errors import AiaynError, ModelDirError
 
 
 def _read(path: Path, missing: str, error: type[AiaynError]) -> bytes:
+    if path.is_dir():
+        raise error(f"{path} is a directory, not a file: {missing}")
     if not path.is_file():
         raise error(f"{path} is missing: {missing}")
     return path.read_bytes()

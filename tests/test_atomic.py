@@ -93,3 +93,37 @@ def test_outputs_that_are_not_files(tmp_path):
     (tmp_path / "real").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert atomic.output_target(tmp_path / "link") == ((tmp_path / "real").resolve(), False)
+
+
+def test_a_folder_that_takes_no_file_is_refused_before_the_work(tmp_path, monkeypatch):
+    def refuse(path, *args):  # a read-only or immutable folder (chmod does not stop root; this does)
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(atomic.os, "open", refuse)
+    with pytest.raises(
+        OutputError, match=r"--json .*out/o.json: cannot write in .*out \(Operation not permitted\)"
+    ):
+        (tmp_path / "out").mkdir()
+        atomic.check_output(tmp_path / "out" / "o.json", option="--json")
+
+
+def test_a_failed_write_names_the_output_not_its_temporary(tmp_path):
+    target = tmp_path / "o.txt"
+    failing = pytest.raises(OutputError, match=r"cannot write .*o\.txt: Operation not permitted")
+    with failing as e, atomic.atomic_path(target) as tmp:
+        raise PermissionError(1, "Operation not permitted", str(tmp))
+    assert ".tmp-" not in str(e.value) and not list(tmp_path.iterdir())
+
+
+def test_a_full_standard_output_is_one_error(monkeypatch):
+    class Full:
+        def write(self, data):
+            return len(data)
+
+        def flush(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.sys, "stdout", type("Out", (), {"buffer": Full()})())
+    full = pytest.raises(OutputError, match="cannot write to standard output: No space left on device")
+    with full, atomic.open_output(None) as f:
+        f.write(b"x\n")

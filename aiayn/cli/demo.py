@@ -23,6 +23,7 @@ from aiayn.atomic import check_output, write_text
 from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError, DataError
+from aiayn.training.config import MAX_MINUTES
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
@@ -73,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.training.budget import SPEED_UPDATES
     from aiayn.training.trainer import Trainer
 
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        raise ConfigError(f"--minutes={args.minutes} must be a number > 0")
+    if not (math.isfinite(args.minutes) and 0 < args.minutes <= MAX_MINUTES):
+        raise ConfigError(f"--minutes={args.minutes} must be a number in (0, {MAX_MINUTES:g}]")
     search = SearchConfig(beam=args.beam)  # every check before the training, and before --out is replaced
     references = read_references(REFERENCE)
     out = Path(args.out)

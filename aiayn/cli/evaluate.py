@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         _sacremoses()  # before the decoding, not after it
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
+    if args.src is not None:
+        _refuse_others(args, ("dataset", "split"), "--src/--ref", "they name the sentences; leave them out")
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset

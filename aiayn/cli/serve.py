@@ -94,14 +94,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"aiayn serve needs the serve extra ({e.name} is missing): pip install 'aiayn[serve]'"
         ) from None
-    from aiayn.device import in_passing_thread
+    from aiayn.device import in_passing_thread, max_threads
     from aiayn.serve.services import load_service
     from aiayn.serve.settings import Settings, read_api_keys
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port (1..65535)")
-    if args.threads < 0:
-        raise ConfigError(f"--threads {args.threads} must be ≥ 0 (0 = PyTorch's default)")
+    if not 0 <= args.threads <= max_threads():
+        raise ConfigError(f"--threads {args.threads} must be in 0..{max_threads()} (0 = PyTorch's default; "
+                          "at most four per CPU)")  # fmt: skip
     own = ("api_keys", "allowed_hosts")
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name not in own}
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()

@@ -126,7 +126,7 @@ def check_file(path: str | os.PathLike) -> FileInfo:
     except UnicodeDecodeError:
         raise DataError(
             f"{path}: line {_first_bad_line(path)} is not valid UTF-8; re-encode the file "
-            "(e.g. iconv -f latin1 -t utf-8) or remove that line from both sides"
+            "(e.g. iconv -f latin1 -t utf-8) or remove that line (from both sides of a parallel corpus)"
         ) from None
     except (OSError, EOFError, zlib.error) as e:
         raise _read_error(path, e) from None

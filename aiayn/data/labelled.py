@@ -128,6 +128,9 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
     header = first[1] if _is_header(first[1], text_column, label_column, labelled) else None
     t = _column(text_column, header, TEXT_NAMES, "text", path)
     y = _column(label_column, header, LABEL_NAMES, "label", path) if labelled else None
+    if y is not None and y == t:
+        raise DataError(f"{path}: the text and the label are the same column ({t}); set text_column and "
+                        "label_column to two columns")  # fmt: skip
     width = len(header) if header else len(first[1])
     names = header or [str(i) for i in range(width)]
     for index, what in ((t, "text"), (y, "label")):
@@ -163,6 +166,9 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
         fields = [("text", text_column, TEXT_NAMES)] + (
             [("label", label_column, LABEL_NAMES)] if labelled else []
         )
+        if labelled and text_column and text_column == label_column:
+            raise DataError(f"{path}: the text and the label are the same key ({text_column!r}); set "
+                            "text_column and label_column to two keys")  # fmt: skip
         values = []
         for what, spec, names in fields:
             key = spec or next((n for n in names if n in obj), names[0])

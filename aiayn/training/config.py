@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
 
+from aiayn.device import max_threads
 from aiayn.errors import ConfigError
 
 TOKENIZERS = ("bpe", "unigram", "char")
@@ -22,6 +23,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 INT_LIMIT = 2**63  # an id, a count or a seed past int64 breaks torch and numpy
 # sentencepiece's and the embedding's sizes: far above any real vocabulary, far below what breaks them
 MAX_VOCAB = 2**20
+MAX_MINUTES = 1e6  # a budget's upper bound: past it the budget's arithmetic overflows
 
 
 def check_numbers(obj: Any) -> None:
@@ -133,6 +135,10 @@ class TrainConfig:
         for name in ("max_epochs", "patience", "warmup", "threads", "decay_steps", "seed"):
             if getattr(self, name) < 0:
                 fail(self, name, "must be ≥ 0")
+        if self.threads > max_threads():
+            fail(self, "threads", f"is over {max_threads()}, four per CPU of this machine")
+        if self.max_minutes > MAX_MINUTES:
+            fail(self, "max_minutes", f"is over {MAX_MINUTES:g} (about two years; 0 = no limit)")
         for name in ("min_lr", "weight_decay", "clip_norm", "max_minutes"):
             if getattr(self, name) < 0:
                 fail(self, name, "must be ≥ 0 (0 = off)" if name != "min_lr" else "must be ≥ 0")

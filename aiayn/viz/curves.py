@@ -21,16 +21,22 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    lines = read_text(path, "is this a training run directory?", fix="not a metrics file").splitlines()
+    text = read_text(path, "is this a training run directory?", fix="not a metrics file")
+    lines = text.removeprefix("\ufeff").splitlines()  # a byte order mark, if an editor added one
     records = []
     for i, line in enumerate(lines, 1):
         if line.strip():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                raise ModelDirError(f"{path}: line {i} is not valid JSON; delete that line") from None
+                raise ModelDirError(
+                    f"{path}: line {i} is not valid JSON: give a run directory or its "
+                    "metrics.jsonl (a torn last line: delete it)"
+                ) from None
             if not isinstance(record, dict):
-                raise ModelDirError(f"{path}: line {i} is not a JSON object; delete that line")
+                raise ModelDirError(
+                    f"{path}: line {i} is not a JSON object: give a run directory or its metrics.jsonl"
+                )
             records.append(record)
     return records
 

@@ -176,3 +176,14 @@ def test_lines_are_cut_at_newlines_only_as_files_are_read(tmp_path):
     ``iter_lines`` reads them: not the ends of documents."""
     text = write(tmp_path / "a.txt", "Wait\x85 what is this\r\nsecond\u2028line\x0chere\n")
     assert load_sentences(text, "all")[0] == ["Wait\x85 what is this", "second\u2028line\x0chere"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "columns"),
+    [("a.tsv", "label\tsentence\n1\tgood\n0\tbad\n", ("sentence", "sentence")),
+     ("b.tsv", "1\tgood\n0\tbad\n", ("1", "1")),
+     ("c.jsonl", '{"text": "good", "label": 1}\n', ("text", "text"))],
+)  # fmt: skip
+def test_the_text_and_the_label_must_be_two_columns(tmp_path, name, text, columns):
+    with pytest.raises(DataError, match="the text and the label are the same"):
+        load_labelled(write(tmp_path / name, text), text_column=columns[0], label_column=columns[1])

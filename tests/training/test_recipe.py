@@ -70,3 +70,9 @@ def test_a_string_field_on_the_command_line_is_its_text_whatever_toml_reads_in_i
     recipe.write_text("out_dir = 2024-06-01\n", encoding="utf-8")  # in a file, TOML's types stand
     with pytest.raises(ConfigError, match="dated.toml: out_dir must be str"):
         load_recipe(recipe)
+
+
+def test_a_recipe_saved_with_a_byte_order_mark_reads(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf" + RECIPE.read_bytes())  # as some Windows editors save UTF-8
+    assert load_recipe(recipe, []).max_len == load_recipe(RECIPE, []).max_len
