@@ -31,6 +31,7 @@ Without --tgt the target is the model's greedy translation. The decoder rows are
 reads: <s> then the target, each predicting the next. A bidirectional model adds its right-to-left
 decoder (r2l_self, r2l_cross) and the fourth sublayer (cross_r2l: the decoder reading the
 right-to-left decoder's states, of its own greedy translation or of the reversed --tgt).
+A map holds at most 256 tokens on an axis (and no more than the model reads).
 """
 
 
@@ -50,6 +51,18 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+# tokens on a map's axis at most: a longer sentence's labels are unreadable, and its figures take
+# minutes and gigabytes to draw
+MAX_MAP_TOKENS = 256
+
+
+def check_length(option: str, n: int, limit: int, what: str) -> None:
+    """A ``ConfigError`` where ``option`` gives more than ``limit`` tokens (counted ``what``)."""
+    if n > limit:
+        why = "a map is drawn for" if limit == MAX_MAP_TOKENS else "this model reads"
+        raise ConfigError(f"{option} has {n} tokens{what}; {why} at most {limit}: give a shorter one")
+
+
 def token_labels(tok: Tokenizer, ids: list[int], config) -> list[str]:
     """A printable label per id: special ids by name, the others as the text they decode to."""
     names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # bos wins if = pad
@@ -65,15 +78,15 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
         raise ConfigError("--src is blank; give a sentence")
     if cut:  # a map of part of the sentence would pass for the whole one's
         n = len(translator.src_tokenizer.encode(args.src)) + 1
-        raise ConfigError(
-            f"--src has {n} tokens with </s>; this model reads at most {translator.max_src_len}"
-        )
+        check_length("--src", n, translator.max_src_len, " with </s>")
+    check_length("--src", len(src) + 1, MAX_MAP_TOKENS, " with </s>")
     src = src + [c.eos_id]
     r2l_in = None
     if args.tgt is not None:
         out = translator.tgt_tokenizer.encode(args.tgt)
         if translator.reverse:  # a right-to-left model reads its target backwards, as it writes it
             out = out[::-1]
+        check_length("--tgt", len(out) + 1, MAX_MAP_TOKENS, " with <s>")
         r2l_in = [c.bos_id, *out[::-1]]  # a bidirectional model reads the given target backwards too
     elif c.bidirectional:  # both passes of greedy decoding: the right-to-left one makes the memory
         limit = SearchConfig().output_limit(len(src) - 1)  # eos excluded, as Translator counts
@@ -106,6 +119,7 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     ids = generator.tokenizer.encode(args.src)
     if not ids:
         raise ConfigError("--src is empty; give some text")
+    check_length("--src", len(ids), min(MAX_MAP_TOKENS, generator.model.config.max_len), "")
     with torch.inference_mode():
         maps = generator.model.attention_weights(torch.tensor([ids], device=generator.device))
     return maps, {"tgt": token_labels(generator.tokenizer, ids, generator.model.config)}
@@ -120,10 +134,7 @@ def _encoder_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     if not ids:
         raise ConfigError("--src is empty; give some text")
     ids = [c.bos_id, *ids, c.eos_id]
-    if c.positional == "learned" and len(ids) > c.max_len:
-        raise ConfigError(
-            f"--src has {len(ids)} tokens with <s> and </s>; this model reads at most {c.max_len}"
-        )
+    check_length("--src", len(ids), min(MAX_MAP_TOKENS, c.max_len), " with <s> and </s>")
     with torch.inference_mode():
         maps = model.attention_weights(torch.tensor([ids], device=args.device))
     return maps, {"src": token_labels(tok, ids, c)}

@@ -235,6 +235,18 @@ CASES = [
         ["attention", "--model", "model", "--src", "ein mann " * 3000, "--out", "maps"],
         "--src has 27001 tokens with </s>; this model reads at most 1024",
     ),
+    (
+        "attention-long-tgt",
+        None,
+        ["attention", "--model", "model", "--src", "ein mann", "--tgt", "a man " * 100, "--out", "maps"],
+        "--tgt has 601 tokens with <s>; a map is drawn for at most 256",
+    ),
+    (
+        "attention-lm-past-its-context",
+        None,
+        ["attention", "--model", "lm", "--src", "ab" * 200, "--out", "maps"],
+        "--src has 400 tokens; a map is drawn for at most 256",
+    ),
     ("lr-nan", None, [*TRAIN, "lr=nan"], "lr=nan"),
     ("threads-past-the-cpus", None, [*TRAIN, "threads=100000"], "threads=100000 is over"),
     ("max-minutes-past-overflow", None, [*TRAIN, "max_minutes=1e308"], "max_minutes=1e+308 is over"),
