@@ -22,7 +22,7 @@ from aiayn.decoding.adapters import LMAdapter
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import load_lm_dir
 
 
@@ -48,8 +48,16 @@ class Generator:
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Generator:
         model, tokenizer, meta = load_lm_dir(directory, device)
         trained, untrained = meta.get("trained_max_len"), meta.get("untrained_ids")
-        never = tuple(i for i in untrained if isinstance(i, int)) if isinstance(untrained, list) else ()
-        return cls(model, tokenizer, trained if isinstance(trained, int) else None, never)
+        if trained is not None and not (isinstance(trained, int) and trained >= 1):
+            raise ModelDirError(f"{directory}: config.json's trained_max_len={trained!r} is not a positive "
+                                "number of tokens; correct it, or remove it")  # fmt: skip
+        vocab = model.config.vocab_size
+        if untrained is not None and not (
+            isinstance(untrained, list) and all(isinstance(i, int) and 0 <= i < vocab for i in untrained)
+        ):
+            raise ModelDirError(f"{directory}: config.json's untrained_ids are not ids of its {vocab}-token "
+                                "vocabulary; correct them, or remove them")  # fmt: skip
+        return cls(model, tokenizer, trained, tuple(untrained or ()))
 
     @property
     def device(self) -> torch.device:

@@ -19,6 +19,9 @@ from aiayn.modules.embedding import EMB_SCALES, POSITIONALS
 from aiayn.modules.feed_forward import ACTIVATIONS
 
 C = TypeVar("C", bound="LayerConfig")
+MAX_POSITIONS = (
+    1 << 17
+)  # max_len at most: 131,072 positions (a learned table of them: 0.5 GB at d_model 1024)
 
 
 @dataclass
@@ -89,6 +92,10 @@ class LayerConfig:
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
                 self._fail(f.name, "is too large", "use a size below 2**63")
         self._positive("d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len", optional=("d_k", "d_v"))
+        if self.max_len > MAX_POSITIONS:  # its position table alone would take gigabytes
+            self._fail(
+                "max_len", f"is over {MAX_POSITIONS} positions", f"set max_len to at most {MAX_POSITIONS}"
+            )
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             self._fail(
                 "d_model",

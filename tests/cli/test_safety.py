@@ -108,6 +108,7 @@ def _project(ws: Path) -> None:
 TR = ["translate", "--model", "model", "--input", "in.txt"]
 EV = ["evaluate", "--model", "model", "--src", "in.txt", "--ref", "ref.txt"]
 TRAIN = ["train", "dataset=corpus", "out_dir=new_run", *TINY_TRAIN]
+GEN = ["generate", "--model", "lm", "--prompt", "ab", "--max-new-tokens", "3"]
 
 # (id, set-up of the workspace or None, argv, a fragment the one error line must contain)
 CASES = [
@@ -248,6 +249,30 @@ CASES = [
         "--src has 400 tokens; a map is drawn for at most 256",
     ),
     ("lr-nan", None, [*TRAIN, "lr=nan"], "lr=nan"),
+    (
+        "lm-trained-max-len-negative",
+        lambda ws: _edit_json(ws / "lm" / "config.json", trained_max_len=-5),
+        GEN,
+        "trained_max_len=-5 is not a positive number",
+    ),
+    (
+        "lm-untrained-id-past-the-vocabulary",
+        lambda ws: _edit_json(ws / "lm" / "config.json", untrained_ids=[999]),
+        GEN,
+        "untrained_ids are not ids of its",
+    ),
+    (
+        "lm-max-len-past-memory",
+        lambda ws: _edit_json(
+            ws / "lm" / "config.json",
+            config={
+                **json.loads((ws / "lm" / "config.json").read_text(encoding="utf-8"))["config"],
+                "max_len": 10**8,
+            },
+        ),
+        GEN,
+        "max_len=100000000 is over 131072 positions",
+    ),
     ("threads-past-the-cpus", None, [*TRAIN, "threads=100000"], "threads=100000 is over"),
     ("max-minutes-past-overflow", None, [*TRAIN, "max_minutes=1e308"], "max_minutes=1e+308 is over"),
     ("max-tokens-too-few-for-a-sentence", None, [*TRAIN, "max_tokens=1"], "max_tokens=1 leaves no room"),
