@@ -302,6 +302,7 @@ def check_output(
     directory: bool = False,
     force: bool = False,
     option: str = "output",
+    runs: bool = True,
 ) -> Path:
     """The one rule for every output a command writes; raises ``OutputError`` naming ``option``.
 
@@ -311,8 +312,9 @@ def check_output(
     - A file output needs an existing folder and is a regular file or a new name; a FIFO or a
       character device is streamed into (``output_target``); ``-`` is stdout.
     - A directory output (replaced as a whole by ``atomic_dir``) may be missing or empty; one that
-      holds a model or a run is replaced only with ``force``; anything else is not ours, and is
-      never written into.
+      holds a model or a run is replaced only with ``force`` (a run never, with ``runs=False``: an
+      output that is a model, written over a run's checkpoints by mistake); anything else is not
+      ours, and is never written into.
     Returns the path as given.
     """
     given = Path(path)
@@ -353,6 +355,9 @@ def check_output(
                 f"{option} {given} is a non-empty directory that holds no model (or more than one); "
                 "choose a new or empty one"
             )
+        if not runs and any(p.name.startswith("step-") or p.name == "metrics.jsonl" for p in out.iterdir()):
+            raise OutputError(f"{option} {given} is a training run: its checkpoints would be lost; choose "
+                              "another directory")  # fmt: skip
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
     return given

@@ -20,7 +20,11 @@ def add_parser(sub) -> None:
     p.add_argument("run_dir", help="a training run directory (with step-* checkpoints)")
     p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
     p.add_argument("--out", help="output model directory (default RUN_DIR/averaged)")
-    p.add_argument("--force", action="store_true", help="replace --out if it already holds a model")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out if it already holds a model (never a training run)",
+    )
     p.set_defaults(run=run)
 
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         kept = f"{len(paths)} recent checkpoint(s)"
         warn(f"{args.run_dir} keeps only {kept}, not --last {args.last}: averaging those (see keep_last)")
     out = check_output(args.out or Path(args.run_dir) / "averaged", tuple(paths), directory=True,
-                       force=args.force, option="--out")  # fmt: skip
+                       force=args.force, option="--out", runs=False)  # fmt: skip
     out = average_checkpoints(paths, out)
     print(f"averaged {len(paths)} checkpoints ({paths[0].name} … {paths[-1].name}) into {out}")
     return 0

@@ -47,12 +47,16 @@ def add_parser(sub) -> None:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
                    help="--to ctranslate2: the weights' type (default: float32)")  # fmt: skip
     p.add_argument("out", metavar="OUT", help="directory to write (created if missing)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it already holds a model")
+    p.add_argument(
+        "--force", action="store_true", help="replace OUT if it already holds a model (never a training run)"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    out = check_output(args.out, command_inputs(args), directory=True, force=args.force, option="OUT")
+    out = check_output(
+        args.out, command_inputs(args), directory=True, force=args.force, option="OUT", runs=False
+    )
     meta = model_meta(args.model)
     if meta.get("reverse_target") is True:  # other readers would write it backwards
         raise ModelDirError(

@@ -120,6 +120,12 @@ CASES = [
         "an input of this command",
     ),
     ("export-over-a-model", None, ["export", "--model", "model", "--to", "hf", "lm"], "pass --force"),
+    (
+        "export-over-a-run-forced",
+        None,
+        ["export", "--model", "model", "--to", "hf", "run", "--force"],
+        "run is a training run: its checkpoints would be lost",
+    ),
     ("plot-into-foreign-dir", None, ["plot", "run", "--out", "notes"], "files this command does not write"),
     (
         "export-into-foreign-dir",
