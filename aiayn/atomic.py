@@ -117,7 +117,10 @@ def _writing(path: Path) -> Iterator[None]:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise WriteError(path, e.strerror or str(e)) from None
-        if e.filename is not None and Path(e.filename).name.startswith(TMP_PREFIX):  # ours, not an input's
+        refused = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)  # a race (ENOTEMPTY) stays the caller's
+        if (
+            refused and e.filename is not None and Path(e.filename).name.startswith(TMP_PREFIX)
+        ):  # not an input's
             raise WriteError(path, e.strerror or str(e)) from None
         raise
 

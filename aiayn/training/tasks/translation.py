@@ -49,8 +49,6 @@ from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.pseudo import init_from_r2l, pseudo_targets, r2l_tokenizers
 from aiayn.training.task import TOKENIZER_DIR, Task, register_task
 
-MIN_MAX_TOKENS = 16  # a batch's tokens at the least: a sentence of up to 15 pieces and its eos
-
 
 @dataclass
 class TranslationOptions(TaskOptions):
@@ -206,9 +204,8 @@ class TranslationTask(Task):
             )
         if cfg.tokenizer == "char":
             raise ConfigError("tokenizer='char' is for task='lm'; use bpe or unigram for translation")
-        if cfg.max_tokens < MIN_MAX_TOKENS:  # a batch holds a side and its eos: max_len ≤ max_tokens - 1
-            raise ConfigError(f"max_tokens={cfg.max_tokens} leaves no room for a sentence in a batch; give "
-                              f"at least {MIN_MAX_TOKENS} (thousands are usual)")  # fmt: skip
+        if cfg.max_tokens < 16:  # a batch holds a side and its eos: max_len ≤ max_tokens - 1
+            raise ConfigError(f"max_tokens={cfg.max_tokens} leaves no room for a sentence; give at least 16")
         if cfg.model.get("bidirectional") and o.r2l_detach and o.r2l_weight == 0:
             raise ConfigError("r2l_weight=0 with r2l_detach=true leaves the right-to-left decoder untrained; "
                               "give r2l_weight > 0 or r2l_detach=false")  # fmt: skip
