@@ -117,10 +117,8 @@ def _writing(path: Path) -> Iterator[None]:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise WriteError(path, e.strerror or str(e)) from None
-        refused = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)  # a race (ENOTEMPTY) stays the caller's
-        if (
-            refused and e.filename is not None and Path(e.filename).name.startswith(TMP_PREFIX)
-        ):  # not an input's
+        ours = e.filename is not None and Path(e.filename).name.startswith(TMP_PREFIX)  # not an input's
+        if ours and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a lost race stays the caller's
             raise WriteError(path, e.strerror or str(e)) from None
         raise
 
