@@ -136,7 +136,13 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
     except FileNotFoundError:
         return path, False
     real = os.path.realpath(path)
-    if stat.S_ISREG(mode) and os.path.isfile(real) and not real.startswith(("/proc/", "/dev/")):
+    through = os.path.abspath(path).startswith(("/proc/", "/dev/"))  # /dev/stdout >> log: log's to keep
+    if (
+        stat.S_ISREG(mode)
+        and os.path.isfile(real)
+        and not real.startswith(("/proc/", "/dev/"))
+        and not through
+    ):
         return Path(real), False
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISREG(mode):  # a device, or an open file
         return path, True
@@ -179,19 +185,19 @@ def open_output(path: str | os.PathLike | None) -> Iterator[BinaryIO]:
                 raise
             raise OutputError(f"cannot write to standard output: {e.strerror or e}") from None
         return
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    streamed = output_target(path)[1]  # appended to: /dev/stdout opened "w" would truncate a >> log
+    with atomic_path(path) as tmp, open(tmp, "ab" if streamed else "wb") as f:
         yield f
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+    with open_output(path) as f:
+        f.write(data)
 
 
 def write_json(path: str | os.PathLike, data: object) -> None:
@@ -361,6 +367,8 @@ def check_output(
                               "another directory")  # fmt: skip
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
+    if out.parent.is_dir():  # a missing parent is atomic_dir's to make
+        _check_writable(out.parent, option, given)
     return given
 
 

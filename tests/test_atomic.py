@@ -127,3 +127,12 @@ def test_a_full_standard_output_is_one_error(monkeypatch):
     full = pytest.raises(OutputError, match="cannot write to standard output: No space left on device")
     with full, atomic.open_output(None) as f:
         f.write(b"x\n")
+
+
+def test_dev_stdout_appended_to_a_file_is_written_into_not_replaced(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("a\n", encoding="utf-8")
+    code = "from aiayn.atomic import write_text; write_text('/dev/stdout', 'b\\n')"
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True)
+    assert log.read_text(encoding="utf-8") == "a\nb\n"  # renamed over, it held b alone

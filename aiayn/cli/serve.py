@@ -54,8 +54,9 @@ def add_parser(sub) -> None:
     )
     limits = p.add_argument_group("limits")
     p.add_argument("--allowed-hosts", metavar="NAME[,NAME…]",
-                   help="Host headers answered (without port), or '*' for any (default: with a loopback "
-                   "--host, localhost, 127.0.0.1 and ::1 only, against DNS rebinding; else any)")  # fmt: skip
+                   help="Host headers answered (without port), or '*' for any; with a loopback --host, "
+                   "besides localhost, 127.0.0.1 and ::1 (only those by default, against DNS rebinding); "
+                   "else only these (default: any)")  # fmt: skip
     for f in dataclasses.fields(Settings):
         if f.name in ("api_keys", "allowed_hosts"):
             continue
@@ -141,18 +142,20 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def allowed_hosts(given: str | None, host: str) -> frozenset[str]:
-    """The Host headers to answer: ``--allowed-hosts`` (``*``: any, the empty set), else on a
-    loopback ``--host`` its own names, else any."""
-    if given is not None:
-        names = frozenset(n.strip().lower().strip("[]") for n in given.split(",") if n.strip())
-        if not names:
-            raise ConfigError("--allowed-hosts is empty; give names (--allowed-hosts example.org) or '*'")
-        return frozenset() if "*" in names else names
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = host.lower() == "localhost"
-    return LOOPBACK_NAMES | {host.lower().strip("[]")} if loopback else frozenset()
+    """The Host headers to answer: on a loopback ``--host`` (an address that resolves to one) its
+    own names and ``--allowed-hosts``; elsewhere ``--allowed-hosts``, or any when none are given;
+    ``*``: any (the empty set)."""
+    names = frozenset(n.strip().lower().strip("[]") for n in (given or "").split(",") if n.strip())
+    if given is not None and not names:
+        raise ConfigError("--allowed-hosts is empty; give names (--allowed-hosts example.org) or '*'")
+    if "*" in names:
+        return frozenset()
+    try:  # the address it binds: 127.1 and localhost are loopback too
+        address = socket.getaddrinfo(host.strip("[]"), None)[0][4][0]
+        loopback = ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except (OSError, ValueError):
+        loopback = False
+    return names | LOOPBACK_NAMES | {host.lower().strip("[]")} if loopback else names
 
 
 H11_MAX_HEADERS = 16 * 1024  # bytes of a request line and headers at most (h11's own default, stated)

@@ -1,16 +1,18 @@
 """The text of an HTML fragment, taken out to be translated and put back between its tags.
 
 LibreTranslate's ``format=html`` translates a page's text and keeps its markup. ``HtmlText`` splits
-markup into the texts a reader sees and everything else, which it keeps as written: start tags with
-their attributes, comments, doctype, character references outside the texts, and the content of
-``script``, ``style`` and ``code`` elements and of any element marked ``translate="no"`` (HTML's own
-attribute for it; ``translate="yes"`` inside one turns translation back on). End tags are written
-``</tag>`` (the parser reports no more of them). Each text between two tags is one text to translate,
-its runs of spaces and line breaks read as one space (as HTML shows them; one without a letter,
-such as ``!`` or ``2024``, is kept as written), except inside ``pre`` and
-``textarea``, where each line is a text of its own and the line breaks stay; the whitespace around a
-text stays. A sentence split by inline markup (``a <b>big</b> dog``) is translated in pieces, as
-LibreTranslate does; attribute values (``alt``, ``title``) are not translated.
+markup into the texts a reader sees and everything else, which it keeps: start tags as written, with
+their attributes, comments, declarations, the content of ``script`` and ``style`` as written, and
+the text of ``code`` elements and of any element marked ``translate="no"`` (HTML's own attribute for
+it; ``translate="yes"``, ``""`` or a bare ``translate`` inside one turns translation back on), its
+character references written as the escapes ``&amp;``, ``&lt;``, ``&gt;`` or as the characters they
+stand for (the same text to a browser). End tags are written ``</tag>`` (the parser reports no more
+of them). Each text between two tags is one text to translate, its runs of spaces and line breaks
+read as one space (as HTML shows them; one without a letter, such as ``!`` or ``2024``, is kept),
+except inside ``pre`` and ``textarea``, where each line is a text of its own and the line breaks
+stay; the whitespace around a text stays. A sentence split by inline markup (``a <b>big</b> dog``) is
+translated in pieces, as LibreTranslate does; attribute values (``alt``, ``title``) are not
+translated. Markup the parser cannot read is a ``DataError``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import html
 import re
 from html.parser import HTMLParser
 
+from aiayn.errors import DataError
+
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
         "track", "wbr"}  # fmt: skip  # elements with no end tag
 KEPT = {"script", "style", "code"}  # never translated, whatever their translate attribute says
+RAW = {"script", "style"}  # their content is not HTML: written back as it came
 LINES = {"pre", "textarea"}  # whitespace shown as written: a text per line
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
 
@@ -31,14 +36,17 @@ class HtmlText(HTMLParser):
     text replaced by its translation (escaped), everything else as it was."""
 
     def __init__(self, markup: str):
-        super().__init__(convert_charrefs=False)  # references arrive apart, so kept text stays as written
+        super().__init__(convert_charrefs=True)  # text arrives unescaped ("Q&A" stays "Q&A")
         self.parts: list[str] = []  # markup and kept text, with a "" where each translation goes
         self.slots: list[int] = []  # the index in parts of each text's translation
         self.texts: list[str] = []  # the texts to translate, unescaped
         self.open: list[tuple[str, bool, bool]] = []  # open elements: (tag, kept, lines)
-        self.pending: list[str] = []  # raw text since the last tag
-        self.feed(markup)
-        self.close()
+        self.pending: list[str] = []  # text since the last tag, unescaped (raw in script and style)
+        try:
+            self.feed(markup)
+            self.close()
+        except AssertionError as e:  # the parser's own complaint, e.g. "<![" not followed by a name
+            raise DataError(f"format=html: the markup cannot be read ({e}); send it as text") from None
         self._flush()
 
     def join(self, translations: list[str]) -> str:
@@ -52,14 +60,16 @@ class HtmlText(HTMLParser):
         return (self.open[-1][1], self.open[-1][2]) if self.open else (False, False)
 
     def _flush(self) -> None:
-        """The text since the last tag: kept as written, or taken out to be translated."""
-        raw, self.pending = "".join(self.pending), []
-        if not raw:
+        """The text since the last tag: kept, or taken out to be translated."""
+        text, self.pending = "".join(self.pending), []
+        if not text:
+            return
+        if self.open and self.open[-1][0] in RAW:  # script or style: as written, never escaped
+            self.parts.append(text)
             return
         kept, lines = self._state()
-        text = html.unescape(raw)
         if kept or not any(c.isalpha() for c in text):  # nothing to translate: "", " ", "!", "2024"
-            self.parts.append(raw)
+            self.parts.append(html.escape(text, quote=False))
             return
         for i, line in enumerate(text.split("\n") if lines else [text]):
             if i:
@@ -84,11 +94,16 @@ class HtmlText(HTMLParser):
         if tag in VOID:
             return
         kept, lines = self._state()
-        say = next((str(v).strip().lower() for k, v in attrs if k == "translate" and v is not None), None)
-        kept = tag in KEPT or (kept if say not in ("yes", "no") else say == "no")
+        # HTML's translate attribute: "yes", "" or bare turn it on, "no" off, anything else inherits
+        say = next(("" if v is None else str(v).strip().lower() for k, v in attrs if k == "translate"), None)
+        kept = tag in KEPT or (say == "no" if say in ("yes", "", "no") else kept)
         self.open.append((tag, kept, lines or tag in LINES))
 
     def handle_startendtag(self, tag, attrs):
+        if tag in RAW:  # HTML has no self-closed script or style: what follows is their content
+            self.handle_starttag(tag, attrs)
+            self.set_cdata_mode(tag)
+            return
         self._markup(self.get_starttag_text())
 
     def handle_endtag(self, tag):
@@ -101,12 +116,6 @@ class HtmlText(HTMLParser):
     def handle_data(self, data):
         self.pending.append(data)
 
-    def handle_entityref(self, name):
-        self.pending.append(f"&{name};")
-
-    def handle_charref(self, name):
-        self.pending.append(f"&#{name};")
-
     def handle_comment(self, data):
         self._markup(f"<!--{data}-->")
 
@@ -116,5 +125,5 @@ class HtmlText(HTMLParser):
     def handle_pi(self, data):
         self._markup(f"<?{data}>")
 
-    def unknown_decl(self, data):
-        self._markup(f"<![{data}]>")
+    def unknown_decl(self, data):  # a marked section: CDATA's ends in "]]>", the others in "]>"
+        self._markup(f"<![{data}]]>" if data.startswith("CDATA[") else f"<![{data}]>")

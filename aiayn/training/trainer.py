@@ -119,7 +119,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg, self.task.lr_scale(self.model))
         self.schedule = make_schedule(cfg, self.model.config.d_model)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
-        self.step, self.best, self.bad_evals, self.elapsed = 0, None, 0, 0.0
+        self.step, self.best, self.bad_evals, self.elapsed, self.evaluated = 0, None, 0, 0.0, True
         self.short_budget = ShortBudget(cfg.max_tokens)  # the batches' size, which short_budget may halve
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
@@ -173,7 +173,7 @@ class Trainer:
                 f"resume with --nproc_per_node={world} (torchrun)"
             )
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
-        self.elapsed = state["elapsed"]
+        self.elapsed, self.evaluated = state["elapsed"], state.get("evaluated", True)
         if self.short_budget.load_state_dict(state):  # short_budget halved them
             self.task.rebatch(self.max_tokens)
         self.task.sampler.load_state_dict(state["sampler"])
@@ -296,7 +296,7 @@ class Trainer:
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
-                 "data_files": self.data_files,
+                 "data_files": self.data_files, "evaluated": self.evaluated,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta(),
@@ -307,7 +307,7 @@ class Trainer:
         return path
 
     def evaluate_and_save(self, evaluate: bool = True) -> dict[str, float]:
-        evaluate = evaluate and self.dist.is_main
+        self.evaluated, evaluate = evaluate, evaluate and self.dist.is_main  # a resumed run evaluates if not
         metrics = self.evaluate() if evaluate else {}
         improved = self._improved(metrics) if evaluate else False
         if evaluate:
@@ -371,7 +371,7 @@ class Trainer:
 
     def _train(self, bar: tqdm) -> str:
         """The updates, then the last evaluation; returns why they stopped."""
-        cfg, reason, last_eval = self.cfg, "max_steps", self.step
+        cfg, reason, last_eval = self.cfg, "max_steps", self.step if self.evaluated else -1
         batches = self.task.train_batches()
         window_tokens, window_start = 0, time.perf_counter()  # for tokens/s between log lines
         budget = BudgetWatch(cfg, self.dist, self.device, self.short_budget, self.step, self.elapsed)

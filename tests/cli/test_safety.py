@@ -281,7 +281,12 @@ CASES = [
     ),
     ("threads-past-the-cpus", None, [*TRAIN, "threads=100000"], "threads=100000 is over"),
     ("max-minutes-past-overflow", None, [*TRAIN, "max_minutes=1e308"], "max_minutes=1e+308 is over"),
-    ("max-tokens-too-few-for-a-sentence", None, [*TRAIN, "max_tokens=1"], "max_tokens=1 leaves no room for a sentence"),
+    (
+        "max-tokens-too-few-for-a-sentence",
+        None,
+        [*TRAIN, "max_tokens=1"],
+        "max_tokens=1 leaves no room for a sentence",
+    ),
     (
         "serve-threads-past-the-cpus",
         None,

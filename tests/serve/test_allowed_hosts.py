@@ -15,7 +15,9 @@ from aiayn.errors import ConfigError
         (None, "localhost", {"localhost", "127.0.0.1", "::1"}),
         (None, "0.0.0.0", set()),  # any: a server for the network answers the names it is reached by
         (None, "192.168.1.5", set()),
-        ("Example.org, [::1]", "127.0.0.1", {"example.org", "::1"}),
+        (None, "127.1", {"localhost", "127.0.0.1", "::1", "127.1"}),  # binds 127.0.0.1
+        ("Example.org, [::1]", "127.0.0.1", {"example.org", "localhost", "127.0.0.1", "::1"}),  # added
+        ("example.org", "0.0.0.0", {"example.org"}),
         ("*", "127.0.0.1", set()),
     ],
 )

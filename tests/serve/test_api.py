@@ -71,6 +71,11 @@ def test_libretranslate_html_translates_the_texts_between_the_tags(client, serve
     assert r.status_code == 200, r.text
     html = f'<p class="a">{one}</p>\n<p translate="no">Ein Mann</p><b>{two}</b>!'.replace("&", "&amp;")
     assert r.json() == {"translatedText": [html, "<br>"], "alternatives": [[], []]}  # none for HTML
+    r = client.post("/translate", json={"q": ["<p>Ein Mann</p>", "<b>Zwei</b>"], "target": "en",
+                                        "format": "html", **KEY})  # fmt: skip  # source auto, a list
+    assert r.status_code == 200 and len(r.json()["detectedLanguage"]) == 2, r.text
+    r = client.post("/translate", json={"q": "a <![]> b", "target": "en", "format": "html", **KEY})
+    assert r.status_code == 400 and "the markup cannot be read" in r.json()["error"]
     r = client.post("/translate", json={"q": "<p>a</p>" * 5, "target": "en", "format": "html", **KEY})
     assert r.status_code == 400 and "(5 texts between tags) exceeds text limit (4)" in r.json()["error"]
 

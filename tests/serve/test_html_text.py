@@ -2,6 +2,7 @@
 
 import pytest
 
+from aiayn.errors import DataError
 from aiayn.serve.html_text import HtmlText
 
 
@@ -55,3 +56,27 @@ def test_the_markup_comes_back_as_written_when_nothing_changes():
 def test_a_translation_per_text_is_required():
     with pytest.raises(ValueError):
         HtmlText("<p>a</p><p>b</p>").join(["A"])
+
+
+@pytest.mark.parametrize(
+    ("markup", "texts", "joined"),
+    [
+        # a bare & is text, not a reference to be completed
+        ("<p>Unser Q&A heute</p>", ["Unser Q&A heute"], "<p>UNSER Q&amp;A HEUTE</p>"),
+        ('<span translate="no">AT&T</span> x', ["x"], '<span translate="no">AT&amp;T</span> X'),
+        # a self-closed script is still a script (HTML has none): its content stays as written
+        ('<script src="a.js"/>var a = b && c < d;</script> Ende', ["Ende"],
+         '<script src="a.js"/>var a = b && c < d;</script> ENDE'),
+        # a CDATA section comes back whole; translate="" and a bare translate turn translation on
+        ("<svg><![CDATA[x < y]]></svg>", [], "<svg><![CDATA[x < y]]></svg>"),
+        ('<div translate="no">a <b translate="">bb</b> <i translate>ii</i></div>', ["bb", "ii"],
+         '<div translate="no">a <b translate="">BB</b> <i translate>II</i></div>'),
+    ],
+)  # fmt: skip
+def test_references_raw_elements_and_marked_sections(markup, texts, joined):
+    assert upper(markup) == (texts, joined)
+
+
+def test_markup_the_parser_cannot_read_is_a_data_error():
+    with pytest.raises(DataError, match="format=html: the markup cannot be read"):
+        HtmlText("a <![]> b")

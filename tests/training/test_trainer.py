@@ -166,6 +166,29 @@ def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_un
     assert records(run) == records(ref)  # the same updates, evaluated at the same steps
 
 
+def test_a_checkpoint_saved_at_a_signal_is_evaluated_by_a_resumed_run_that_stops_at_once(
+    corpus, tmp_path, monkeypatch
+):
+    """Stopped by a signal at update 8 and resumed with nothing left to train (max_steps=8, as a budget
+    used up by the same update would): the resumed run evaluates the checkpoint the signal saved."""
+    run, real = tmp_path / "run", Trainer.train_step
+
+    def train_step(self, batches):
+        stats = real(self, batches)
+        if self.step == 8:
+            self._stop_signal = "SIGTERM"
+        return stats
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", train_step)
+        assert main(["train", *tiny_args(corpus, run, "max_steps=15", "eval_every=5")]) == 143
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", "eval_every=5"), "--resume"]) == 0
+    valid = [
+        json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x
+    ]
+    assert valid == [5, 8]
+
+
 def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(corpus, tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(load_recipe(None, tiny_args(corpus, run, "max_steps=10", "eval_every=3")))

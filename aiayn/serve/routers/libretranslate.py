@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from aiayn.serve.dependencies import ServerDep, parse
 from aiayn.serve.html_text import HtmlText
@@ -88,7 +89,7 @@ async def translate(
     return TranslateResponse(
         translatedText=best if many else best[0],
         alternatives=(others if many else others[0]) if body.alternatives else None,
-        detectedLanguage=([detected] * len(results) if many else detected) if body.source == "auto" else None,
+        detectedLanguage=([detected] * len(texts) if many else detected) if body.source == "auto" else None,
     )
 
 
@@ -102,7 +103,7 @@ async def _translate_html(
 ) -> tuple[list[str], list[list[str]]]:
     """Each markup text with its texts between tags translated (``HtmlText``), as one batch; no
     alternatives (LibreTranslate gives none for HTML)."""
-    pages = [HtmlText(t) for t in texts]
+    pages = await run_in_threadpool(lambda: [HtmlText(t) for t in texts])  # parsing may take seconds
     pieces = [piece for page in pages for piece in page.texts]
     limit = server.settings.batch_limit
     if len(pieces) > limit:
