@@ -7,9 +7,9 @@
 Translation: train (tokenizer included) within the recipe's budget, average the last checkpoints,
 keep whichever of {best, averaged} with beam search (and, when asked, minimum Bayes risk over a beam
 of ``--mbr-beam`` and the ensemble of the last ``--ensemble K`` checkpoints; both off by default)
-scores higher BLEU on the *validation* set (never the test set), try that choice again with a length penalty of 1.0
-besides 0.6 (``--lenpen``), then translate test2016 with the better and score it
-with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
+scores higher BLEU on the *validation* set (never the test set), try that choice again with a
+length penalty of 1.0 besides 0.6 (``--lenpen``), then translate test2016 with the better and score
+it with sacreBLEU (cased and lowercased BLEU, chrF, signatures). ``--evaluate-only`` evaluates an
 earlier run's directory again (e.g. after the evaluation changed, or when it failed: the training
 figures wait in runs/reproduce-NAME/training.json). Language model: train, then the
 validation loss over the whole split.

@@ -137,15 +137,11 @@ def test_sigterm_saves_a_checkpoint_and_exits_as_a_terminated_program(corpus, tm
     assert step == max(_train_losses(run))
 
 
-def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_uninterrupted_one(
-    corpus, tmp_path, monkeypatch
-):
-    args = ["max_steps=15", "eval_every=5", "model.dropout=0.3"]
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    assert main(["train", *tiny_args(corpus, ref, *args)]) == 0
+def _sigterm_at_update_8(monkeypatch, args: list[str]) -> None:
+    """``aiayn train ARGS`` stopped as a SIGTERM during update 8 stops it (exit 143)."""
     real = Trainer.train_step
 
-    def train_step(self, batches):  # a SIGTERM arrives during update 8
+    def train_step(self, batches):
         stats = real(self, batches)
         if self.step == 8:
             self._stop_signal = "SIGTERM"
@@ -153,7 +149,16 @@ def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_un
 
     with monkeypatch.context() as m:
         m.setattr(Trainer, "train_step", train_step)
-        assert main(["train", *tiny_args(corpus, run, *args)]) == 143
+        assert main(["train", *args]) == 143
+
+
+def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_uninterrupted_one(
+    corpus, tmp_path, monkeypatch
+):
+    args = ["max_steps=15", "eval_every=5", "model.dropout=0.3"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, ref, *args)]) == 0
+    _sigterm_at_update_8(monkeypatch, tiny_args(corpus, run, *args))
     assert (run / "step-000008" / "model.safetensors").is_file()
     assert os.readlink(run / "best").endswith("step-000005")  # the only evaluated checkpoint
 
@@ -171,17 +176,8 @@ def test_a_checkpoint_saved_at_a_signal_is_evaluated_by_a_resumed_run_that_stops
 ):
     """Stopped by a signal at update 8 and resumed with nothing left to train (max_steps=8, as a budget
     used up by the same update would): the resumed run evaluates the checkpoint the signal saved."""
-    run, real = tmp_path / "run", Trainer.train_step
-
-    def train_step(self, batches):
-        stats = real(self, batches)
-        if self.step == 8:
-            self._stop_signal = "SIGTERM"
-        return stats
-
-    with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", train_step)
-        assert main(["train", *tiny_args(corpus, run, "max_steps=15", "eval_every=5")]) == 143
+    run = tmp_path / "run"
+    _sigterm_at_update_8(monkeypatch, tiny_args(corpus, run, "max_steps=15", "eval_every=5"))
     assert main(["train", *tiny_args(corpus, run, "max_steps=8", "eval_every=5"), "--resume"]) == 0
     valid = [
         json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x
