@@ -135,14 +135,9 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return path, False
-    real = os.path.realpath(path)
-    through = os.path.abspath(path).startswith(("/proc/", "/dev/"))  # /dev/stdout >> log: log's to keep
-    if (
-        stat.S_ISREG(mode)
-        and os.path.isfile(real)
-        and not real.startswith(("/proc/", "/dev/"))
-        and not through
-    ):
+    real, special = os.path.realpath(path), ("/proc/", "/dev/")  # /dev/stdout >> log: log's to keep
+    through = os.path.abspath(path).startswith(special) or real.startswith(special)
+    if stat.S_ISREG(mode) and os.path.isfile(real) and not through:
         return Path(real), False
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISREG(mode):  # a device, or an open file
         return path, True
