@@ -25,10 +25,11 @@ def _read(path: Path, missing: str, error: type[AiaynError]) -> bytes:
 def read_text(
     path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
 ) -> str:
-    """The UTF-8 text of ``path``; ``missing`` says what its absence means, ``fix`` what to do."""
+    """The UTF-8 text of ``path``, without the byte order mark some editors save; ``missing`` says
+    what its absence means, ``fix`` what to do."""
     data = _read(Path(path), missing, error)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise error(f"{path} is not valid UTF-8 ({e}); {fix}") from None
 

@@ -133,7 +133,7 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
             raise ConfigError(f"recipe {path} does not exist (e.g. {EXAMPLE_RECIPE})")
         text = read_text(path, "", ConfigError, fix="save the recipe as UTF-8")
         try:
-            data = tomllib.loads(text.removeprefix("\ufeff"))  # a byte order mark, as some editors save
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
     sources, texts = {}, {}

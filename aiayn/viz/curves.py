@@ -21,8 +21,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    text = read_text(path, "is this a training run directory?", fix="not a metrics file")
-    lines = text.removeprefix("\ufeff").splitlines()  # a byte order mark, if an editor added one
+    lines = read_text(path, "is this a training run directory?", fix="not a metrics file").splitlines()
     records = []
     for i, line in enumerate(lines, 1):
         if line.strip():

@@ -108,15 +108,11 @@ async def _translate_html(
     limit = server.settings.batch_limit
     if len(pieces) > limit:
         raise invalid(f"format=html: request ({len(pieces)} texts between tags) exceeds text limit ({limit})")
-    results = (
-        await _submit(
-            server, service, server.search_config(beam=min(4, server.settings.max_beam)), pieces, request
-        )
-        if pieces
-        else []
-    )
-    translations, start = [r["translation"] for r in results], 0
-    best = []
+    translations = []
+    if pieces:
+        config = server.search_config(beam=min(4, server.settings.max_beam))
+        translations = [r["translation"] for r in await _submit(server, service, config, pieces, request)]
+    best, start = [], 0
     for page in pages:
         best.append(page.join(translations[start : start + len(page.texts)]))
         start += len(page.texts)
