@@ -16,7 +16,9 @@ validation loss over the whole split.
 ``--members N`` (translation, no torchrun) trains N models side by side instead of one: one process
 and one thread each, seeds seed … seed+N-1, each under the recipe's budget, in runs/reproduce-NAME/
 member-K; the choice on validation then also weighs their ensembles (the members' best checkpoints,
-or their averages, decoded as one model).
+or their averages, decoded as one model). ``--rerank-with DIR`` also weighs each single model with
+its beam's n-best re-sorted by DIR's model (``aiayn/decoding/rerank.py``; a bidirectional pipeline's
+own right-to-left model, ``scripts/reproduce_bidirectional.py --rerank``).
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly;
 ``--tag TAG`` ends NAME with ``-TAG`` (e.g. the machine), so that a run elsewhere never replaces a result
@@ -45,6 +47,7 @@ from aiayn.cli.demo import machine  # noqa: E402
 from aiayn.cli.evaluate import score  # noqa: E402
 from aiayn.data.corpus import load_parallel  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
+from aiayn.decoding.rerank import Reranked  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.device import resolve_device  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -143,19 +146,24 @@ def candidates(run_dir: Path, args: argparse.Namespace) -> tuple[dict[str, Trans
     ensembled = last_checkpoints(run_dir, args.ensemble) if args.ensemble > 1 and not members else []
     if len(ensembled) > 1:
         translators["ensemble"] = Translator.from_dirs(ensembled)
+    if args.rerank_with:  # each single model also with its n-best re-sorted by the second model
+        scorer = Translator.from_dir(args.rerank_with)
+        for k in [k for k in translators if not k.startswith("ensemble")]:
+            translators[f"{k} reranked"] = Reranked(translators[k], scorer)
     return translators, averaged, ensembled
 
 
 def choose_on_validation(
     translators: dict, decodings: dict[str, SearchConfig], lenpens: list[float], srcs: list, refs: list
 ) -> tuple[dict, str, str, SearchConfig]:
-    """The (model, decoding) pair with the highest validation BLEU — ensembles with beam search only
-    — and then, for that pair alone, the length penalty among ``lenpens`` (the decodings carry the
-    first). Trying every length penalty with every pair would cost minutes of the hour; on four
-    two-model en→de runs α = 1.0 moved the chosen pair's validation BLEU by +0.17 to +0.34 against 0.6,
-    and its test BLEU by −0.08 to +0.26 (docs/results.md).
+    """The (model, decoding) pair with the highest validation BLEU — ensembles and reranked models
+    with beam search only — and then, for that pair alone, the length penalty among ``lenpens``
+    (the decodings carry the first). Trying every length penalty with every pair would cost minutes
+    of the hour; on four two-model en→de runs α = 1.0 moved the chosen pair's validation BLEU by +0.17
+    to +0.34 against 0.6, and its test BLEU by −0.08 to +0.26 (docs/results.md).
     Returns ``({"model/decoding[ lenpen=α]": BLEU}, model, decoding, its search config)``."""
-    pairs = [(k, d) for k in translators for d in decodings if not k.startswith("ensemble") or d == "beam"]
+    pairs = [(k, d) for k in translators for d in decodings
+             if d == "beam" or not (k.startswith("ensemble") or k.endswith("reranked"))]  # fmt: skip
     choice = {f"{k}/{d}": score(translators[k].translate(srcs, decodings[d]), refs)[0]["bleu"]
               for k, d in pairs}  # fmt: skip
     chosen, decoding = max(choice, key=choice.get).rsplit("/", 1)
@@ -236,6 +244,9 @@ def main() -> int:
                     "validation set's choice only (default: 0.6 1.0)")  # fmt: skip
     mbr = "beam of a minimum-Bayes-risk decoding also tried on validation, e.g. 10 (default 0: none)"
     ap.add_argument("--mbr-beam", type=int, default=0, help=mbr)
+    ap.add_argument("--rerank-with", metavar="DIR", type=Path,
+                    help="a right-to-left model (reverse_target=true) that also re-sorts each candidate's "
+                    "beam; the validation set chooses with or without it (default: none)")  # fmt: skip
     ap.add_argument("--evaluate-only", action="store_true",
                     help="no training: evaluate again the run directory an earlier run of this command left "
                     "(runs/reproduce-NAME), keeping its training figures from results/NAME.json")  # fmt: skip
@@ -255,6 +266,8 @@ def main() -> int:
     if args.average < 1 or args.beam < 1 or args.mbr_beam == 1 or args.mbr_beam < 0:
         ap.error(f"--average {args.average}, --beam {args.beam}, --mbr-beam {args.mbr_beam}: give --average "
                  "and --beam ≥ 1 and --mbr-beam 0 (none) or ≥ 2, before any training")  # fmt: skip
+    if args.rerank_with and (args.beam < 2 or not (args.rerank_with / "config.json").is_file()):
+        ap.error(f"--rerank-with {args.rerank_with}: give a model directory (its config.json) and --beam ≥ 2")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
     name = args.name or run_name(args.recipe, args.overrides, args.members, args.tag)
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"

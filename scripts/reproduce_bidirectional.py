@@ -12,7 +12,8 @@ The stages (Su et al. 2019, ABDNMT-Transformer's recipe, as ``make reproduce-mul
    (``aiayn/training/pseudo.py``);
 3. the bidirectional model (``model.bidirectional=true r2l_memory_from=cache``) trained for what is
    left of the budget after the wall-clock of stages 1 and 2 (their start-up and evaluations
-   included), then chosen on validation and scored on test2016 by ``scripts/reproduce.py``.
+   included), then chosen on validation and scored on test2016 by ``scripts/reproduce.py``; with
+   ``--rerank`` the choice also weighs its beams re-sorted by stage 1's model (free: it is trained).
 
 So the training clock of all stages together is the plain recipe's ``max_minutes``: the comparison
 with ``scripts/reproduce.py RECIPE`` is at equal total time, the right-to-left model and its cache
@@ -151,7 +152,10 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
         raise SystemExit(
             f"stages 1 and 2 took {(r2l_s + cache_s) / 60:.1f} of {budget:g} minutes: lower --r2l-share"
         )
-    out = train_final(recipe, reads, round(left, 2), name, args.processes, getattr(args, "reproduce", []))
+    extra = list(getattr(args, "reproduce", []))
+    if getattr(args, "rerank", False):  # stage 1's model re-sorts the final beams where validation says so
+        extra += ["--rerank-with", str(dirs[0] / "best")]
+    out = train_final(recipe, reads, round(left, 2), name, args.processes, extra)
     out["stages"] = {"budget_minutes": budget, "r2l_minutes": round(r2l_s / 60, 2),
                      "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
                      "r2l_share": args.r2l_share, "jackknife": args.jackknife,
@@ -175,6 +179,9 @@ def parser() -> argparse.ArgumentParser:
         "--r2l-share", type=float, default=0.3, help="the right-to-left model's share (default 0.3)"
     )
     ap.add_argument("--jackknife", action="store_true", help="two right-to-left models, one per half")
+    ap.add_argument("--rerank", action="store_true",
+                    help="stage 1's right-to-left model also re-sorts the final model's beam where "
+                    "validation says so (reproduce.py --rerank-with); not with --jackknife")  # fmt: skip
     ap.add_argument("--processes", type=int, default=1, help="DistributedDataParallel processes (default 1)")
     ap.add_argument("--r2l", nargs="*", default=[], metavar="key=value",
                     help="more overrides for stage 1 only (e.g. lr=0.0025)")  # fmt: skip
@@ -192,6 +199,8 @@ def main() -> int:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
     if not (args.minutes >= 0 and args.processes >= 1):
         parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
+    if args.rerank and args.jackknife:
+        parser().error("--rerank reads one right-to-left model of the corpus; --jackknife trains two halves")
     check_names(parser().error, ("--name", args.name), ("--tag", args.tag))
     name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
     name += f"-{args.tag}" if args.tag else ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from aiayn.atomic import open_output
 from aiayn.cli.decode_options import (
@@ -19,7 +18,7 @@ from aiayn.cli.decode_options import (
     search_config,
     warn,
 )
-from aiayn.decoding.rerank import check_rerankable, rerank
+from aiayn.decoding.rerank import check_rerankable, reranked_search
 from aiayn.decoding.sampling import seeded
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
 from aiayn.errors import ConfigError, DataError
@@ -135,5 +134,4 @@ def translate(args, config, translator: Translator, scorer: Translator | None, s
         warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")
     if scorer is None:
         return translator.search(sources, config, args.max_tokens, generator)
-    nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), args.max_tokens)
-    return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
+    return reranked_search(translator, scorer, sources, config, args.max_tokens)

@@ -8,11 +8,13 @@ re-sorted by the sum of the two log-probabilities under one length penalty (Liu 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
 
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty
-from aiayn.decoding.translator import Translator
+from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
 from aiayn.errors import ConfigError
 
 
@@ -45,3 +47,45 @@ def rerank(
         lp = float(length_penalty(len(h.tokens), config.lenpen, config.lenpen_kind))
         out[i].append(Hypothesis(h.tokens, (h.log_prob + other) / lp, h.log_prob, h.r2l))
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+
+
+def reranked_search(
+    translator: Translator,
+    scorer: Translator,
+    sources: Sequence[list[int]],
+    config: SearchConfig,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> list[list[Hypothesis]]:
+    """The model's beam search keeping all ``config.beam`` hypotheses, re-sorted by ``rerank``;
+    the ``config.nbest`` best of each."""
+    if config.mbr:
+        raise ConfigError("reranking and mbr both choose among a beam's n-best: give one of them")
+    if config.sample or config.beam < 2:
+        raise ConfigError("reranking re-sorts a beam's n-best: give a beam of 2 or more (and no sampling)")
+    nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), max_tokens)
+    return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
+
+
+class Reranked:
+    """A translator whose beam's n-best a second model re-sorts, with ``Translator.translate``'s
+    interface: what ``scripts/reproduce.py --rerank-with`` weighs on validation beside the model alone
+    (for a bidirectional pipeline, its own right-to-left model: already trained, so free at equal time)."""
+
+    def __init__(self, translator: Translator, scorer: Translator):
+        check_rerankable(translator, scorer)
+        self.translator, self.scorer = translator, scorer
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        config: SearchConfig | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        warn: Callable[[str], None] | None = None,
+    ) -> list[str]:
+        """The best reranked translation of every line (``""`` for a blank one)."""
+        t = self.translator
+        sources, cut = t.encode(lines)
+        for i in cut:
+            (warn or warnings.warn)(f"line {i + 1} truncated to {t.max_src_len} source tokens")
+        best = reranked_search(t, self.scorer, sources, config or SearchConfig(beam=5), max_tokens)
+        return [t.detokenize(h[0]) if h else "" for h in best]

@@ -35,12 +35,22 @@ def load_script(name: str = "reproduce"):
         (["multi30k-en-de", "--average", "0"], "--average 0, --beam 5, --mbr-beam 0: give"),
         (["multi30k-en-de", "--beam", "0"], "--beam 0"),
         (["multi30k-en-de", "--mbr-beam", "-1"], "--mbr-beam -1"),
+        (["multi30k-en-de", "--rerank-with", "no/such/run"], "--rerank-with no/such/run: give a model"),
     ],
-)
+)  # fmt: skip
 def test_arguments_are_checked_before_anything_runs(args, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert message in run.stderr
+
+
+def test_reranking_needs_a_beam_to_re_sort(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    args = ["multi30k-en-de", "--rerank-with", str(tmp_path), "--beam", "1"]
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)  # fmt: skip
+    assert run.returncode == 2 and f"--rerank-with {tmp_path}: give a model directory" in run.stderr
+    assert "--beam ≥ 2" in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -63,6 +73,7 @@ def test_a_wrong_recipe_or_override_is_one_line(args, message):
          "r2l_memory_dropout=1.5 must be in [0, 1)"),
         ("reproduce_bidirectional", ["multi30k-de-en", "--r2l", "lrr=1"], "unknown key 'lrr'"),
         ("reproduce_bidirectional", ["no-such-recipe"], "recipes/no-such-recipe.toml does not exist"),
+        ("reproduce_bidirectional", ["multi30k-de-en", "--rerank", "--jackknife"], "--rerank reads one"),
         ("reproduce_imdb", ["IMDB", "sed=2"], "unknown key 'sed'"),
         ("reproduce_sst2", ["SST2", "IMDB", "--dropout", "1.5"], "--dropout 1.5: give a probability"),
     ],
@@ -113,7 +124,7 @@ def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path,
     ]
     configs = [json.loads((d / "train_config.json").read_text()) for d in reproduce.member_dirs(run_dir)]
     assert [(c["seed"], c["threads"]) for c in configs] == [(7, 1), (8, 1)]
-    args = argparse.Namespace(average=5, ensemble=0)
+    args = argparse.Namespace(average=5, ensemble=0, rerank_with=None)
     translators, averaged, ensembled = reproduce.candidates(run_dir, args)
     assert sorted(translators) == [
         "ensemble of averaged", "ensemble of best", "member-1/averaged", "member-1/best",
@@ -189,7 +200,8 @@ def test_the_length_penalty_is_chosen_on_validation_for_the_chosen_pair_only(bet
     reproduce = load_script()
     winner = FakeTranslator({0.6: 10, 1.0: 13} if better_alpha == 1.0 else {0.6: 13, 1.0: 10})
     loser = FakeTranslator({0.6: 6, 1.0: 14})  # better with 1.0, but never asked: it lost at 0.6
-    translators = {"best": loser, "ensemble of best": winner}
+    reranked = FakeTranslator({0.6: 7})
+    translators = {"best": loser, "ensemble of best": winner, "best reranked": reranked}
     decodings = {"beam": SearchConfig(beam=5, lenpen=0.6), "mbr": SearchConfig(10, lenpen=0.6, mbr="bleu")}
     srcs, refs = ["x"] * 3, [REFERENCE] * 3
 
@@ -198,9 +210,11 @@ def test_the_length_penalty_is_chosen_on_validation_for_the_chosen_pair_only(bet
     )
 
     assert (chosen, decoding, search.lenpen, search.beam) == ("ensemble of best", "beam", better_alpha, 5)
-    tried = ["best/beam", "best/mbr", "ensemble of best/beam", "ensemble of best/beam lenpen=1.0"]
+    tried = ["best reranked/beam", "best/beam", "best/mbr", "ensemble of best/beam",
+             "ensemble of best/beam lenpen=1.0"]  # fmt: skip
     assert sorted(choice) == tried
     assert winner.searches == [(5, 0.6, None), (5, 1.0, None)]  # an ensemble: beam search only
+    assert reranked.searches == [(5, 0.6, None)]  # a reranked beam: no minimum Bayes risk over it
     assert loser.searches == [(5, 0.6, None), (10, 0.6, "bleu")]
     assert choice["ensemble of best/beam lenpen=1.0"] != choice["ensemble of best/beam"]
 
@@ -239,7 +253,7 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
         return 6.0
 
     def train_final(recipe, overrides, minutes, name, processes, extra):
-        seen["final"] = overrides
+        seen["final"], seen["extra"] = overrides, extra
         return {"train_wall_minutes": minutes}
 
     monkeypatch.setattr(module, "ROOT", tmp_path)
@@ -259,3 +273,7 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     assert seen["final"][:2] == ["lr=0.004", "model.bidirectional=true"]
     assert out["stages"]["r2l_overrides"] == ["lr=0.0025", "warmup=100"]
     assert out["stages"]["final_max_minutes"] == 8.9
+    assert seen["extra"] == []  # no reranking unless asked
+    args = module.parser().parse_args(["multi30k-de-en", "--minutes", "10", "--rerank"])
+    module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
+    assert seen["extra"] == ["--rerank-with", str(tmp_path / "r2l" / "best")]  # stage 1's model

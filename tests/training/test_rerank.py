@@ -7,9 +7,10 @@ import pytest
 
 from aiayn.cli.main import main
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.rerank import rerank
+from aiayn.decoding.rerank import Reranked, rerank
 from aiayn.decoding.scoring import length_penalty
 from aiayn.decoding.translator import Translator
+from aiayn.errors import ConfigError
 from tests.training.conftest import tiny_args
 
 
@@ -73,3 +74,30 @@ def test_rerank_from_the_command_line(pair, tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 4
     assert main([*argv, "--beam", "1"]) == 1
     assert "--rerank-with re-sorts a beam's n-best" in capsys.readouterr().err
+
+
+def test_a_reranked_translator_writes_each_beams_best_by_the_sum_of_both_models(pair):
+    """``Reranked.translate`` (what ``scripts/reproduce.py --rerank-with`` weighs on validation) gives,
+    for every line, the n-best hypothesis with the highest (log p_l2r + log p_r2l) / lp, each computed
+    here by teacher forcing, and "" for a blank line."""
+    l2r, r2l, _, _ = pair
+    lines = ["hund läuft rot", "", "katze springt blau"]
+    config = SearchConfig(beam=4, nbest=1)
+    got = Reranked(l2r, r2l).translate(lines, config)
+    sources, _ = l2r.encode(lines)
+    want = []
+    for src, hyps in zip(sources, l2r.search(sources, SearchConfig(beam=4, nbest=4)), strict=True):
+        if not hyps:
+            want.append("")
+            continue
+        forward = [l2r.forward_order(h.tokens) for h in hyps]
+        complete = [h.tokens[-1] == 2 for h in hyps]
+        both = [
+            sum(m.log_probs([src] * len(hyps), forward, complete)[i] for m in (l2r, r2l))
+            / float(length_penalty(len(h.tokens), config.lenpen))
+            for i, h in enumerate(hyps)
+        ]
+        want.append(l2r.detokenize(hyps[max(range(len(hyps)), key=both.__getitem__)]))
+    assert got == want and got[1] == ""
+    with pytest.raises(ConfigError, match="give a beam of 2 or more"):
+        Reranked(l2r, r2l).translate(lines, SearchConfig(beam=1))
