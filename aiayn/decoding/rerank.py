@@ -9,8 +9,8 @@ re-sorted by the sum of the two log-probabilities under one length penalty (Liu 
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty
@@ -67,25 +67,16 @@ def reranked_search(
 
 
 class Reranked:
-    """A translator whose beam's n-best a second model re-sorts, with ``Translator.translate``'s
-    interface: what ``scripts/reproduce.py --rerank-with`` weighs on validation beside the model alone
-    (for a bidirectional pipeline, its own right-to-left model: already trained, so free at equal time)."""
+    """A translator whose beam's n-best a second model re-sorts (``Translator.translate`` with
+    ``reranked_search``): what ``scripts/reproduce.py --rerank-with`` weighs on validation beside the
+    model alone (for a bidirectional pipeline, its own right-to-left model: already trained, so free
+    at equal time)."""
 
     def __init__(self, translator: Translator, scorer: Translator):
         check_rerankable(translator, scorer)
         self.translator, self.scorer = translator, scorer
 
-    def translate(
-        self,
-        lines: Sequence[str],
-        config: SearchConfig | None = None,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        warn: Callable[[str], None] | None = None,
-    ) -> list[str]:
+    def translate(self, lines: Sequence[str], config: SearchConfig | None = None, **kwargs) -> list[str]:
         """The best reranked translation of every line (``""`` for a blank one)."""
-        t = self.translator
-        sources, cut = t.encode(lines)
-        for i in cut:
-            (warn or warnings.warn)(f"line {i + 1} truncated to {t.max_src_len} source tokens")
-        best = reranked_search(t, self.scorer, sources, config or SearchConfig(beam=5), max_tokens)
-        return [t.detokenize(h[0]) if h else "" for h in best]
+        search = functools.partial(reranked_search, self.translator, self.scorer)
+        return self.translator.translate(lines, config or SearchConfig(beam=5), search_fn=search, **kwargs)

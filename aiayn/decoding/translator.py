@@ -240,11 +240,13 @@ class Translator:
         config: SearchConfig | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         warn: Callable[[str], None] | None = None,
+        search_fn: Callable[..., list[list[Hypothesis]]] | None = None,
     ) -> list[str]:
         """The best translation of every line (``""`` for a blank line); long lines are truncated
-        with a warning (``warn``, default ``warnings.warn``)."""
+        with a warning (``warn``, default ``warnings.warn``). ``search_fn(sources, config, max_tokens)``
+        replaces ``self.search`` (e.g. ``rerank.reranked_search``)."""
         sources, cut = self.encode(lines)
         for i in cut:
             (warn or warnings.warn)(f"line {i + 1} truncated to {self.max_src_len} source tokens")
-        nbest = self.search(sources, config or SearchConfig(), max_tokens)
+        nbest = (search_fn or self.search)(sources, config or SearchConfig(), max_tokens)
         return [self.detokenize(h[0]) if h else "" for h in nbest]
