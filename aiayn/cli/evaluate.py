@@ -15,9 +15,11 @@ from aiayn.cli.classify import add_long_text_arguments, long_text_of
 from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_model_argument,
+    add_rerank_argument,
     add_search_arguments,
     check_bidirectional_options,
     check_outputs,
+    check_rerank_options,
     formatter,
     quantized,
     search_config,
@@ -27,6 +29,7 @@ from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
 from aiayn.decoding.classifier import TextClassifier
 from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.rerank import Reranked
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
@@ -37,6 +40,7 @@ EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en --src newstest.de --ref newstest.en --output newstest.hyp
   aiayn evaluate --model runs/de-en/step-003000 --ensemble-with runs/de-en/step-003250   # an ensemble
   aiayn evaluate --model runs/en-de --tokenized-bleu               # + BLEU as Multi30k papers report it
+  aiayn evaluate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l   # n-best reranking
   aiayn evaluate --model runs/sst2-finetune --data sst2/dev.tsv --json dev.json   # a classifier
 
 Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased; the
@@ -78,6 +82,7 @@ def add_parser(sub) -> None:
     )
     add_long_text_arguments(p)
     add_ensemble_argument(p)
+    add_rerank_argument(p)
     add_search_arguments(p)
     p.set_defaults(run=run)
 
@@ -132,7 +137,8 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, 
 
 # the options only one kind of model reads: given for the other, they would be ignored
 TRANSLATION_ONLY = (
-    "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "ensemble_with", "no_cache",
+    "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "ensemble_with",
+    "rerank_with", "no_cache",
     *(f.name for f in dataclasses.fields(SearchConfig) if f.name != "use_cache"),
 )  # fmt: skip
 CLASSIFIER_ONLY = ("data", "text_column", "label_column", "long_text", "window_stride")
@@ -163,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     if config.nbest != 1:
         raise ConfigError(f"--nbest {config.nbest}: evaluate scores each sentence's best translation; "
                           "aiayn translate --nbest writes n-best lists")  # fmt: skip
+    if args.rerank_with:
+        check_rerank_options(config)
     if args.tokenized_bleu:
         _sacremoses()  # before the decoding, not after it
     if (args.src is None) != (args.ref is None):
@@ -176,8 +184,11 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
     translator = quantized(args, Translator.from_dirs([args.model, *args.ensemble_with], args.device))
     check_bidirectional_options(args, translator)
+    decoder = translator  # or, with --rerank-with, its n-best re-sorted by a second model too
+    if args.rerank_with:
+        decoder = Reranked(translator, quantized(args, Translator.from_dir(args.rerank_with, args.device)))
     srcs, refs = (list(side) for side in zip(*corpus))
-    hyps = translator.translate(srcs, config, args.max_tokens, warn=warn)
+    hyps = decoder.translate(srcs, config, max_tokens=args.max_tokens, warn=warn)
     if args.output:
         write_text(args.output, "".join(h + "\n" for h in hyps))
     scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None)
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             "corpus": corpus.name,
             "model": str(args.model),
             "ensemble_with": [str(d) for d in args.ensemble_with],
+            "rerank_with": args.rerank_with,
             "sentences": len(hyps),
             "lowercase": translator.tgt_tokenizer.lowercase,
             **scores,

@@ -9,9 +9,11 @@ from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_io_arguments,
     add_model_argument,
+    add_rerank_argument,
     add_search_arguments,
     check_bidirectional_options,
     check_outputs,
+    check_rerank_options,
     formatter,
     quantized,
     read_chunks,
@@ -21,7 +23,7 @@ from aiayn.cli.decode_options import (
 from aiayn.decoding.rerank import check_rerankable, reranked_search
 from aiayn.decoding.sampling import seeded
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
-from aiayn.errors import ConfigError, DataError
+from aiayn.errors import DataError
 
 EXAMPLES = """examples:
   echo "Ein Mann fährt Fahrrad." | aiayn translate --model runs/de-en
@@ -58,11 +60,7 @@ def add_parser(sub) -> None:
         "--strict", action="store_true", help="a line over --max-src-len is an error, not a warning"
     )
     add_ensemble_argument(p)
-    p.add_argument(
-        "--rerank-with",
-        metavar="DIR",
-        help="re-sort the beam's n-best by this model's score too (e.g. a reverse_target=true model)",
-    )
+    add_rerank_argument(p)
     p.add_argument(
         "--show-r2l",
         action="store_true",
@@ -97,12 +95,7 @@ def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     check_outputs(args, "--output")
     if args.rerank_with:
-        if config.mbr:
-            raise ConfigError("--rerank-with and --mbr both choose among a beam's n-best: give one of them")
-        if config.sample or config.beam < 2:
-            raise ConfigError(
-                "--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)"
-            )
+        check_rerank_options(config)
     translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
     translator = quantized(args, translator)
     check_bidirectional_options(args, translator)

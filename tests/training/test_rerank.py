@@ -76,28 +76,50 @@ def test_rerank_from_the_command_line(pair, tmp_path, capsys):
     assert "--rerank-with re-sorts a beam's n-best" in capsys.readouterr().err
 
 
-def test_a_reranked_translator_writes_each_beams_best_by_the_sum_of_both_models(pair):
-    """``Reranked.translate`` (what ``scripts/reproduce.py --rerank-with`` weighs on validation) gives,
-    for every line, the n-best hypothesis with the highest (log p_l2r + log p_r2l) / lp, each computed
-    here by teacher forcing, and "" for a blank line."""
-    l2r, r2l, _, _ = pair
-    lines = ["hund läuft rot", "", "katze springt blau"]
-    config = SearchConfig(beam=4, nbest=1)
-    got = Reranked(l2r, r2l).translate(lines, config)
+def reranked_by_hand(l2r, r2l, lines, beam: int, lenpen: float = 0.6) -> list[str]:
+    """Each line's ``beam``-best hypothesis with the highest (log p_l2r + log p_r2l) / lp, both
+    log-probabilities by teacher forcing; "" for a blank line."""
     sources, _ = l2r.encode(lines)
-    want = []
-    for src, hyps in zip(sources, l2r.search(sources, SearchConfig(beam=4, nbest=4)), strict=True):
+    out = []
+    for src, hyps in zip(sources, l2r.search(sources, SearchConfig(beam=beam, nbest=beam, lenpen=lenpen)),
+                         strict=True):  # fmt: skip
         if not hyps:
-            want.append("")
+            out.append("")
             continue
         forward = [l2r.forward_order(h.tokens) for h in hyps]
         complete = [h.tokens[-1] == 2 for h in hyps]
         both = [
             sum(m.log_probs([src] * len(hyps), forward, complete)[i] for m in (l2r, r2l))
-            / float(length_penalty(len(h.tokens), config.lenpen))
+            / float(length_penalty(len(h.tokens), lenpen))
             for i, h in enumerate(hyps)
         ]
-        want.append(l2r.detokenize(hyps[max(range(len(hyps)), key=both.__getitem__)]))
-    assert got == want and got[1] == ""
+        out.append(l2r.detokenize(hyps[max(range(len(hyps)), key=both.__getitem__)]))
+    return out
+
+
+LINES = ["hund läuft rot", "", "katze springt blau"]
+
+
+def test_a_reranked_translator_writes_each_beams_best_by_the_sum_of_both_models(pair):
+    """``Reranked.translate`` (what ``scripts/reproduce.py --rerank-with`` weighs on validation)."""
+    l2r, r2l, _, _ = pair
+    got = Reranked(l2r, r2l).translate(LINES, SearchConfig(beam=4, nbest=1))
+    assert got == reranked_by_hand(l2r, r2l, LINES, 4) and got[1] == ""
     with pytest.raises(ConfigError, match="give a beam of 2 or more"):
-        Reranked(l2r, r2l).translate(lines, SearchConfig(beam=1))
+        Reranked(l2r, r2l).translate(LINES, SearchConfig(beam=1))
+
+
+def test_evaluate_scores_the_reranked_translations(pair, tmp_path, capsys):
+    l2r, r2l, l2r_dir, r2l_dir = pair
+    lines = [line for line in LINES if line]
+    src, ref, out, report = (tmp_path / n for n in ("src.de", "ref.en", "hyp.en", "report.json"))
+    src.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    ref.write_text("dog runs red\ncat jumps blue\n", encoding="utf-8")
+    argv = ["evaluate", "--model", str(l2r_dir), "--src", str(src), "--ref", str(ref)]
+    argv += ["--rerank-with", str(r2l_dir)]
+    assert main([*argv, "--beam", "4", "--lenpen", "1.0", "--output", str(out), "--json", str(report)]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == reranked_by_hand(l2r, r2l, lines, 4, 1.0)
+    assert json.loads(report.read_text())["rerank_with"] == str(r2l_dir)
+    capsys.readouterr()
+    assert main([*argv, "--beam", "1"]) == 1
+    assert "--rerank-with re-sorts a beam's n-best" in capsys.readouterr().err
