@@ -56,14 +56,6 @@ def add_rerank_argument(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def check_rerank_options(config: SearchConfig) -> None:
-    """``--rerank-with`` re-sorts a beam: refused, before any model loads, with what it cannot re-sort."""
-    if config.mbr:
-        raise ConfigError("--rerank-with and --mbr both choose among a beam's n-best: give one of them")
-    if config.sample or config.beam < 2:
-        raise ConfigError("--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)")
-
-
 def add_quantize_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize", choices=QUANTIZATIONS, default="none",

@@ -19,7 +19,6 @@ from aiayn.cli.decode_options import (
     add_search_arguments,
     check_bidirectional_options,
     check_outputs,
-    check_rerank_options,
     formatter,
     quantized,
     search_config,
@@ -29,7 +28,7 @@ from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
 from aiayn.decoding.classifier import TextClassifier
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.rerank import Reranked
+from aiayn.decoding.rerank import Reranked, check_rerank_search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
@@ -170,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nbest {config.nbest}: evaluate scores each sentence's best translation; "
                           "aiayn translate --nbest writes n-best lists")  # fmt: skip
     if args.rerank_with:
-        check_rerank_options(config)
+        check_rerank_search(config)
     if args.tokenized_bleu:
         _sacremoses()  # before the decoding, not after it
     if (args.src is None) != (args.ref is None):

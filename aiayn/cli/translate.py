@@ -13,14 +13,13 @@ from aiayn.cli.decode_options import (
     add_search_arguments,
     check_bidirectional_options,
     check_outputs,
-    check_rerank_options,
     formatter,
     quantized,
     read_chunks,
     search_config,
     warn,
 )
-from aiayn.decoding.rerank import check_rerankable, reranked_search
+from aiayn.decoding.rerank import check_rerank_search, check_rerankable, reranked_search
 from aiayn.decoding.sampling import seeded
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
 from aiayn.errors import DataError
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     config = search_config(args)
     check_outputs(args, "--output")
     if args.rerank_with:
-        check_rerank_options(config)
+        check_rerank_search(config)
     translator = Translator.from_dirs([args.model, *args.ensemble_with], args.device, args.max_src_len)
     translator = quantized(args, translator)
     check_bidirectional_options(args, translator)

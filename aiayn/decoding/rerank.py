@@ -49,6 +49,15 @@ def rerank(
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
 
+def check_rerank_search(config: SearchConfig) -> None:
+    """Reranking re-sorts a beam: a ``ConfigError`` for a search it cannot re-sort (the CLI calls it
+    before any model loads)."""
+    if config.mbr:
+        raise ConfigError("--rerank-with and --mbr both choose among a beam's n-best: give one of them")
+    if config.sample or config.beam < 2:
+        raise ConfigError("--rerank-with re-sorts a beam's n-best: give --beam 2 or more (and no --sample)")
+
+
 def reranked_search(
     translator: Translator,
     scorer: Translator,
@@ -58,10 +67,7 @@ def reranked_search(
 ) -> list[list[Hypothesis]]:
     """The model's beam search keeping all ``config.beam`` hypotheses, re-sorted by ``rerank``;
     the ``config.nbest`` best of each."""
-    if config.mbr:
-        raise ConfigError("reranking and mbr both choose among a beam's n-best: give one of them")
-    if config.sample or config.beam < 2:
-        raise ConfigError("reranking re-sorts a beam's n-best: give a beam of 2 or more (and no sampling)")
+    check_rerank_search(config)
     nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), max_tokens)
     return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
 

@@ -19,9 +19,8 @@ from aiayn.modules.embedding import EMB_SCALES, POSITIONALS
 from aiayn.modules.feed_forward import ACTIVATIONS
 
 C = TypeVar("C", bound="LayerConfig")
-MAX_POSITIONS = (
-    1 << 17
-)  # max_len at most: 131,072 positions (a learned table of them: 0.5 GB at d_model 1024)
+# max_len at most: 131,072 positions (a learned table of them: 0.5 GB at d_model 1024)
+MAX_POSITIONS = 1 << 17
 
 
 @dataclass

@@ -105,7 +105,7 @@ def test_a_reranked_translator_writes_each_beams_best_by_the_sum_of_both_models(
     l2r, r2l, _, _ = pair
     got = Reranked(l2r, r2l).translate(LINES, SearchConfig(beam=4, nbest=1))
     assert got == reranked_by_hand(l2r, r2l, LINES, 4) and got[1] == ""
-    with pytest.raises(ConfigError, match="give a beam of 2 or more"):
+    with pytest.raises(ConfigError, match="give --beam 2 or more"):
         Reranked(l2r, r2l).translate(LINES, SearchConfig(beam=1))
 
 
