@@ -2,15 +2,31 @@
 
 Mask convention (everywhere in this package): a mask is a bool tensor broadcastable to the
 attention scores (B, h, T_q, T_k); True means "may attend". Combine masks with ``&``.
+
+The names below are imported on first use (PEP 562), so that ``import aiayn.cli.main`` does not
+import torch: the command line imports it inside ``main``, where Ctrl-C is one line, not a traceback.
 """
 
-from aiayn.masks import causal_mask, padding_mask
-from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, Transformer, build_transformer
-from aiayn.models.config import EncoderConfig, LMConfig, TransformerConfig
-from aiayn.modules.config import LayerConfig
+from importlib import import_module
+
 from aiayn.version import __version__
 
-__all__ = [
+_WHERE = {  # name -> the module that defines it
+    "causal_mask": "aiayn.masks",
+    "padding_mask": "aiayn.masks",
+    "BidirectionalTransformer": "aiayn.models",
+    "EncoderModel": "aiayn.models",
+    "LanguageModel": "aiayn.models",
+    "Transformer": "aiayn.models",
+    "build_transformer": "aiayn.models",
+    "EncoderConfig": "aiayn.models.config",
+    "LMConfig": "aiayn.models.config",
+    "TransformerConfig": "aiayn.models.config",
+    "LayerConfig": "aiayn.modules.config",
+    "from_pretrained": "aiayn.interop",  # needs sentencepiece besides torch
+}
+
+__all__ = [  # noqa: F822 (defined by __getattr__)
     "BidirectionalTransformer",
     "EncoderConfig",
     "EncoderModel",
@@ -28,8 +44,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "from_pretrained":  # imported on first use: aiayn.interop needs sentencepiece
-        from aiayn.interop import from_pretrained
-
-        return from_pretrained
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'aiayn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -115,3 +115,14 @@ def test_downward_and_sideways_edges_pass(tmp_path, monkeypatch):
     (fake / "training" / "x.py").write_text(code, encoding="utf-8")
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
     assert violations(fake / "training" / "x.py") == []
+
+
+def test_the_package_exports_every_name_it_lists_and_imports_them_on_first_use():
+    import aiayn
+
+    assert set(aiayn.__all__) == {*aiayn._WHERE, "__version__"}  # the list and the lazy table agree
+    for name in aiayn.__all__:
+        assert getattr(aiayn, name) is not None, name
+    assert set(aiayn.__all__) <= set(dir(aiayn))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        aiayn.nope  # noqa: B018

@@ -155,7 +155,9 @@ INPUT_OPTIONS = ("model", "ensemble_with", "rerank_with", "input", "src", "ref",
 MODEL_OPTIONS = ("model", "ensemble_with", "rerank_with")
 
 
-def add_search_arguments(p: argparse.ArgumentParser) -> None:
+def add_search_arguments(p: argparse.ArgumentParser, classifier_max_tokens: int | None = None) -> None:
+    """The search's options; ``classifier_max_tokens``: the command also scores classifiers (evaluate),
+    whose batches default to that many tokens (``--max-tokens`` is then None unless given)."""
     d = SearchConfig()
     g = p.add_argument_group("search")
     g.add_argument("--beam", type=int, default=None, help=f"beam size; 1 = greedy (default: {d.beam})")
@@ -168,8 +170,12 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len", type=int, default=None, help="output tokens at most (default: source + 50)")
     g.add_argument("--max-len-b", type=int, default=d.max_len_b, help="the + 50 of the default --max-len")
     g.add_argument("--min-len", type=int, default=0, help="no eos before this many output tokens")
-    tokens = f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS})"
-    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens)
+    tokens = f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS}"
+    if classifier_max_tokens is None:
+        g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens + ")")
+    else:
+        tokens += f"; a classifier's texts: {classifier_max_tokens})"
+        g.add_argument("--max-tokens", type=int, default=None, help=tokens)
     g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
     g.add_argument("--r2l-beam", type=int, default=None,
                    help="bidirectional model: beam of its right-to-left pass (default: --beam)")  # fmt: skip

@@ -184,12 +184,16 @@ def machine() -> str:
 
 
 def describe_cpu(cpuinfo: str) -> str:
-    """MODEL (ISA) from the text of /proc/cpuinfo: the first model name and the widest vector
-    instructions its flags list (the model alone where neither is known)."""
+    """MODEL family F model M (ISA) from the text of /proc/cpuinfo: the first processor's model name,
+    its x86 family and model numbers (a virtual machine's model name is often generic, one name for
+    several generations of a vendor's CPUs: the numbers tell them apart) and the widest vector
+    instructions its flags list; what is not known is left out."""
     block = cpuinfo.split("\n\n", 1)[0]  # the first processor's
     pairs = (line.partition(":") for line in block.splitlines())
     fields = {key.strip(): value.strip() for key, _, value in pairs}
     model = fields.get("model name") or platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        model += f" family {fields['cpu family']} model {fields['model']}"
     flags = cpu_flags(cpuinfo)
     isa = next((name for flag, name in VECTOR_ISAS if flag in flags), None)
     return f"{model} ({isa})" if isa else model

@@ -26,10 +26,11 @@ from aiayn.cli.decode_options import (
 )
 from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
+from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS as CLASSIFIER_MAX_TOKENS
 from aiayn.decoding.classifier import TextClassifier
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.rerank import Reranked, check_rerank_search
-from aiayn.decoding.translator import Translator
+from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import model_meta
 
@@ -82,7 +83,7 @@ def add_parser(sub) -> None:
     add_long_text_arguments(p)
     add_ensemble_argument(p)
     add_rerank_argument(p)
-    add_search_arguments(p)
+    add_search_arguments(p, classifier_max_tokens=CLASSIFIER_MAX_TOKENS)
     p.set_defaults(run=run)
 
 
@@ -187,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rerank_with:
         decoder = Reranked(translator, quantized(args, Translator.from_dir(args.rerank_with, args.device)))
     srcs, refs = (list(side) for side in zip(*corpus))
-    hyps = decoder.translate(srcs, config, max_tokens=args.max_tokens, warn=warn)
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    hyps = decoder.translate(srcs, config, max_tokens=max_tokens, warn=warn)
     if args.output:
         write_text(args.output, "".join(h + "\n" for h in hyps))
     scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None)
@@ -225,7 +227,8 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
     classifier = quantized(args, TextClassifier.from_dir(args.model, args.device, long_text_of(args)))
-    m, predicted = classifier.score(data, args.max_tokens)  # a label the model does not know: an error
+    max_tokens = CLASSIFIER_MAX_TOKENS if args.max_tokens is None else args.max_tokens  # classify's default
+    m, predicted = classifier.score(data, max_tokens)  # a label the model does not know: an error
     if args.output:
         write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))
     print(f"{data.path}: {len(data)} examples, {args.model}")

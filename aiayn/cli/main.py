@@ -15,40 +15,28 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import import_module
 from typing import NoReturn
 
-from aiayn.cli import (
-    attention,
-    average,
-    classify,
-    demo,
-    evaluate,
-    export,
-    fill_mask,
-    generate,
-    plot,
-    serve,
-    train,
-    translate,
-)
-from aiayn.device import resolve_device
 from aiayn.errors import AiaynError
 from aiayn.version import __version__
 
-COMMANDS = [
-    train,
-    translate,
-    evaluate,
-    generate,
-    classify,
-    fill_mask,
-    attention,
-    serve,
-    average,
-    plot,
-    export,
-    demo,
-]
+# The subcommands' modules, imported by ``main`` inside its ``try`` (they import torch, a second or
+# two, during which Ctrl-C is then one line, as it is later, not a traceback).
+COMMANDS = (
+    "train",
+    "translate",
+    "evaluate",
+    "generate",
+    "classify",
+    "fill_mask",
+    "attention",
+    "serve",
+    "average",
+    "plot",
+    "export",
+    "demo",
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -66,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name in COMMANDS:
+        import_module(f"aiayn.cli.{name}").add_parser(sub)
     return parser
 
 
@@ -81,9 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"aiayn: error: argument {i} ({raw!r}) is not valid UTF-8; pass text and paths as UTF-8",
                   file=sys.stderr)  # fmt: skip
             return 1
-    args = build_parser().parse_args(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         if isinstance(getattr(args, "device", None), str):
+            from aiayn.device import resolve_device
+
             args.device = resolve_device(args.device)
         return args.run(args) or 0
     except KeyboardInterrupt:
@@ -92,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AiaynError, OSError) as e:  # the user's to fix; anything else is a bug: its traceback shows
         if os.environ.get("AIAYN_DEBUG"):
             raise
-        print(f"aiayn {args.command}: error: {one_line(e)}", file=sys.stderr)
+        where = f"aiayn {args.command}" if args else "aiayn"
+        print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 1
 
 

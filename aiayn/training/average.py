@@ -2,8 +2,8 @@
 
 The average of K checkpoints' parameters, written as a new model directory (config and tokenizer
 files copied from the newest, and what its ``config.json`` says besides the model: the task, a
-classifier's labels and long-text policy, the languages). Averaging is done in float64 to avoid
-rounding drift.
+classifier's labels and long-text policy, the languages). The checkpoints must share the model's
+config and their tokenizer files byte for byte. Averaging is done in float64 to avoid rounding drift.
 """
 
 from __future__ import annotations
@@ -44,18 +44,42 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
                 total[name] = tensor
                 continue
             total[name] = total.get(name, 0) + tensor.double()
+    check_same_files(paths)
     model = load_model(paths[-1])
     model.load_state_dict({k: (v / len(paths)).float() if v.is_floating_point() else v
                            for k, v in total.items()}, strict=False)  # fmt: skip
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
-        shutil.copytree(paths[-1], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS))  # fmt: skip
+        shutil.copytree(paths[-1], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*NOT_COPIED))
         # the newest's fields besides the model's own (save_model writes those), e.g. a classifier's
         # labels, without which the averaged model would not load as one
         extra = {k: v for k, v in metas[-1].items() if k not in ("kind", "config", "aiayn_version")}
         save_model(model, tmp, **{**extra, "averaged": [str(p) for p in paths]})
     return out_dir
+
+
+NOT_COPIED = (CONFIG_FILE, WEIGHTS_FILE, STATE_JSON, STATE_TENSORS)
+
+
+def check_same_files(paths: list[Path]) -> None:
+    """Refuse checkpoints whose other files (the tokenizer's) differ from the newest's, which the
+    average is written with: weights trained on one vocabulary, read with another's pieces, would
+    translate into nonsense without a word of warning."""
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*"))
+                if f.is_file() and f.name not in NOT_COPIED}  # fmt: skip
+
+    newest = files(paths[-1])
+    for p in paths[:-1]:
+        theirs = files(p)
+        if name := next(
+            (n for n in sorted(newest.keys() | theirs.keys()) if newest.get(n) != theirs.get(n)), None
+        ):
+            raise ModelDirError(
+                f"{p} and {paths[-1]} hold different {name} (the average is written with the newest's): "
+                "average one run's checkpoints"
+            )
 
 
 def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:

@@ -74,6 +74,18 @@ def test_evaluate_a_classifier_prints_accuracy_f1_and_confusion(ws, capsys):
     assert report["examples"] == 2 and sum(map(sum, report["confusion"])) == 2
 
 
+def test_evaluate_batches_a_classifier_as_classify_does_unless_told(ws, monkeypatch):
+    from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS, TextClassifier
+
+    budgets = []
+    score = TextClassifier.score
+    monkeypatch.setattr(TextClassifier, "score", lambda self, data, max_tokens: budgets.append(max_tokens)
+                        or score(self, data, max_tokens))  # fmt: skip
+    assert main(["evaluate", "--model", "classifier", "--data", "dev.tsv"]) == 0
+    assert main(["evaluate", "--model", "classifier", "--data", "dev.tsv", "--max-tokens", "5000"]) == 0
+    assert budgets == [DEFAULT_MAX_TOKENS, 5000]  # classify's 8192, not translation's 4096
+
+
 def test_fill_mask_and_encoder_attention(ws, capsys):
     assert main(["fill-mask", "--model", "mlm", "--top-k", "2", "a great <mask> ."]) == 0
     lines = capsys.readouterr().out.splitlines()

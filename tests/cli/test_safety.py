@@ -380,6 +380,12 @@ CASES = [
         "different model configs",
     ),
     (
+        "average-two-tokenizers",  # the average would read step 2's weights with step 4's pieces
+        lambda ws: _edit_json(ws / "run/step-000002/tokenizer.json", note="another vocabulary"),
+        ["average", "run", "--last", "2", "--out", "avg"],
+        "run/step-000002 and run/step-000004 hold different tokenizer.json",
+    ),
+    (
         "average-truncated-weights",
         _truncate("run/step-000004/model.safetensors", 50),
         ["average", "run", "--last", "2", "--out", "avg"],

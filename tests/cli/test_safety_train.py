@@ -122,6 +122,22 @@ def test_a_non_utf8_argument_from_the_real_command_line_is_named(ews):
     ]
 
 
+def test_the_command_line_imports_torch_inside_main_so_ctrl_c_there_is_one_line(monkeypatch, capsys):
+    # ``python -m aiayn``'s first import (the package, its entry point) must not import torch: an
+    # import outside ``main`` ends in a traceback when the user presses Ctrl-C during it
+    code = "import sys, aiayn.cli.main; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+    def pressed(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("aiayn.cli.main.import_module", pressed)  # Ctrl-C while a command imports
+    assert main(["translate", "--help"]) == 130
+    assert capsys.readouterr().err == "aiayn: interrupted\n"
+
+
 def test_resume_after_a_new_label_names_the_label(ews, capsys):
     run = ["train", *TINY_CLASSIFY, "dataset=labelled", "out_dir=cls", "eval_every=2"]
     assert main([*run, "max_steps=2"]) == 0

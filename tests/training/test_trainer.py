@@ -357,7 +357,8 @@ def test_the_machine_says_which_instruction_set_limits_were_in_force(monkeypatch
 
 
 def test_the_machine_names_the_widest_vector_instructions_of_the_first_cpu():
-    """Two VMs that both call themselves "AMD EPYC" differ 3× in speed: the flags tell them apart."""
+    """Two VMs that both call themselves "AMD EPYC" differ 3× in speed: the flags tell them apart, and
+    the family and model numbers tell apart two generations with the same flags."""
     from aiayn.cli.demo import describe_cpu
 
     def block(model, flags):
@@ -369,6 +370,8 @@ def test_the_machine_names_the_widest_vector_instructions_of_the_first_cpu():
     assert describe_cpu(block("Intel Xeon", "avx2 avx512f avx512_bf16 amx_bf16")) == "Intel Xeon (AMX)"
     assert describe_cpu(block("Intel Xeon", "avx2 avx512f")) == "Intel Xeon (AVX-512)"
     assert describe_cpu(block("Old", "sse2 avx")) == "Old"
+    zen5 = "processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: avx512_bf16\n"
+    assert describe_cpu(zen5) == "AMD EPYC family 26 model 2 (AVX-512 BF16)"  # Zen 5, where Zen 4 says 25
 
 
 def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
