@@ -6,21 +6,20 @@ source sentences, batch by batch, to a *fixed* output length (eos forbidden unti
 the random weights predict. Reports sentences/s, the ratio, and our cached vs uncached speed-up.
 
     python benchmarks/decoding_vs_hf.py                       # tiny and base, 256 sentences
-    python benchmarks/decoding_vs_hf.py --sizes base --sentences 64 --threads 2
+    python benchmarks/decoding_vs_hf.py --sizes base --sentences 64 --threads 2 --json FILE.json
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from functools import partial
 
 import torch
-from provenance import run_main
+from provenance import run_main, write_result
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, search
 
 SIZES = {  # d_model, layers (each side), d_ff, heads, vocab
@@ -125,11 +124,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="rounds; the fastest of each is reported")
     p.add_argument("--uncached", type=int, default=64, help="sentences for the uncached run (0 = skip)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", help="also write the figures (sentences/s) here, with the machine and command")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads")
+    print(f"{machine()}, {args.threads} threads")
     print(f"{'size':5} {'search':7} {'sents':>5} {'aiayn s/s':>10} {'HF s/s':>8} {'ratio':>6} uncached s/s")
+    rows = []
     for size in args.sizes:
         ours, hf = build_models(size)
         n = args.base_sentences if size == "base" and args.base_sentences else args.sentences
@@ -143,6 +144,8 @@ def main() -> None:
                 partial(time_ours, ours, data, beam, args.out_len),
                 partial(time_hf, hf, data, beam, args.out_len),
             )
+            row = {"size": size, "beam": beam, "sentences": n, "aiayn_per_s": round(n / t_ours, 2),
+                   "hf_per_s": round(n / t_hf, 2), "aiayn_vs_hf": round(t_hf / t_ours, 3)}  # fmt: skip
             uncached = ""
             if args.uncached:
                 few = list(batches(sources[: args.uncached], args.batch))
@@ -152,9 +155,14 @@ def main() -> None:
                     partial(time_ours, ours, few, beam, args.out_len),
                 )
                 uncached = f"{args.uncached / t_few:8.1f} ({t_few / t_few_cached:.1f}x slower)"
+                row["uncached_per_s"] = round(args.uncached / t_few, 2)
             name = "greedy" if beam == 1 else f"beam {beam}"
             rate = f"{n / t_ours:10.1f} {n / t_hf:8.1f} {t_hf / t_ours:6.2f}"
             print(f"{size:5} {name:7} {n:5d} {rate} {uncached}", flush=True)
+            rows.append(row)
+    if args.json:
+        sizes = {"batch": args.batch, "out_len": args.out_len, "src_len": args.src_len}
+        write_result(args.json, {"machine": machine(), "threads": args.threads, **sizes, "rows": rows})
 
 
 if __name__ == "__main__":

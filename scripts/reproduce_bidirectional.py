@@ -19,7 +19,9 @@ So the training clock of all stages together is the plain recipe's ``max_minutes
 with ``scripts/reproduce.py RECIPE`` is at equal total time, the right-to-left model and its cache
 counted. Writes results/NAME.json (reproduce.py's, plus ``stages``: each stage's minutes) and curves.
 ``--processes 2`` runs stages 1 (without ``--jackknife``) and 3 as two DistributedDataParallel
-processes, as ``make reproduce-multi30k-de-en``.
+processes, as ``make reproduce-multi30k-de-en``. ``--members 2`` trains stage 3 as two bidirectional
+models side by side instead, one process (one core) each, and lets validation weigh their ensemble
+(``reproduce.py --members``), as ``make reproduce-multi30k-en-de`` trains its plain models.
 """
 
 from __future__ import annotations
@@ -153,12 +155,15 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
             f"stages 1 and 2 took {(r2l_s + cache_s) / 60:.1f} of {budget:g} minutes: lower --r2l-share"
         )
     extra = list(getattr(args, "reproduce", []))
+    members = getattr(args, "members", 0)
+    if members:  # side by side, one process each (reproduce.py starts them): no torchrun for stage 3
+        extra += ["--members", str(members)]
     if getattr(args, "rerank", False):  # stage 1's model re-sorts the final beams where validation says so
         extra += ["--rerank-with", str(dirs[0] / "best")]
-    out = train_final(recipe, reads, round(left, 2), name, args.processes, extra)
+    out = train_final(recipe, reads, round(left, 2), name, 1 if members else args.processes, extra)
     out["stages"] = {"budget_minutes": budget, "r2l_minutes": round(r2l_s / 60, 2),
                      "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
-                     "r2l_share": args.r2l_share, "jackknife": args.jackknife,
+                     "r2l_share": args.r2l_share, "jackknife": args.jackknife, "members": members,
                      "r2l_overrides": list(getattr(args, "r2l", [])),
                      "r2l_models": [str(d.relative_to(ROOT)) for d in dirs]}  # fmt: skip
     out["total_minutes"] = round((r2l_s + cache_s) / 60 + out["train_wall_minutes"], 2)
@@ -183,6 +188,9 @@ def parser() -> argparse.ArgumentParser:
                     help="stage 1's right-to-left model also re-sorts the final model's beam where "
                     "validation says so (reproduce.py --rerank-with); not with --jackknife")  # fmt: skip
     ap.add_argument("--processes", type=int, default=1, help="DistributedDataParallel processes (default 1)")
+    ap.add_argument("--members", type=int, default=0,
+                    help="stage 3 trains this many bidirectional models side by side, one process "
+                    "each, and validation also weighs their ensemble (default 0: one model)")  # fmt: skip
     ap.add_argument("--r2l", nargs="*", default=[], metavar="key=value",
                     help="more overrides for stage 1 only (e.g. lr=0.0025)")  # fmt: skip
     ap.add_argument("--final", nargs="*", default=[], metavar="key=value",
@@ -199,6 +207,8 @@ def main() -> int:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
     if not (args.minutes >= 0 and args.processes >= 1):
         parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
+    if args.members == 1 or args.members < 0:
+        parser().error(f"--members {args.members}: give 2 or more models to train side by side (0: one)")
     if args.rerank and args.jackknife:
         parser().error("--rerank reads one right-to-left model of the corpus; --jackknife trains two halves")
     check_names(parser().error, ("--name", args.name), ("--tag", args.tag))

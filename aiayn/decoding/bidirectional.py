@@ -104,10 +104,10 @@ class _Started:
 def adapter_for_translation(
     model: Transformer | Ensemble, config: SearchConfig, max_len: int | Tensor
 ) -> Seq2SeqAdapter | EnsembleAdapter:
-    """The adapter a translation model needs: two passes for a bidirectional one, one per member
-    for an ensemble."""
+    """The adapter a translation model needs: two passes for a bidirectional one; for an ensemble,
+    one that moves its members' own adapters (these, member by member) in step."""
     if isinstance(model, Ensemble):
-        return EnsembleAdapter(model, config.use_cache)
+        return EnsembleAdapter(model, [adapter_for_translation(m, config, max_len) for m in model.members])
     if model.config.bidirectional:
         return BidirectionalAdapter(model, config, max_len)
     return Seq2SeqAdapter(model, config.use_cache)

@@ -84,7 +84,8 @@ class Translator:
     ) -> Translator:
         """One model directory (``from_dir``), or an ``Ensemble`` of several that were trained with
         the same tokenizers and read the target in the same direction (``ModelDirError`` naming
-        the first that does not)."""
+        the first that does not). Bidirectional members decode their memories with the first
+        member's right-to-left beam (``r2l_beam``) unless the search config gives one."""
         first = cls.from_dir(directories[0], device, max_src_len)
         if len(directories) == 1:
             return first
@@ -99,7 +100,8 @@ class Translator:
                 raise ModelDirError(f"{d}: it writes the target in the other direction than {directories[0]} "
                                     "(reverse_target); ensemble models of one direction")  # fmt: skip
             members.append(other.model)
-        return cls(Ensemble(members), first.src_tokenizer, first.tgt_tokenizer, max_src_len, first.reverse)
+        return cls(Ensemble(members), first.src_tokenizer, first.tgt_tokenizer, max_src_len, first.reverse,
+                   first.r2l_beam)  # fmt: skip
 
     @property
     def device(self) -> torch.device:

@@ -9,13 +9,13 @@ import torch
 from aiayn.cli.main import main
 from aiayn.data.tokenizer import CharTokenizer
 from aiayn.decoding import SearchConfig, Translator
-from aiayn.decoding.bidirectional import adapter_for_translation
+from aiayn.decoding.bidirectional import adapter_for_translation, r2l_inputs
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.io import save_model
 from aiayn.models.quantize import is_quantized, quantize
-from tests.decoding.fixtures import TEXT, char_tokenizer, tiny_lm, tiny_transformer
+from tests.decoding.fixtures import TEXT, char_tokenizer, tiny_lm, tiny_transformer, translation_dir
 from tests.helpers import assert_close
 
 V = 30
@@ -117,7 +117,47 @@ def test_an_ensemble_of_copies_decodes_as_the_model_alone(model_dirs):
         )
 
 
-def test_members_must_share_vocabularies_and_be_plain_translation_models():
+@pytest.mark.parametrize("r2l_beam", [1, 3])
+def test_a_bidirectional_ensemble_reads_each_members_own_right_to_left_translation(r2l_beam):
+    """Each member decodes its own right-to-left translation (as it would alone) and reads those states;
+    the left-to-right step is the mean of the members' probabilities given their own memories,
+    computed here from each member's full forward over [bos] + the prefix."""
+    models = [tiny_transformer(V, seed=s, eos_bias=1.5, bidirectional=True) for s in (1, 2)]
+    ensemble = Ensemble(models)
+    src = torch.randint(3, V, (3, 6))
+    src[2, 3:] = ensemble.config.pad_id
+    config = SearchConfig(beam=1, max_len=9, r2l_beam=r2l_beam)
+    adapter = adapter_for_translation(ensemble, config, 9)
+    hyps = search(adapter, src, config, 9)
+    memories, shown = [], []  # each member's [bos] + right-to-left translation, as it decodes one alone
+    for m in models:
+        alone = adapter_for_translation(m, config, 9)
+        search(alone, src, config, 9)
+        shown.append([h[0].tokens for h in alone.r2l_hypotheses])
+        memories.append(
+            r2l_inputs(alone.r2l_hypotheses, m.config.bos_id, m.config.eos_id, m.config.pad_id, "cpu")
+        )
+    assert [h[0].tokens for h in adapter.r2l_hypotheses] == shown[0]  # the first member's, shown
+    assert not torch.equal(memories[0], memories[1])  # the members' memories differ: each reads its own
+    c = ensemble.config
+    with torch.no_grad():
+        for i, (hyp,) in enumerate(hyps):
+            row, prefix = src[i : i + 1, : int((src[i] != c.pad_id).sum())], [c.bos_id]
+            for _ in range(9):
+                tgt = torch.tensor([prefix])
+                probs = [
+                    m(row, tgt, mem[i : i + 1])[0][0, -1].double().softmax(-1)
+                    for m, mem in zip(models, memories)
+                ]
+                lp = torch.stack(probs).mean(0).log()
+                lp[c.pad_id] = float("-inf")
+                prefix.append(int(lp.argmax()))
+                if prefix[-1] == c.eos_id:
+                    break
+            assert hyp.tokens == prefix[1:]
+
+
+def test_members_must_share_vocabularies_and_kind_and_be_translation_models():
     with pytest.raises(ConfigError, match="at least one"):
         Ensemble([])
     with pytest.raises(ConfigError, match="member 2 has src_vocab_size=31 but member 1 has 30"):
@@ -128,8 +168,10 @@ def test_members_must_share_vocabularies_and_be_plain_translation_models():
     with pytest.raises(ConfigError, match="member 2 has positional='learned'"):
         Ensemble([tiny_transformer(V), tiny_transformer(V, positional="learned")])
     Ensemble([tiny_transformer(V, max_len=128), tiny_transformer(V, max_len=64)])  # sinusoidal tables grow
-    with pytest.raises(ConfigError, match="member 1 is bidirectional"):
-        Ensemble([tiny_transformer(V, bidirectional=True)])
+    with pytest.raises(ConfigError, match="member 2 has bidirectional=True but member 1 has False"):
+        Ensemble([tiny_transformer(V), tiny_transformer(V, bidirectional=True)])
+    with pytest.raises(ConfigError, match="decodes .* does not score given targets"):
+        Ensemble([tiny_transformer(V, bidirectional=True)])(torch.ones(1, 3).long(), torch.ones(1, 2).long())
     with pytest.raises(ConfigError, match="member 2 is a LanguageModel"):
         Ensemble([tiny_transformer(V), tiny_lm(V)])
 
@@ -190,3 +232,21 @@ def test_evaluate_scores_an_ensemble_and_records_its_members(model_dirs, tmp_pat
     capsys.readouterr()
     assert reports[1]["ensemble_with"] == [str(model_dirs["src-tgt"])] and reports[0]["ensemble_with"] == []
     assert {k: reports[1][k] for k in ("bleu", "chrf")} == {k: reports[0][k] for k in ("bleu", "chrf")}
+
+
+def test_a_bidirectional_ensemble_of_copies_translates_as_the_model_alone(tmp_path, capsys):
+    """Two directories with the same bidirectional weights: the ensemble's translations and its shown
+    right-to-left pass (``--show-r2l``) are the model's own, and a plain member is refused."""
+    one = translation_dir(tmp_path / "one", bidirectional=True)
+    two = translation_dir(tmp_path / "two", layout="src-tgt", bidirectional=True)  # the same seed
+    plain = translation_dir(tmp_path / "plain")
+    src = tmp_path / "in.txt"
+    src.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde\n")
+    args = ["translate", "--model", str(one), "--input", str(src), "--beam", "3", "--show-r2l"]
+    assert main(args) == 0
+    alone = capsys.readouterr().out
+    assert alone.count("\t") == 2  # translation TAB its right-to-left pass, on each line
+    assert main([*args, "--ensemble-with", str(two)]) == 0
+    assert capsys.readouterr().out == alone
+    assert main([*args, "--ensemble-with", str(plain)]) == 1
+    assert "member 2 has bidirectional=False but member 1 has True" in capsys.readouterr().err

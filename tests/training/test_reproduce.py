@@ -74,6 +74,7 @@ def test_a_wrong_recipe_or_override_is_one_line(args, message):
         ("reproduce_bidirectional", ["multi30k-de-en", "--r2l", "lrr=1"], "unknown key 'lrr'"),
         ("reproduce_bidirectional", ["no-such-recipe"], "recipes/no-such-recipe.toml does not exist"),
         ("reproduce_bidirectional", ["multi30k-de-en", "--rerank", "--jackknife"], "--rerank reads one"),
+        ("reproduce_bidirectional", ["multi30k-de-en", "--members", "1"], "--members 1: give 2 or more"),
         ("reproduce_imdb", ["IMDB", "sed=2"], "unknown key 'sed'"),
         ("reproduce_sst2", ["SST2", "IMDB", "--dropout", "1.5"], "--dropout 1.5: give a probability"),
     ],
@@ -253,7 +254,7 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
         return 6.0
 
     def train_final(recipe, overrides, minutes, name, processes, extra):
-        seen["final"], seen["extra"] = overrides, extra
+        seen["final"], seen["extra"], seen["processes"] = overrides, extra, processes
         return {"train_wall_minutes": minutes}
 
     monkeypatch.setattr(module, "ROOT", tmp_path)
@@ -277,3 +278,9 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     args = module.parser().parse_args(["multi30k-de-en", "--minutes", "10", "--rerank"])
     module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
     assert seen["extra"] == ["--rerank-with", str(tmp_path / "r2l" / "best")]  # stage 1's model
+    args = module.parser().parse_args(
+        ["multi30k-de-en", "--minutes", "10", "--processes", "2", "--members", "2"]
+    )
+    out = module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
+    assert seen["extra"] == ["--members", "2"] and seen["processes"] == 1  # reproduce.py starts the members
+    assert out["stages"]["members"] == 2
