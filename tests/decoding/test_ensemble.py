@@ -37,6 +37,18 @@ def reference_log_probs(models, src, tgt):
     return probs.mean(0).log()
 
 
+def argmax_loop(log_probs, c, steps: int) -> list[int]:
+    """Greedy decoding by hand: ``log_probs(prefix (1, t)) -> (V,)``, pad never chosen, up to eos."""
+    prefix = [c.bos_id]
+    for _ in range(steps):
+        lp = log_probs(torch.tensor([prefix])).clone()
+        lp[c.pad_id] = float("-inf")
+        prefix.append(int(lp.argmax()))
+        if prefix[-1] == c.eos_id:
+            break
+    return prefix[1:]
+
+
 def test_forward_is_the_log_of_the_mean_probability():
     models = members()
     src, tgt = torch.randint(3, V, (3, 7)), torch.randint(3, V, (3, 5))
@@ -57,14 +69,9 @@ def test_greedy_search_follows_the_reference_argmax_step_by_step():
     hyps = search(adapter_for_translation(ensemble, config, 9), src, config, 9)
     c = ensemble.config
     for row, (hyp,) in zip(src, hyps, strict=True):
-        prefix = [c.bos_id]
-        for _ in range(9):
-            lp = reference_log_probs(models, row[None], torch.tensor([prefix]))[0, -1]
-            lp[c.pad_id] = float("-inf")
-            prefix.append(int(lp.argmax()))
-            if prefix[-1] == c.eos_id:
-                break
-        assert hyp.tokens == prefix[1:]
+        assert hyp.tokens == argmax_loop(
+            lambda prefix, row=row: reference_log_probs(models, row[None], prefix)[0, -1], c, 9
+        )
 
 
 def test_an_ensemble_never_emits_an_id_a_members_tokenizer_lacks():
@@ -142,19 +149,14 @@ def test_a_bidirectional_ensemble_reads_each_members_own_right_to_left_translati
     c = ensemble.config
     with torch.no_grad():
         for i, (hyp,) in enumerate(hyps):
-            row, prefix = src[i : i + 1, : int((src[i] != c.pad_id).sum())], [c.bos_id]
-            for _ in range(9):
-                tgt = torch.tensor([prefix])
-                probs = [
-                    m(row, tgt, mem[i : i + 1])[0][0, -1].double().softmax(-1)
-                    for m, mem in zip(models, memories)
-                ]
-                lp = torch.stack(probs).mean(0).log()
-                lp[c.pad_id] = float("-inf")
-                prefix.append(int(lp.argmax()))
-                if prefix[-1] == c.eos_id:
-                    break
-            assert hyp.tokens == prefix[1:]
+            row = src[i : i + 1, : int((src[i] != c.pad_id).sum())]
+
+            def mean_of_members(prefix, row=row, i=i):  # each member given its own memory
+                probs = [m(row, prefix, mem[i : i + 1])[0][0, -1].double().softmax(-1)
+                         for m, mem in zip(models, memories)]  # fmt: skip
+                return torch.stack(probs).mean(0).log()
+
+            assert hyp.tokens == argmax_loop(mean_of_members, c, 9)
 
 
 def test_members_must_share_vocabularies_and_kind_and_be_translation_models():
