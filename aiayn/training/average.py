@@ -31,6 +31,7 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
     configs = [m["config"] for m in metas]
     if (other := next((p for p, c in zip(paths, configs) if c != configs[0]), None)) is not None:
         raise ModelDirError(f"{other} and {paths[0]} hold different model configs; average one model")
+    check_same_files(paths)  # before any weights load: a few small files
     total: dict[str, torch.Tensor] = {}
     for p in paths:
         try:
@@ -44,7 +45,6 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
                 total[name] = tensor
                 continue
             total[name] = total.get(name, 0) + tensor.double()
-    check_same_files(paths)
     model = load_model(paths[-1])
     model.load_state_dict({k: (v / len(paths)).float() if v.is_floating_point() else v
                            for k, v in total.items()}, strict=False)  # fmt: skip
