@@ -16,9 +16,9 @@ validation loss over the whole split.
 ``--members N`` (translation, no torchrun) trains N models side by side instead of one: one process
 and one thread each, seeds seed … seed+N-1, each under the recipe's budget, in runs/reproduce-NAME/
 member-K; the choice on validation then also weighs their ensembles (the members' best checkpoints,
-or their averages, decoded as one model). ``--rerank-with DIR`` also weighs each single model with
-its beam's n-best re-sorted by DIR's model (``aiayn/decoding/rerank.py``; a bidirectional pipeline's
-own right-to-left model, ``scripts/reproduce_bidirectional.py --rerank``).
+or their averages, decoded as one model). ``--rerank-with DIR`` also weighs each model and
+ensemble with its beam's n-best re-sorted by DIR's model (``aiayn/decoding/rerank.py``; a
+bidirectional pipeline's own right-to-left model, ``scripts/reproduce_bidirectional.py --rerank``).
 Writes results/NAME.json and results/NAME-{loss,lr,bleu}.png. Extra ``key=value`` arguments
 override recipe fields (e.g. ``seed=2``, ``max_minutes=30``), and change NAME accordingly;
 ``--tag TAG`` ends NAME with ``-TAG`` (e.g. the machine), so that a run elsewhere never replaces a result
@@ -146,9 +146,9 @@ def candidates(run_dir: Path, args: argparse.Namespace) -> tuple[dict[str, Trans
     ensembled = last_checkpoints(run_dir, args.ensemble) if args.ensemble > 1 and not members else []
     if len(ensembled) > 1:
         translators["ensemble"] = Translator.from_dirs(ensembled)
-    if args.rerank_with:  # each single model also with its n-best re-sorted by the second model
+    if args.rerank_with:  # each model and ensemble also with its n-best re-sorted by the second model
         scorer = Translator.from_dir(args.rerank_with)
-        for k in [k for k in translators if not k.startswith("ensemble")]:
+        for k in list(translators):
             translators[f"{k} reranked"] = Reranked(translators[k], scorer)
     return translators, averaged, ensembled
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from aiayn.decoding.options import SearchConfig
 from aiayn.models.ensemble import Ensemble
 from aiayn.training.recipe import load_recipe
 from tests.training.conftest import tiny_args
@@ -140,6 +141,12 @@ def test_members_train_side_by_side_and_their_ensembles_are_candidates(tmp_path,
     assert ensembled == []
     ensemble = translators["ensemble of best"].model
     assert isinstance(ensemble, Ensemble) and len(ensemble.members) == 2
+    args.rerank_with = run_dir / "member-1" / "best"  # any model of the same vocabularies re-sorts
+    reranked, _, _ = reproduce.candidates(run_dir, args)
+    assert sorted(reranked) == sorted([*translators, *(f"{k} reranked" for k in translators)])
+    ensemble_reranked = reranked["ensemble of best reranked"]
+    assert isinstance(ensemble_reranked.translator.model, Ensemble)
+    assert len(ensemble_reranked.translate(["ein hund", "zwei"], SearchConfig(beam=2))) == 2  # it decodes
 
 
 def test_evaluate_only_finishes_a_run_whose_evaluation_failed(tmp_path, monkeypatch):
@@ -196,8 +203,6 @@ REFERENCE = "a man in a blue shirt is standing on a ladder and cleaning a window
 
 @pytest.mark.parametrize("better_alpha", [1.0, 0.6])
 def test_the_length_penalty_is_chosen_on_validation_for_the_chosen_pair_only(better_alpha):
-    from aiayn.decoding.options import SearchConfig
-
     reproduce = load_script()
     winner = FakeTranslator({0.6: 10, 1.0: 13} if better_alpha == 1.0 else {0.6: 13, 1.0: 10})
     loser = FakeTranslator({0.6: 6, 1.0: 14})  # better with 1.0, but never asked: it lost at 0.6
