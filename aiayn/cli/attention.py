@@ -7,6 +7,7 @@ import argparse
 import torch
 
 from aiayn.atomic import check_figure_dir
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_model_argument, formatter
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import BidirectionalAdapter
@@ -38,7 +39,7 @@ A map holds at most 256 tokens on an axis (and no more than the model reads).
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "attention",
-        help="plot attention weights as heat-maps (PNG)",
+        help=summary("attention"),
         description="Plot attention weights for one sentence.",
         epilog=EXAMPLES,
         formatter_class=formatter,

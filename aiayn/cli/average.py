@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from aiayn.atomic import check_output
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import warn
 from aiayn.errors import ConfigError
 
@@ -13,7 +14,7 @@ from aiayn.errors import ConfigError
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "average",
-        help="average the last K checkpoints of a run",
+        help=summary("average"),
         epilog="example:\n  aiayn average runs/de-en --last 5 --out runs/de-en/averaged",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

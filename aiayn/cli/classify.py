@@ -6,6 +6,7 @@ import argparse
 import json
 
 from aiayn.atomic import open_output
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import (
     add_io_arguments,
     add_model_argument,
@@ -31,7 +32,7 @@ probable first); with --json one object per line: {"labels": [...], "probabiliti
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "classify",
-        help="label text with a fine-tuned encoder",
+        help=summary("classify"),
         description="Label lines of text (sentiment, topic, …) with a model trained by task=classify.",
         epilog=EXAMPLES,
         formatter_class=formatter,

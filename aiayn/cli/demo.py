@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from aiayn.atomic import check_output, write_text
+from aiayn.cli.commands import summary
 from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError, DataError
@@ -53,7 +54,7 @@ def demo_config(out: Path, minutes: float):
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="train a small Multi30k de→en model for a few minutes, translate, score",
+        help=summary("demo"),
         epilog="example:\n  aiayn demo --minutes 10 --out runs/demo",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

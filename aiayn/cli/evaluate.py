@@ -12,6 +12,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from aiayn.atomic import write_text
 from aiayn.cli.classify import add_long_text_arguments, long_text_of
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_model_argument,
@@ -57,7 +58,7 @@ accuracy, macro-F1 and the confusion matrix.
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "evaluate",
-        help="score a model on a test set: a translation model (BLEU, chrF) or a classifier (accuracy)",
+        help=summary("evaluate"),
         description="Translate a test set and score it (BLEU, chrF), or label a labelled file and score a "
         "classifier (accuracy, macro-F1).",
         epilog=EXAMPLES,

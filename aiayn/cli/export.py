@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from aiayn.atomic import atomic_dir, check_output
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import command_inputs, warn
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.errors import ConfigError, DataError, ModelDirError
@@ -38,7 +39,7 @@ directory is refused.
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a model for Hugging Face transformers or CTranslate2",
+    p = sub.add_parser("export", help=summary("export"),
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", required=True, metavar="DIR", help="model directory (aiayn's or HF's)")
     p.add_argument(

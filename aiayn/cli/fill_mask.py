@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_model_argument, formatter, quantized
 from aiayn.decoding.classifier import MaskFiller
 
@@ -20,7 +21,7 @@ with each. A space before <mask> belongs to the word that fills it.
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "fill-mask",
-        help="predict the words at <mask> with a masked-LM encoder",
+        help=summary("fill-mask"),
         description="Predict the words hidden by <mask> in a sentence (a model trained by task=mlm).",
         epilog=EXAMPLES,
         formatter_class=formatter,

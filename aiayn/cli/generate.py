@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_model_argument, formatter, quantized
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SAMPLING_DEFAULTS, SearchConfig
@@ -22,7 +23,7 @@ Each sample is printed as prompt + continuation; samples are separated by a line
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate",
-        help="sample text from a language model",
+        help=summary("generate"),
         description="Continue a prompt with a language model.",
         epilog=EXAMPLES,
         formatter_class=formatter,

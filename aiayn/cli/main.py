@@ -1,5 +1,9 @@
 """``aiayn``: entry point. Each subcommand module has ``add_parser(subparsers)`` and ``run(args)``.
 
+Only the module of the command a command line names is imported (``aiayn.cli.commands``: each imports
+torch, a second or two), inside ``main``'s ``try`` (Ctrl-C meanwhile is then one line, as it is
+later, not a traceback); ``aiayn --help`` imports none.
+
 Anything the user got wrong (a bad option value, missing or corrupt data, an unusable model directory, an
 output that would destroy something, a device that is not there) is raised as an ``AiaynError``
 (``aiayn.errors``) and reported as one line on stderr with exit status 1, as is an ``OSError`` (a
@@ -18,25 +22,9 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import NoReturn
 
+from aiayn.cli.commands import COMMANDS
 from aiayn.errors import AiaynError
 from aiayn.version import __version__
-
-# The subcommands' modules, imported by ``main`` inside its ``try`` (they import torch, a second or
-# two, during which Ctrl-C is then one line, as it is later, not a traceback).
-COMMANDS = (
-    "train",
-    "translate",
-    "evaluate",
-    "generate",
-    "classify",
-    "fill_mask",
-    "attention",
-    "serve",
-    "average",
-    "plot",
-    "export",
-    "demo",
-)
 
 
 class Parser(argparse.ArgumentParser):
@@ -47,15 +35,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of ``aiayn``, whole for the command that ``argv`` names (its first argument that is
+    not an option: ``aiayn`` has no option that takes a value); each other command is a name and its
+    line of help, enough to list it or to refuse a misspelt one."""
     parser = Parser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need', from scratch.",
     )
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        import_module(f"aiayn.cli.{name}").add_parser(sub)
+    named = next((a for a in argv if not a.startswith("-")), None)
+    for command, (module, help_line) in COMMANDS.items():
+        if command == named:
+            import_module(f"aiayn.cli.{module}").add_parser(sub)
+        else:
+            sub.add_parser(command, help=help_line)
     return parser
 
 
@@ -71,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         if isinstance(getattr(args, "device", None), str):
             from aiayn.device import resolve_device
 

@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 
 from aiayn.atomic import check_figure_dir
+from aiayn.cli.commands import summary
 from aiayn.errors import OutputError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "plot",
-        help="plot a run's training curves",
+        help=summary("plot"),
         epilog="example:\n  aiayn plot runs/de-en            # writes runs/de-en/{loss,lr,bleu}.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

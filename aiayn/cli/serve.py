@@ -12,6 +12,7 @@ import os
 import socket
 from pathlib import Path
 
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_quantize_argument, formatter
 from aiayn.errors import ConfigError
 
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
     from aiayn.serve.settings import SCHEDULINGS, Settings, flag
 
     d = Settings()
-    p = sub.add_parser("serve", help="serve models over HTTP (API + web page)", description=DESCRIPTION,
+    p = sub.add_parser("serve", help=summary("serve"), description=DESCRIPTION,
                        epilog=EXAMPLES, formatter_class=formatter)  # fmt: skip
     p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR[:DIR…]",
                    help="a model directory (repeat for several); NAME: the folder's by default; translation "

@@ -6,6 +6,8 @@ import argparse
 import signal
 from pathlib import Path
 
+from aiayn.cli.commands import summary
+
 EPILOG = """examples:
   aiayn train recipes/multi30k-de-en.toml
   aiayn train recipes/multi30k-de-en.toml out_dir=runs/de-en2 model.d_model=256 max_minutes=10
@@ -22,7 +24,7 @@ Ctrl-C (SIGINT) or SIGTERM stops the run with a checkpoint to --resume from; the
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a model from a recipe",
+        help=summary("train"),
         description="Train a model. A run directory (out_dir) collects checkpoints (step-N/, best), "
         "metrics.jsonl and train_config.json.",
         epilog=EPILOG,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from aiayn.atomic import open_output
+from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import (
     add_ensemble_argument,
     add_io_arguments,
@@ -41,7 +42,7 @@ Output line i is the translation of input line i; a blank input line gives a bla
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "translate",
-        help="translate text with a trained model",
+        help=summary("translate"),
         description="Translate lines of text, as a pipe or on files.",
         epilog=EXAMPLES,
         formatter_class=formatter,
