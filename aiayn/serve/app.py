@@ -6,14 +6,16 @@ checks the routes share are dependencies (``dependencies.py``), the bodies and a
 models (``schemas.py``). Every error is JSON ``{"error": "..."}`` with LibreTranslate's statuses
 (400 a bad request, 403 a missing or wrong API key, 404 an unknown path, 405 a method a path does not
 take, 408 a body that arrived too slowly, 413 a body or an answer over the limit, 429 a full queue,
-with ``Retry-After``, 503 a request that waited past the timeout, 500 a failure of the model) and
-the server keeps serving: the handlers below turn every kind of error FastAPI, Starlette and the
-library raise into that shape, once. ``HEAD`` is answered for every ``GET`` route (``HeadAsGet``).
-One log line per request (method, path, status, milliseconds; never the body).
+with ``Retry-After``, 503 a request that waited past the timeout or that a forced exit cut short,
+500 a failure of the model) and the server keeps serving: the handlers below turn every kind of
+error FastAPI, Starlette and the library raise into that shape, once. ``HEAD`` is answered for
+every ``GET`` route (``HeadAsGet``). One log line per request (method, path, status, milliseconds;
+never the body).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -24,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
+from aiayn.serve.connections import CUT_OFF
 from aiayn.serve.routers import libretranslate, operations, page, v1
 from aiayn.serve.server import HTTPError, Server
 from aiayn.serve.settings import Settings
@@ -79,8 +82,9 @@ def create_app(services: list, settings: Settings | None = None, threads: int = 
 
 
 class Observe:
-    """One log line and the request metrics (count by route and status, latency) per request, and a
-    failure of the application (a bug) logged and answered 500 as JSON.
+    """One log line and the request metrics (count by route and status, latency) per request, a
+    failure of the application (a bug) logged and answered 500 as JSON, and a request that a forced
+    exit (a second Ctrl-C) cut short answered 503 as JSON (not uvicorn's plain-text 500).
 
     A plain ASGI middleware that watches the response's start for its status: Starlette's
     ``BaseHTTPMiddleware`` (``@app.middleware("http")``) runs each request through memory streams and
@@ -112,11 +116,17 @@ class Observe:
                 await JSONResponse({"error": "internal error: the server failed on this request"}, 500)(
                     scope, receive, send_watched
                 )
+        except asyncio.CancelledError:  # a forced exit (a second Ctrl-C) ends every request's task
+            if status is not None:
+                raise  # an answer already begun (a stream): uvicorn closes its connection
+            answer = {"error": "the server is shutting down; retry later"}
+            await JSONResponse(answer, 503, {"Connection": "close"})(scope, receive, send_watched)
         seconds = time.perf_counter() - t0
         route = path if path in ROUTES else "other"
-        self.server.metrics.requests.labels(route, str(status)).inc()
+        outcome = "cut off" if scope.get(CUT_OFF) else str(status)  # its answer aborted midway
+        self.server.metrics.requests.labels(route, outcome).inc()
         self.server.metrics.latency.labels(route).observe(seconds)
-        log.info("%s %s %s %.1f ms", scope["method"], shown, status, 1000 * seconds)
+        log.info("%s %s %s %.1f ms", scope["method"], shown, outcome, 1000 * seconds)
 
     def _refused_host(self, scope) -> JSONResponse | None:
         """400 for a Host header outside ``--allowed-hosts`` (a browser's request after DNS rebinding

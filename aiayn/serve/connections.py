@@ -18,7 +18,8 @@ open). A ``ConnectionGuard`` adds two rules, where sockets are made and where re
   body has not all arrived ``body_timeout`` seconds (and a grace second) after its headers, and
   aborts one whose answer has not drained for ``send_timeout`` seconds (asyncio's write buffer over
   its high-water mark all that time, the kernel's full: a client that reads nothing, or next to
-  nothing, would otherwise hold its connection, and a place under the cap, for as long as it likes).
+  nothing, would otherwise hold its connection, and a place under the cap, for as long as it likes);
+  that request is logged and counted "cut off", not by the status its answer began with.
 
 A request h11 cannot parse is answered 400 as JSON (uvicorn's own answer is plain text). A route
 that reads the body answers a slow one 408 first (``dependencies.read_body``); the
@@ -34,6 +35,8 @@ import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+CUT_OFF = "aiayn.cut_off"  # the scope key that marks a request whose answer the send timeout aborted
 
 
 class ConnectionGuard:
@@ -130,7 +133,7 @@ def _protocol(guard: ConnectionGuard) -> type[H11Protocol]:
         def pause_writing(self) -> None:
             super().pause_writing()
             if self.stalled is None:
-                self.stalled = self.loop.call_later(guard.send_timeout, self.transport.abort)
+                self.stalled = self.loop.call_later(guard.send_timeout, self._cut_off)
 
         def resume_writing(self) -> None:
             super().resume_writing()
@@ -146,6 +149,14 @@ def _protocol(guard: ConnectionGuard) -> type[H11Protocol]:
                 guard.connections.discard(self)
                 guard.closed()
             super().connection_lost(exc)
+
+        def _cut_off(self) -> None:
+            """Abort a connection whose client read none of its answer for ``send_timeout`` seconds,
+            and mark the request being answered (``CUT_OFF`` in its scope), so that its log line and
+            metrics do not count it as answered."""
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.scope[CUT_OFF] = True
+            self.transport.abort()
 
         def _expect(self, state: type[h11.IDLE], seconds: float) -> None:
             """Close the connection unless the client has left ``state`` (IDLE: still sending the

@@ -160,8 +160,9 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_send_timeout(
     that reads nothing: once the kernel's buffers (up to 4 MB here) and asyncio's are full, the
     server's writes stall, and --send-timeout (1 s here) later the connection is aborted, so the
     client gets only some of the answers. Before, it held its connection (and a place under
-    --max-connections) for as long as it liked, and got every answer in the end."""
-    url, _, _ = guarded
+    --max-connections) for as long as it liked, and got every answer in the end. The request whose
+    answer was cut off is logged and counted so, not by the 200 its answer began with."""
+    url, _, log = guarded
     host, port = url.split("//")[1].rstrip("/").split(":")
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
@@ -183,6 +184,9 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_send_timeout(
     answered = data.count(b"HTTP/1.1 200 OK")
     assert 1 <= answered < 12 and len(data) > 1_000_000, (answered, len(data))
     assert _health(url) == 200
+    assert log.read_text().count("POST /v1/translate cut off") == 1
+    metrics = urllib.request.urlopen(url + "metrics", timeout=5).read().decode()
+    assert 'aiayn_requests_total{route="/v1/translate",status="cut off"} 1.0' in metrics
 
 
 def test_room_under_the_cap_comes_from_closing_connections_first_then_idle_ones_never_busy_ones():

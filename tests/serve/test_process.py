@@ -2,6 +2,7 @@
 (libretranslatepy) and by concurrent plain HTTP clients."""
 
 import json
+import signal
 import socket
 import time
 import urllib.error
@@ -16,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
-from tests.serve.conftest import post  # noqa: E402
+from tests.serve.conftest import de_en_meta, post, start_serve  # noqa: E402
 
 
 def test_the_libretranslate_client_translates_as_the_cli(server, served):
@@ -111,3 +112,32 @@ def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     metrics = urllib.request.urlopen(url + "metrics").read().decode()
     assert 'aiayn_requests_total{route="/v1/translate",status="499"} 1.0' in metrics
     assert "POST /v1/translate 499" in log.read_text()
+
+
+def test_a_forced_exit_answers_the_request_it_cuts_short_503_as_json(served, tmp_path):
+    """SIGINT stops taking connections and lets the running search finish; a second one exits at once
+    (status 130): the request it cut short is answered 503 as JSON, as every other error, and logged,
+    not uvicorn's plain-text 500 with a traceback."""
+    de_en_meta(served["de-en"])
+    log = tmp_path / "serve.log"
+    url, proc = start_serve(["--model", str(served["de-en"])], log)
+    answer = {}
+
+    def long_search():  # 1,000 steps of 512 rows: far longer than the test waits
+        body = {"q": ["Ein Mann fährt mit dem Fahrrad."] * 32, "beam": 16, "min_len": 1000, "max_len": 1000}
+        answer["got"] = post(url + "v1/translate", body)
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(long_search)
+        deadline = time.time() + 20
+        while not json.loads(urllib.request.urlopen(url + "health").read())["busy_s"]:
+            assert time.time() < deadline, "the search never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        running.result(timeout=30)
+    assert proc.wait(timeout=30) == 130
+    assert answer["got"] == (503, {"error": "the server is shutting down; retry later"})
+    text = log.read_text()
+    assert "POST /v1/translate 503" in text and "Exception in ASGI application" not in text
