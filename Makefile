@@ -71,18 +71,21 @@ reproduce-shakespeare-char: $(STAMP)
 # the unigram plateau, frozen it learnt fastest (both pipelines measured: docs/results.md, issue 58).
 # --rerank: the right-to-left model also re-sorts the final model's beam where validation says so
 # (it is trained already: free at equal time). MEMORY_DROPOUT=0.2 trains the final stage with
-# r2l_memory_dropout=0.2 (the README's row) and names its results RECIPE-bidirectional-memory-dropout0.2.
-memory_dropout = $(if $(MEMORY_DROPOUT),r2l_memory_dropout=$(MEMORY_DROPOUT) --name $(1)-bidirectional-memory-dropout$(MEMORY_DROPOUT))
+# r2l_memory_dropout=0.2 (the README's row) and names its results RECIPE-bidirectional-memory-dropout0.2;
+# MEMBERS=2 trains it as two bidirectional models side by side, one per core, whose ensemble validation
+# weighs, as the plain en→de target trains its models (names end -members2).
+bidirectional_options = $(if $(MEMORY_DROPOUT),r2l_memory_dropout=$(MEMORY_DROPOUT)) $(if $(MEMBERS),--members $(MEMBERS)) \
+  $(if $(MEMORY_DROPOUT)$(MEMBERS),--name $(1)-bidirectional$(if $(MEMORY_DROPOUT),-memory-dropout$(MEMORY_DROPOUT))$(if $(MEMBERS),-members$(MEMBERS)))
 .PHONY: reproduce-multi30k-de-en-bidirectional reproduce-multi30k-en-de-bidirectional
 reproduce-multi30k-de-en-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-de-en weight_decay=0.1 --processes 2 --rerank \
-	  --r2l-share 0.3 --r2l lr=0.0025 --final r2l_init=true r2l_freeze=true $(call memory_dropout,multi30k-de-en) \
+	  --r2l-share 0.3 --r2l lr=0.0025 --final r2l_init=true r2l_freeze=true $(call bidirectional_options,multi30k-de-en) \
 	  $(tag)
 
 reproduce-multi30k-en-de-bidirectional: $(STAMP)
 	$(PY) scripts/reproduce_bidirectional.py multi30k-en-de lr=0.0035 lowercase=true weight_decay=0.1 \
 	  --processes 2 --rerank --r2l-share 0.3 --r2l lr=0.00175 --final r2l_init=true r2l_freeze=true \
-	  $(call memory_dropout,multi30k-en-de) $(tag)
+	  $(call bidirectional_options,multi30k-en-de) $(tag)
 
 # Issues 16 and 59: SST-2 and IMDb are not bundled (research use only); point SST2 at GLUE's SST-2
 # folder (train.tsv[.gz], dev.tsv) and IMDB at the Large Movie Review Dataset's (unsup.txt.gz,

@@ -195,10 +195,18 @@ def parser() -> argparse.ArgumentParser:
                     help="more overrides for stage 1 only (e.g. lr=0.0025)")  # fmt: skip
     ap.add_argument("--final", nargs="*", default=[], metavar="key=value",
                     help="more overrides for stage 3 only (e.g. r2l_memory_dropout=0.1)")  # fmt: skip
-    ap.add_argument("--name", help="results/NAME.json (default: RECIPE-bidirectional[-jackknife])")
+    ap.add_argument("--name", help="results/NAME.json (default: RECIPE-bidirectional[-jackknife][-membersN])")
     ap.add_argument("--tag", help="ends NAME with -TAG (letters, digits, '.', '_', '-'), e.g. the machine, "
                     "so that this run's files sit beside those already in results/")  # fmt: skip
     return ap
+
+
+def run_name(args: argparse.Namespace) -> str:
+    """results/NAME.json's NAME: ``--name``, or RECIPE-bidirectional[-jackknife][-membersN]; then
+    ``-TAG``."""
+    name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
+    name += f"-members{args.members}" if args.members and not args.name else ""
+    return name + (f"-{args.tag}" if args.tag else "")
 
 
 def main() -> int:
@@ -212,8 +220,7 @@ def main() -> int:
     if args.rerank and args.jackknife:
         parser().error("--rerank reads one right-to-left model of the corpus; --jackknife trains two halves")
     check_names(parser().error, ("--name", args.name), ("--tag", args.tag))
-    name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
-    name += f"-{args.tag}" if args.tag else ""
+    name = run_name(args)
     final = ["model.bidirectional=true", "r2l_memory_from=cache", *args.final]
     # every stage's overrides, checked before the first one trains (and an earlier pipeline's runs go)
     path, r2l_dir = ROOT / "recipes" / f"{args.recipe}.toml", ROOT / "runs" / f"reproduce-{name}-r2l"

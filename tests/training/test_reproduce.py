@@ -289,3 +289,6 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     out = module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
     assert seen["extra"] == ["--members", "2"] and seen["processes"] == 1  # reproduce.py starts the members
     assert out["stages"]["members"] == 2
+    assert module.run_name(args) == "multi30k-de-en-bidirectional-members2"
+    args = module.parser().parse_args(["multi30k-de-en", "--jackknife", "--name", "x", "--tag", "zen5"])
+    assert module.run_name(args) == "x-zen5"
