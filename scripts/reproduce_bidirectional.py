@@ -99,12 +99,15 @@ def train_r2l(recipe: Path, overrides: list[str], minutes: float, out: Path, pro
 MIN_R2L_BLEU = 1.0
 
 
-def check_r2l(dirs: list[Path]) -> None:
+def check_r2l(dirs: list[Path]) -> list[float | None]:
     """Stop the pipeline when a right-to-left model's best validation BLEU is under ``MIN_R2L_BLEU``,
-    naming the run and what to change, instead of translating the corpus with it and training on that."""
+    naming the run and what to change, instead of translating the corpus with it and training on that.
+    Returns each model's best validation BLEU (None without a validation), for the results file."""
+    best = []
     for d in dirs:
         valid = [r for r in read_metrics(d) if r.get("split") == "valid" and "bleu" in r]
         scores = [(r["bleu"], r["step"]) for r in valid]
+        best.append(max(scores)[0] if scores else None)
         if scores and max(scores)[0] < MIN_R2L_BLEU:
             bleu, step = max(scores)
             raise SystemExit(
@@ -112,6 +115,7 @@ def check_r2l(dirs: list[Path]) -> None:
                 f"{step}); its translations would be noise: give it more of the budget (--r2l-share), a "
                 "lower lr, or a longer budget (--minutes)"
             )
+    return best
 
 
 def r2l_overrides(dirs: list[Path]) -> list[str]:
@@ -146,7 +150,7 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     r2l_dir = ROOT / "runs" / f"reproduce-{name}-r2l"
     stage1 = [*overrides, *getattr(args, "r2l", [])]
     dirs, r2l_s = train_r2l(path, stage1, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
-    check_r2l(dirs)
+    r2l_bleu = check_r2l(dirs)
     reads = [*overrides, *final, *r2l_overrides(dirs)]
     cache_s = build_cache(path, reads)
     left = budget - (r2l_s + cache_s) / 60
@@ -164,7 +168,7 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     out["stages"] = {"budget_minutes": budget, "r2l_minutes": round(r2l_s / 60, 2),
                      "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
                      "r2l_share": args.r2l_share, "jackknife": args.jackknife, "members": members,
-                     "r2l_overrides": list(getattr(args, "r2l", [])),
+                     "r2l_overrides": list(getattr(args, "r2l", [])), "r2l_valid_bleu": r2l_bleu,
                      "r2l_models": [str(d.relative_to(ROOT)) for d in dirs]}  # fmt: skip
     out["total_minutes"] = round((r2l_s + cache_s) / 60 + out["train_wall_minutes"], 2)
     write_json(ROOT / "results" / f"{name}.json", out)

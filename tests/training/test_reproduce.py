@@ -236,7 +236,7 @@ def test_the_bidirectional_pipeline_stops_on_a_right_to_left_model_that_did_not_
         rows = [{"step": 250 * (i + 1), "split": "valid", "bleu": b} for i, b in enumerate(bleus)]
         rows.insert(1, {"step": 300, "split": "train", "loss": 5.0})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    module.check_r2l([good])
+    assert module.check_r2l([good]) == [12.1]  # the best, for the results file
     with pytest.raises(
         SystemExit,
         match=r"bad: the right-to-left model did not learn \(best validation BLEU 0.01, at update 750\)",
@@ -268,7 +268,7 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     shutil.copy(SCRIPT.parents[1] / "recipes" / "multi30k-de-en.toml", tmp_path / "recipes")
     for name, fake in (("train_r2l", train_r2l), ("build_cache", build_cache), ("train_final", train_final)):
         monkeypatch.setattr(module, name, fake)
-    monkeypatch.setattr(module, "check_r2l", lambda dirs: None)
+    monkeypatch.setattr(module, "check_r2l", lambda dirs: [30.5])
     args = module.parser().parse_args(
         ["multi30k-de-en", "lr=0.004", "--minutes", "10", "--r2l", "lr=0.0025", "warmup=100"]
     )
@@ -279,6 +279,7 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     assert seen["final"][:2] == ["lr=0.004", "model.bidirectional=true"]
     assert out["stages"]["r2l_overrides"] == ["lr=0.0025", "warmup=100"]
     assert out["stages"]["final_max_minutes"] == 8.9
+    assert out["stages"]["r2l_valid_bleu"] == [30.5]
     assert seen["extra"] == []  # no reranking unless asked
     args = module.parser().parse_args(["multi30k-de-en", "--minutes", "10", "--rerank"])
     module.pipeline(args.recipe, args.overrides, ["model.bidirectional=true"], "bd", args)
