@@ -8,6 +8,7 @@ import json
 from aiayn.atomic import open_output
 from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import (
+    add_ensemble_argument,
     add_io_arguments,
     add_model_argument,
     check_outputs,
@@ -16,13 +17,14 @@ from aiayn.cli.decode_options import (
     read_chunks,
 )
 from aiayn.data.long_text import POLICIES, LongText
-from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS, TextClassifier
+from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS, load_classifier
 from aiayn.errors import ConfigError
 
 EXAMPLES = """examples:
   echo "a gorgeous , witty , seductive movie ." | aiayn classify --model runs/sst2-finetune
   aiayn classify --model runs/sst2-finetune --input reviews.txt --output labels.txt
   aiayn classify --model runs/sst2-finetune --top-k 2 --json < reviews.txt
+  aiayn classify --model runs/sst2-seed1 --ensemble-with runs/sst2-seed2 < reviews.txt   # two as one
 
 Output line i is for input line i: "label<TAB>probability" (with --top-k, k such pairs, most
 probable first); with --json one object per line: {"labels": [...], "probabilities": [...]}.
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
         formatter_class=formatter,
     )
     add_model_argument(p)
+    add_ensemble_argument(p, ENSEMBLE_HELP)
     add_io_arguments(p, "labels")
     p.add_argument("--top-k", type=int, default=1, help="labels per line, most probable first (default: 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -45,6 +48,10 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=tokens)
     add_long_text_arguments(p)
     p.set_defaults(run=run)
+
+
+ENSEMBLE_HELP = ("label with the mean of these classifiers' class probabilities and --model's (e.g. "
+                 "fine-tuned with other seeds; the same labels, any tokenizers)")  # fmt: skip
 
 
 def add_long_text_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,7 +81,8 @@ def long_text_of(args: argparse.Namespace) -> LongText | None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args, "--output")
-    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device, long_text_of(args)))
+    directories = [args.model, *args.ensemble_with]
+    classifier = quantized(args, load_classifier(directories, args.device, long_text_of(args)))
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for _, lines in read_chunks(args):
             results = classifier.predict(lines, args.top_k, args.max_tokens)

@@ -41,12 +41,12 @@ def add_model_argument(p: argparse.ArgumentParser, quantize: bool = True) -> Non
         add_quantize_argument(p)
 
 
-def add_ensemble_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--ensemble-with", metavar="DIR", nargs="+", default=[],
-        help="decode with the mean of these models' next-token probabilities and --model's (e.g. a run's "
-        "last checkpoints, runs/x/step-*; trained with the same tokenizers)",
-    )  # fmt: skip
+ENSEMBLE_HELP = ("decode with the mean of these models' next-token probabilities and --model's (e.g. a "
+                 "run's last checkpoints, runs/x/step-*; trained with the same tokenizers)")  # fmt: skip
+
+
+def add_ensemble_argument(p: argparse.ArgumentParser, help: str = ENSEMBLE_HELP) -> None:
+    p.add_argument("--ensemble-with", metavar="DIR", nargs="+", default=[], help=help)
 
 
 def add_rerank_argument(p: argparse.ArgumentParser) -> None:

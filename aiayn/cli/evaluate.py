@@ -28,7 +28,7 @@ from aiayn.cli.decode_options import (
 from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
 from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS as CLASSIFIER_MAX_TOKENS
-from aiayn.decoding.classifier import TextClassifier
+from aiayn.decoding.classifier import load_classifier
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.rerank import Reranked, check_rerank_search
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
@@ -82,7 +82,11 @@ def add_parser(sub) -> None:
         help="also score lowercased, Moses-tokenised text, as papers on Multi30k do (needs sacremoses)",
     )
     add_long_text_arguments(p)
-    add_ensemble_argument(p)
+    add_ensemble_argument(
+        p,
+        "score the mean of these models' probabilities and --model's: next-token ones for "
+        "translation (the same tokenizers), class ones for a classifier (the same labels)",
+    )
     add_rerank_argument(p)
     add_search_arguments(p, classifier_max_tokens=CLASSIFIER_MAX_TOKENS)
     p.set_defaults(run=run)
@@ -138,8 +142,7 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, 
 
 # the options only one kind of model reads: given for the other, they would be ignored
 TRANSLATION_ONLY = (
-    "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "ensemble_with",
-    "rerank_with", "no_cache",
+    "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "rerank_with", "no_cache",
     *(f.name for f in dataclasses.fields(SearchConfig) if f.name != "use_cache"),
 )  # fmt: skip
 CLASSIFIER_ONLY = ("data", "text_column", "label_column", "long_text", "window_stride")
@@ -227,12 +230,14 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     label_column = args.label_column if args.label_column is not None else meta.get("label_column", "")
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
-    classifier = quantized(args, TextClassifier.from_dir(args.model, args.device, long_text_of(args)))
+    directories = [args.model, *args.ensemble_with]  # several: their mean class probabilities
+    classifier = quantized(args, load_classifier(directories, args.device, long_text_of(args)))
     max_tokens = CLASSIFIER_MAX_TOKENS if args.max_tokens is None else args.max_tokens  # classify's default
     m, predicted = classifier.score(data, max_tokens)  # a label the model does not know: an error
     if args.output:
         write_text(args.output, "".join(classifier.labels[i] + "\n" for i in predicted))
-    print(f"{data.path}: {len(data)} examples, {args.model}")
+    also = f" + {len(args.ensemble_with)} more (an ensemble)" if args.ensemble_with else ""
+    print(f"{data.path}: {len(data)} examples, {args.model}{also}")
     print(f"accuracy {m['accuracy']:6.2f}   macro-F1 {m['macro_f1']:6.2f}")
     width = max(len(y) for y in classifier.labels)
     print("confusion (rows: gold, columns: predicted)")
@@ -240,7 +245,8 @@ def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     for y, row in zip(classifier.labels, m["confusion"], strict=True):
         print(f"{y:>{width}}" + "".join(f" {c:>8}" for c in row))
     if args.json:
-        report = {"data": str(data.path), "model": str(args.model), "examples": len(data),
+        report = {"data": str(data.path), "model": str(args.model),
+                  "ensemble_with": [str(d) for d in args.ensemble_with], "examples": len(data),
                   "labels": classifier.labels, **m}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

@@ -5,6 +5,7 @@ a text longer than training's ``max_len`` read by its ``long_text`` policy, ``da
 head, tail, head and tail, or windows whose logits are averaged), batches the rows by tokens in
 length order, and returns class probabilities in input order. A model saved without a policy (an
 older run, an imported BERT) reads the head of each text, as many pieces as its positions allow.
+``ClassifierEnsemble`` averages the class probabilities of several classifiers (``load_classifier``).
 ``MaskFiller`` predicts the pieces at each ``<mask>`` of a query.
 ``classification_metrics`` gives accuracy, macro-F1 and the confusion matrix of predictions.
 """
@@ -49,7 +50,35 @@ def _max_len(model: nn.Module) -> int:
     return c.max_len if c.positional == "learned" else max(c.max_len, DEFAULT_MAX_LEN)
 
 
-class TextClassifier:
+class Labeller:
+    """What a classifier does with its class probabilities (``probabilities``, by the subclass):
+    score a labelled corpus, or rank each text's labels."""
+
+    labels: list[str]
+
+    def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score(self, data: LabelledCorpus, max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[dict, list[int]]:
+        """``classification_metrics`` of a labelled corpus, and the predicted class ids; a label the
+        model does not know is a ``DataError`` naming its line."""
+        gold = LabelMap(self.labels).ids(data)
+        predicted = self.probabilities(data.texts, max_tokens).argmax(-1).tolist()
+        return classification_metrics(gold, predicted, len(self.labels)), predicted
+
+    def predict(
+        self, texts: Sequence[str], top_k: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS
+    ) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most probable labels of each text, with their probabilities."""
+        if top_k < 1:
+            raise ConfigError(f"top_k={top_k} must be at least 1")
+        probs = self.probabilities(texts, max_tokens)
+        values, index = probs.topk(min(top_k, len(self.labels)), dim=-1)
+        return [[(self.labels[j], float(p)) for p, j in zip(v.tolist(), i.tolist(), strict=True)]
+                for v, i in zip(values, index, strict=True)]  # fmt: skip
+
+
+class TextClassifier(Labeller):
     """A fine-tuned encoder-only model, its tokenizer, its class names and how it reads long texts
     (``long_text``, over ``max_len`` tokens with bos and eos; default: the head, up to the model's
     positions)."""
@@ -114,23 +143,41 @@ class TextClassifier:
             logits[torch.from_numpy(idx)] = self.model.classify(ids).float().cpu()
         return pool_windows(logits, torch.from_numpy(owner), len(encoded)).softmax(-1)
 
-    def score(self, data: LabelledCorpus, max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[dict, list[int]]:
-        """``classification_metrics`` of a labelled corpus, and the predicted class ids; a label the
-        model does not know is a ``DataError`` naming its line."""
-        gold = LabelMap(self.labels).ids(data)
-        predicted = self.probabilities(data.texts, max_tokens).argmax(-1).tolist()
-        return classification_metrics(gold, predicted, len(self.labels)), predicted
 
-    def predict(
-        self, texts: Sequence[str], top_k: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS
-    ) -> list[list[tuple[str, float]]]:
-        """The ``top_k`` most probable labels of each text, with their probabilities."""
-        if top_k < 1:
-            raise ConfigError(f"top_k={top_k} must be at least 1")
-        probs = self.probabilities(texts, max_tokens)
-        values, index = probs.topk(min(top_k, len(self.labels)), dim=-1)
-        return [[(self.labels[j], float(p)) for p, j in zip(v.tolist(), i.tolist(), strict=True)]
-                for v, i in zip(values, index, strict=True)]  # fmt: skip
+class ClassifierEnsemble(Labeller):
+    """M classifiers read as one: p(y | x) = (1/M) Σ_m p_m(y | x), the mean of their class
+    probabilities, as a translation ensemble averages next-token probabilities (``models/ensemble.py``).
+
+    The members must name the same classes in the same order; each reads a text with its own tokenizer
+    and long-text policy, so their vocabularies, sizes and max_len may differ (fine-tuned with other
+    seeds, or from other pre-trained encoders). ``model`` holds every member's network (for
+    ``--quantize`` and ``--gemm``)."""
+
+    def __init__(self, members: Sequence[TextClassifier]):
+        if not members:
+            raise ConfigError("an ensemble needs at least one classifier")
+        self.members, self.labels = list(members), members[0].labels
+        for i, m in enumerate(self.members[1:], start=2):
+            if m.labels != self.labels:
+                raise ConfigError(
+                    f"ensemble member {i} has the labels {m.labels} but member 1 has {self.labels}: members "
+                    "must be fine-tuned on the same classes"
+                )
+        self.model = nn.ModuleList(m.model for m in self.members)
+
+    def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
+        """Shape: N texts -> (N, n_classes), the members' mean, in input order."""
+        return torch.stack([m.probabilities(texts, max_tokens) for m in self.members]).mean(0)
+
+
+def load_classifier(
+    directories: Sequence[str | os.PathLike],
+    device: str | torch.device = "cpu",
+    long_text: LongText | None = None,
+) -> TextClassifier | ClassifierEnsemble:
+    """The classifier in one directory (``TextClassifier.from_dir``), or the ensemble of several."""
+    members = [TextClassifier.from_dir(d, device, long_text) for d in directories]
+    return members[0] if len(members) == 1 else ClassifierEnsemble(members)
 
 
 @dataclass(frozen=True)

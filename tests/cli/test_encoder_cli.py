@@ -22,10 +22,10 @@ TEXTS = ["a gorgeous , witty , seductive movie .", "one long string of cliches .
 SIZES = dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.0)
 
 
-def encoder_dir(path: Path, tok, n_classes: int) -> Path:
-    torch.manual_seed(0)
+def encoder_dir(path: Path, tok, n_classes: int, seed: int = 0, labels=("negative", "positive")) -> Path:
+    torch.manual_seed(seed)
     model = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=n_classes, **SIZES))
-    extra = {"labels": ["negative", "positive"]} if n_classes else {}
+    extra = {"labels": list(labels)} if n_classes else {}
     save_model(model, path, **extra)
     tok.save(path)
     return path
@@ -35,8 +35,11 @@ def encoder_dir(path: Path, tok, n_classes: int) -> Path:
 def originals(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("encoders")
     tok = SentencePieceTokenizer.train(TEXTS, 300, mask=True)
+    other = SentencePieceTokenizer.train(TEXTS, 320, mask=True)  # an ensemble's members may differ in it
     return {"classifier": encoder_dir(root / "classifier", tok, 2), "mlm": encoder_dir(root / "mlm", tok, 0),
-            "translation": translation_dir(root / "translation")}  # fmt: skip
+            "translation": translation_dir(root / "translation"),
+            "classifier2": encoder_dir(root / "classifier2", other, 2, seed=1),
+            "other-labels": encoder_dir(root / "other-labels", tok, 2, labels=("bad", "good"))}  # fmt: skip
 
 
 @pytest.fixture
@@ -64,6 +67,30 @@ def test_classify_lines_with_probabilities(ws, capsys):
     assert main(["classify", "--model", "classifier", "--json", "--input", "in.txt"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(len(r["labels"]) == 1 for r in rows)
+
+
+def test_an_ensemble_of_classifiers_labels_with_the_mean_of_their_probabilities(ws, capsys):
+    """``--ensemble-with``: each member reads the texts with its own tokenizer (two vocabularies
+    here); the ensemble's probabilities are the mean of what each prints alone."""
+
+    def probabilities(*models: str) -> list[dict[str, float]]:
+        argv = ["classify", "--model", models[0], "--top-k", "2", "--json", "--input", "in.txt"]
+        assert main(argv + (["--ensemble-with", *models[1:]] if models[1:] else [])) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        return [dict(zip(r["labels"], r["probabilities"], strict=True)) for r in rows]
+
+    one, two, both = (
+        probabilities("classifier"),
+        probabilities("classifier2"),
+        probabilities("classifier", "classifier2"),
+    )
+    assert one != two  # two different models
+    for a, b, mean in zip(one, two, both, strict=True):
+        assert mean == pytest.approx({y: (a[y] + b[y]) / 2 for y in a}, abs=2e-6)
+    argv = ["evaluate", "--model", "classifier", "--ensemble-with", "classifier2", "--data", "dev.tsv"]
+    assert main([*argv, "--json", "dev.json"]) == 0
+    assert "dev.tsv: 2 examples, classifier + 1 more (an ensemble)" in capsys.readouterr().out
+    assert json.loads((ws / "dev.json").read_text())["ensemble_with"] == ["classifier2"]
 
 
 def test_evaluate_a_classifier_prints_accuracy_f1_and_confusion(ws, capsys):
@@ -108,8 +135,10 @@ CASES = [
     # the other kind's options would be ignored: refused by name
     (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--beam", "5", "--tokenized-bleu"],
      "--tokenized-bleu, --beam: not read for a classifier"),
-    (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--ensemble-with", "classifier"],
-     "--ensemble-with: not read for a classifier"),
+    (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--ensemble-with", "other-labels"],
+     "ensemble member 2 has the labels ['bad', 'good'] but member 1 has ['negative', 'positive']"),
+    (["classify", "--model", "classifier", "--ensemble-with", "mlm", "--input", "in.txt"],
+     "has no classification head"),
     (["evaluate", "--model", "translation", "--long-text", "windows"], "--long-text: not read for a transl"),
     (["train", "task=classify", "dataset=one.tsv", "out_dir=run", "progress=false"],
      "one.tsv: every example has the label 'positive'"),
