@@ -213,6 +213,12 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
 COSMETIC = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
 
 
+def check_members(error, members: int) -> None:
+    """``--members``: 0 (one model) or 2 and more (``error``: argparse's, which exits)."""
+    if members == 1 or members < 0:
+        error(f"--members {members}: give 2 or more models to train side by side (0: one model)")
+
+
 def check_names(error, *flags: tuple[str, str | None]) -> None:
     """Each given ``(flag, value)`` names files: letters, digits, '.', '_' and '-' only (``error``:
     argparse's, which exits)."""
@@ -261,8 +267,7 @@ def main() -> int:
     check_names(ap.error, ("--tag", args.tag), ("--name", args.name))
     if any(o.startswith("out_dir=") for o in args.overrides):
         ap.error("reproduce.py names its run directory itself (runs/reproduce-NAME); drop out_dir=")
-    if args.members == 1 or args.members < 0:
-        ap.error(f"--members {args.members}: give 2 or more models to train side by side (0: one model)")
+    check_members(ap.error, args.members)
     if args.average < 1 or args.beam < 1 or args.mbr_beam == 1 or args.mbr_beam < 0:
         ap.error(f"--average {args.average}, --beam {args.beam}, --mbr-beam {args.mbr_beam}: give --average "
                  "and --beam ≥ 1 and --mbr-beam 0 (none) or ≥ 2, before any training")  # fmt: skip

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from reproduce import check_names  # noqa: E402
+from reproduce import check_members, check_names  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -107,9 +107,9 @@ def check_r2l(dirs: list[Path]) -> list[float | None]:
     for d in dirs:
         valid = [r for r in read_metrics(d) if r.get("split") == "valid" and "bleu" in r]
         scores = [(r["bleu"], r["step"]) for r in valid]
-        best.append(max(scores)[0] if scores else None)
-        if scores and max(scores)[0] < MIN_R2L_BLEU:
-            bleu, step = max(scores)
+        bleu, step = max(scores) if scores else (None, None)
+        best.append(bleu)
+        if bleu is not None and bleu < MIN_R2L_BLEU:
             raise SystemExit(
                 f"{d}: the right-to-left model did not learn (best validation BLEU {bleu:g}, at update "
                 f"{step}); its translations would be noise: give it more of the budget (--r2l-share), a "
@@ -208,8 +208,9 @@ def parser() -> argparse.ArgumentParser:
 def run_name(args: argparse.Namespace) -> str:
     """results/NAME.json's NAME: ``--name``, or RECIPE-bidirectional[-jackknife][-membersN]; then
     ``-TAG``."""
-    name = args.name or f"{args.recipe}-bidirectional" + ("-jackknife" if args.jackknife else "")
-    name += f"-members{args.members}" if args.members and not args.name else ""
+    jackknife = "-jackknife" if args.jackknife else ""
+    members = f"-members{args.members}" if args.members else ""
+    name = args.name or f"{args.recipe}-bidirectional{jackknife}{members}"
     return name + (f"-{args.tag}" if args.tag else "")
 
 
@@ -219,8 +220,7 @@ def main() -> int:
         parser().error(f"--r2l-share {args.r2l_share}: give a share of the budget in (0, 1)")
     if not (args.minutes >= 0 and args.processes >= 1):
         parser().error("--minutes must be ≥ 0 (0: the recipe's) and --processes ≥ 1")
-    if args.members == 1 or args.members < 0:
-        parser().error(f"--members {args.members}: give 2 or more models to train side by side (0: one)")
+    check_members(parser().error, args.members)
     if args.rerank and args.jackknife:
         parser().error("--rerank reads one right-to-left model of the corpus; --jackknife trains two halves")
     check_names(parser().error, ("--name", args.name), ("--tag", args.tag))
