@@ -18,6 +18,7 @@ tensor that cannot be trained, moved or saved.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -59,6 +60,18 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def packs_dtype(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can pack weights of ``dtype`` on this CPU: its bfloat16 inner product needs
+    AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, and on an AVX2-only CPU the reorder refuses. Asked of
+    oneDNN itself, with a one-row weight, rather than read from the CPU's flags."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(1, 16, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
+
+
 def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
     """Pack ``model``'s Linear layers in place for oneDNN (``gemm="onednn"``, or ``"auto"``: only the
     shapes where a timing finds oneDNN faster) and return it in eval mode; ``"blas"`` does nothing."""
@@ -80,10 +93,17 @@ def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
             return model
         raise ConfigError("--gemm onednn: this PyTorch build has no oneDNN (mkldnn); use --gemm blas")
     bound_onednn_caches()
+    dtype = next(model.parameters()).dtype
+    if not packs_dtype(dtype):
+        if gemm == "auto":
+            return model  # the BLAS is the only kernel this CPU has for this dtype
+        raise ConfigError(
+            f"--gemm onednn: this CPU has no oneDNN kernels for {dtype} weights (they need AVX-512 or "
+            "AVX-NE-CONVERT); use --gemm blas or auto"
+        )
     split_sliced_weights(model, self_attention=False)
     linears = children_of_type(model, nn.Linear)
     shapes = {_shape(child) for _, _, child in linears}
-    dtype = next(model.parameters()).dtype
     packed = shapes if gemm == "onednn" else faster_kernels(shapes, dtype=dtype)
     with torch.no_grad():
         for parent, name, child in linears:

@@ -12,6 +12,7 @@ from aiayn import BidirectionalTransformer, Transformer, TransformerConfig  # no
 from aiayn.data import CharTokenizer, SentencePieceTokenizer, data_dir  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.device import cpu_flags  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop.ctranslate2 import export_ctranslate2  # noqa: E402
 
@@ -71,7 +72,7 @@ def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
 
 def test_int8_exports_and_translates(data, tmp_path):
     """The int8 export holds 8-bit weights and scores a translation as the float32 export does,
-    within int8's rounding."""
+    within int8's rounding (with VNNI; looser where CTranslate2's int8 kernel saturates, below)."""
     tok, sentences = data
     sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
     torch.manual_seed(0)
@@ -85,8 +86,14 @@ def test_int8_exports_and_translates(data, tmp_path):
         ctranslate2.Translator(str(d), compute_type=t) for d, t in ((out, "int8"), (full, "float32"))
     )
     a, b = (t.score_batch(pieces, targets) for t in (int8, fp32))
-    for x, y in zip(a, b, strict=True):
-        assert len(x.log_probs) == len(y.log_probs) and x.log_probs == pytest.approx(y.log_probs, abs=0.05)
+    assert [len(x.log_probs) for x in a] == [len(y.log_probs) for y in b]
+    x, y = (torch.tensor([v for r in results for v in r.log_probs]) for results in (a, b))
+    if cpu_flags() & {"avx512_vnni", "avx_vnni"}:
+        assert x.tolist() == pytest.approx(y.tolist(), abs=0.05)
+    else:  # its AVX2 int8 product saturates pairs of 8-bit products at 16 bits: scores move by up to a
+        # nat on a random model, but still follow float32's token by token (a wrong export would not)
+        # (an AVX2-only AMD EPYC: mean 0.20, correlation 0.97)
+        assert (x - y).abs().mean() < 0.4 and torch.corrcoef(torch.stack([x, y]))[0, 1] > 0.9
     assert isinstance(int8.translate_batch(pieces[:1])[0].hypotheses[0], list)
 
 

@@ -13,7 +13,7 @@ from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.models import prepack as prepack_module
 from aiayn.models import quantize as quantize_module
-from aiayn.models.prepack import PackedLinear, available, is_packed, prepack
+from aiayn.models.prepack import PackedLinear, available, is_packed, packs_dtype, prepack
 from aiayn.models.quantize import quantize
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_transformer
@@ -58,6 +58,16 @@ def test_a_bf16_model_packs_its_bfloat16_weights_and_changes_no_output(gemm, mon
     monkeypatch.setattr(prepack_module, "_best_time", timer)
     model, inputs = _models()["transformer"]
     bf16 = quantize(copy.deepcopy(model), "bf16")
+    if not packs_dtype(torch.bfloat16):  # an AVX2-only CPU: oneDNN has no bfloat16 inner product
+        if gemm == "onednn":
+            with pytest.raises(ConfigError, match="no oneDNN kernels for torch.bfloat16"):
+                prepack(copy.deepcopy(bf16), gemm)
+            return
+        kept = prepack(copy.deepcopy(bf16), gemm)
+        assert not is_packed(kept) and not timed
+        with torch.no_grad():
+            assert torch.equal(kept(*inputs), bf16(*inputs))
+        return
     packed = prepack(copy.deepcopy(bf16), gemm)
     assert {p.dtype for p in packed.parameters()} == {torch.bfloat16}
     assert set(timed) == ({torch.bfloat16} if gemm == "auto" else set())  # auto times bfloat16 kernels
@@ -67,6 +77,17 @@ def test_a_bf16_model_packs_its_bfloat16_weights_and_changes_no_output(gemm, mon
     assert ours.dtype == torch.bfloat16
     # the same bfloat16 products summed in another order: well within bfloat16's precision of float32
     assert_close(f"packed bf16 ({gemm})", ours.float(), ref.float(), atol=0.1)
+
+
+def test_a_dtype_onednn_cannot_pack_here_keeps_the_blas_or_is_refused(monkeypatch):
+    """Where oneDNN has no kernel for the weights' dtype (bfloat16 on an AVX2-only CPU), ``auto``
+    keeps every Linear as it is and ``onednn`` says why in one line, instead of oneDNN's error."""
+    assert packs_dtype(torch.float32)  # float32 packs on every CPU oneDNN runs on
+    monkeypatch.setattr(prepack_module, "packs_dtype", lambda dtype: False)
+    model, _ = _models()["transformer"]
+    assert not is_packed(prepack(copy.deepcopy(model), "auto"))
+    with pytest.raises(ConfigError, match="use --gemm blas or auto"):
+        prepack(copy.deepcopy(model), "onednn")
 
 
 def test_a_packed_translator_searches_as_the_plain_one():
