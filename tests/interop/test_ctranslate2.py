@@ -92,7 +92,6 @@ def test_int8_exports_and_translates(data, tmp_path):
         assert x.tolist() == pytest.approx(y.tolist(), abs=0.05)
     else:  # its AVX2 int8 product saturates pairs of 8-bit products at 16 bits: scores move by up to a
         # nat on a random model, but still follow float32's token by token (a wrong export would not)
-        # (an AVX2-only AMD EPYC: mean 0.20, correlation 0.97)
         assert (x - y).abs().mean() < 0.4 and torch.corrcoef(torch.stack([x, y]))[0, 1] > 0.9
     assert isinstance(int8.translate_batch(pieces[:1])[0].hypotheses[0], list)
 
