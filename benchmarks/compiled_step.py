@@ -38,6 +38,11 @@ from aiayn.decoding.adapters import Seq2SeqAdapter  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 
 
+def extended(adapter: Seq2SeqAdapter, prefix: torch.Tensor) -> torch.Tensor:
+    """``prefix`` with every row's most probable next token appended (one decoding step)."""
+    return torch.cat([prefix, adapter.step(prefix).argmax(-1, keepdim=True)], 1)
+
+
 def run(model, sentences: int, compiled, steps: int, seed: int = 0) -> dict:
     """Greedy-extend 4 rows per random source sentence; time the first 10 steps and the next ``steps``."""
     g = torch.Generator().manual_seed(seed)
@@ -49,11 +54,11 @@ def run(model, sentences: int, compiled, steps: int, seed: int = 0) -> dict:
         prefix = adapter.start(src, 4)
         t0 = time.perf_counter()
         for _ in range(10):
-            prefix = torch.cat([prefix, adapter.step(prefix).argmax(-1, keepdim=True)], 1)
+            prefix = extended(adapter, prefix)
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(steps):
-            prefix = torch.cat([prefix, adapter.step(prefix).argmax(-1, keepdim=True)], 1)
+            prefix = extended(adapter, prefix)
         per_step = (time.perf_counter() - t0) / steps
     return {"rows": 4 * sentences, "compiled": compiled is not None, "first_10_steps_s": round(first, 2),
             "ms_per_step": round(1000 * per_step, 2)}  # fmt: skip
@@ -75,7 +80,7 @@ def run_fixed(model, mode: str, steps: int, seed: int = 0) -> dict:
         adapter = Seq2SeqAdapter(model)
         prefix = adapter.start(src, 4)
         for _ in range(10):
-            prefix = torch.cat([prefix, adapter.step(prefix).argmax(-1, keepdim=True)], 1)
+            prefix = extended(adapter, prefix)
         caches = [slots["self"] for slots in adapter.cache.layers]
         length = len(caches[0])
 
@@ -119,10 +124,7 @@ def main() -> None:
             out = subprocess.run([*base, mode], check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
-        if args.json:
-            write_result(args.json, {"machine": machine(), "model": args.model, "threads": args.threads,
-                                   "torch": torch.__version__, "fixed_shapes": rows,
-                                   "command": " ".join(sys.argv)})  # fmt: skip
+        write(args, fixed_shapes=rows)
         return
     model = Translator.from_dir(args.model).model.eval()
     if args.mode is not None:
@@ -136,10 +138,15 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     counters = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if k in ("stats", "recompiles")}
     print(json.dumps(counters))
+    write(args, runs=rows, dynamo=counters)
+
+
+def write(args: argparse.Namespace, **results) -> None:
+    """``results`` with the machine and the command at ``--json``, when given."""
     if args.json:
         write_result(args.json, {"machine": machine(), "model": args.model, "threads": args.threads,
-                               "torch": torch.__version__, "runs": rows, "dynamo": counters,
-                               "command": " ".join(sys.argv)})  # fmt: skip
+                                 "torch": torch.__version__, **results,
+                                 "command": " ".join(sys.argv)})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ shapes of ``make demo``'s model (d_model 128, d_ff 256, 8,000 pieces) and of OPU
 the same vocabulary):
 
 - ``blas``: ``F.linear`` (PyTorch's BLAS: MKL in the PyPI wheel), what ``--gemm blas`` runs;
-- ``onednn``: oneDNN's inner product on a weight reordered once (``aiayn.models.prepack``,
+- ``onednn``: oneDNN's inner product on a weight reordered once (``aiayn.models.prepack.PackedLinear``,
   ``--gemm onednn``);
 - ``blas-wx``: the same product as (W xᵀ)ᵀ, which walks the weight row by row.
 
@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from provenance import run_main, write_result  # noqa: E402
+from torch import nn  # noqa: E402
 
 from aiayn.cli.demo import machine  # noqa: E402
+from aiayn.models.prepack import PackedLinear  # noqa: E402
 
 # (name, out_features, in_features): a decoder layer's products and the output projection
 SHAPES = {
@@ -62,10 +64,14 @@ def timed(fn, repeats: int, flush: torch.Tensor | None) -> float:
 
 
 def kernels(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> dict:
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, x.size(0))
+    linear = nn.Linear(w.size(1), w.size(0), bias=b is not None)
+    linear.weight.data.copy_(w)
+    if b is not None:
+        linear.bias.data.copy_(b)
+    packed = PackedLinear(linear, rows=x.size(0))
     return {
         "blas": lambda: F.linear(x, w, b),
-        "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""),
+        "onednn": lambda: packed(x),
         "blas-wx": lambda: torch.addmm(b[:, None], w, x.t()).t() if b is not None else (w @ x.t()).t(),
     }
 
