@@ -15,8 +15,14 @@ and sends Multi30k test sources, one sentence per request (``/v1/translate``, be
 Then the upper bound: the same sentences translated as one file, as ``aiayn translate`` does (model
 loading not counted). Bounded in requests and time; loopback only.
 
+With ``--rounds N`` the whole list of modes runs N times, in reverse order every other round, so that
+a VM whose speed drifts during the run moves every mode alike; ``goal`` then holds issue 60's two ratios
+for each round, each against the same round's one-request-at-a-time server with one client: sentences/s
+(goal ≥ 6 with 16 clients) and p99 latency (goal ≤ 1.5), and their medians.
+
     python benchmarks/serve_load.py --model runs/demo              # closed loop: 1, 4, 16, 64 clients
     python benchmarks/serve_load.py --model runs/demo --clients 1 16 --rates 5 10 20 40 --plot load.png
+    python benchmarks/serve_load.py --model runs/demo --clients 1 16 --modes one step --rounds 3
 """
 
 from __future__ import annotations
@@ -142,6 +148,26 @@ def open_loop(url: str, texts: list[str], rate: float, beam: int, seed: int = 0)
     return {"offered_per_s": rate, **summary(results, time.perf_counter() - t0)}
 
 
+def against_one(rows: list[dict]) -> dict:
+    """Issue 60's ratios, round by round: each closed-loop row with more than one client (a mode
+    other than ``one``) against the same round's ``one`` row with one client — its sentences/s
+    (``NAME_throughput_vs_one``: goal ≥ 6 at 16 clients) and its p99 (``NAME_p99_vs_one_client``:
+    goal ≤ 1.5) — with the median of the rounds. Empty without a ``one`` row at one client."""
+    closed = [r for r in rows if "clients" in r]
+    base = {r["round"]: r for r in closed if r["mode"] == "one" and r["clients"] == 1}
+    ratios: dict[str, list[float]] = {}
+    for r in closed:
+        b = base.get(r["round"])
+        if b is None or r["mode"] == "one" or r["clients"] == 1 or not b["sentences_per_s"]:
+            continue
+        name = f"{r['mode']}_{r['clients']}_clients"
+        speedup = r["sentences_per_s"] / b["sentences_per_s"]
+        ratios.setdefault(f"{name}_throughput_vs_one", []).append(round(speedup, 2))
+        if r["p99_ms"] is not None and b["p99_ms"]:
+            ratios.setdefault(f"{name}_p99_vs_one_client", []).append(round(r["p99_ms"] / b["p99_ms"], 2))
+    return {k: {"rounds": v, "median": round(statistics.median(v), 2)} for k, v in ratios.items()}
+
+
 def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
 
@@ -150,14 +176,17 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for mode in MODES:
-        mine = sorted(
-            (r for r in rows if r["mode"] == mode and "offered_per_s" in r), key=lambda r: r["offered_per_s"]
-        )
-        if not mine:
+        by_rate: dict[float, list[dict]] = {}  # with --rounds: the median of the rounds at each rate
+        for r in rows:
+            if r["mode"] == mode and "offered_per_s" in r:
+                by_rate.setdefault(r["offered_per_s"], []).append(r)
+        if not by_rate:
             continue
-        x = [r["offered_per_s"] for r in mine]
-        line = ax.plot(x, [r["p50_ms"] for r in mine], "o-", label=f"{mode}: p50")[0]
-        ax.plot(x, [r["p99_ms"] for r in mine], "s--", color=line.get_color(), label=f"{mode}: p99")
+        x = sorted(by_rate)
+        p50, p99 = ([statistics.median(r[key] for r in by_rate[rate]) for rate in x]
+                    for key in ("p50_ms", "p99_ms"))  # fmt: skip
+        line = ax.plot(x, p50, "o-", label=f"{mode}: p50")[0]
+        ax.plot(x, p99, "s--", color=line.get_color(), label=f"{mode}: p99")
     ax.set(
         xlabel="offered load (sentences/s, Poisson arrivals)",
         ylabel="latency (ms)",
@@ -192,30 +221,35 @@ def main() -> int:
     ap.add_argument(
         "--rates", type=float, nargs="*", default=[], help="open-loop arrival rates (sentences/s)"
     )
+    ap.add_argument("--rounds", type=int, default=1, help="runs of the whole list of modes, alternating "
+                    "their order, so that a drifting VM moves every mode alike (see above)")  # fmt: skip
     ap.add_argument("--plot", help="with --rates: p50/p99 latency against offered load, as a PNG")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.requests < 2:
         ap.error("--requests must be at least 2 (percentiles need two latencies)")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     texts = [src for src, _ in load_parallel("multi30k", "test", "de", "en")][: args.requests]
     rows = []
     window = Settings().batch_window_ms if args.window_ms is None else args.window_ms
-    for mode in args.modes:
-        proc, url = start(args.model, mode, args.threads, window, args.workers, args.quantize)
-        mine = []
-        try:
-            one(url, texts[0], args.beam)  # warm-up
-            for n in args.clients:
-                mine.append({"mode": mode, "clients": n, **load(url, texts, n, args.beam)})
-                print(json.dumps(mine[-1]), flush=True)
-            for rate in args.rates:
-                mine.append({"mode": mode, **open_loop(url, texts, rate, args.beam)})
-                print(json.dumps(mine[-1]), flush=True)
-            peak = rss_mb(proc.pid)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        rows += [{**row, "server_peak_rss_mb": round(peak, 1)} for row in mine]
+    for round_ in range(1, args.rounds + 1):
+        for mode in args.modes if round_ % 2 else args.modes[::-1]:
+            proc, url = start(args.model, mode, args.threads, window, args.workers, args.quantize)
+            mine = []
+            try:
+                one(url, texts[0], args.beam)  # warm-up
+                for n in args.clients:
+                    mine.append({"mode": mode, "clients": n, **load(url, texts, n, args.beam)})
+                    print(json.dumps({**mine[-1], "round": round_}), flush=True)
+                for rate in args.rates:
+                    mine.append({"mode": mode, **open_loop(url, texts, rate, args.beam)})
+                    print(json.dumps({**mine[-1], "round": round_}), flush=True)
+                peak = rss_mb(proc.pid)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+            rows += [{**row, "server_peak_rss_mb": round(peak, 1), "round": round_} for row in mine]
     # the bound: what `aiayn translate` does with the same sentences as one file (model loaded first,
     # as in the server: start-up is not counted)
     torch.set_num_threads(args.threads)
@@ -229,6 +263,9 @@ def main() -> int:
            "quantize": args.quantize, "command": "python " + " ".join(sys.argv), "rows": rows,
            "cli_one_file_sentences_per_s": round(bound, 2)}  # fmt: skip
     print(json.dumps({"cli_one_file_sentences_per_s": out["cli_one_file_sentences_per_s"]}))
+    out["goal"] = against_one(rows)
+    for name, ratios in out["goal"].items():
+        print(f"{name}: median {ratios['median']}  (each round: {', '.join(map(str, ratios['rounds']))})")
     if args.plot and args.rates:
         plot(rows, args.plot, f"aiayn serve, beam {args.beam}\n{out['machine']}")
     if args.json:

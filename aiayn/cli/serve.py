@@ -22,6 +22,7 @@ EXAMPLES = """examples:
   aiayn serve --model de-en=runs/de-en --model en-de=runs/en-de --model lm=runs/shakespeare
   aiayn serve --model runs/de-en --host 0.0.0.0 --port 8080 --api-keys keys.txt
   aiayn serve --model de-en=runs/de-en:runs/de-en-seed2         # two models served as one ensemble
+  aiayn serve --model sst2=runs/sst2-seed1:runs/sst2-seed2       # two classifiers as one ensemble
 
   curl -s 127.0.0.1:5000/translate -H 'Content-Type: application/json' \\
        -d '{"q": "Ein Mann fährt Fahrrad.", "source": "de", "target": "en"}'
@@ -42,7 +43,7 @@ def add_parser(sub) -> None:
                        epilog=EXAMPLES, formatter_class=formatter)  # fmt: skip
     p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR[:DIR…]",
                    help="a model directory (repeat for several); NAME: the folder's by default; translation "
-                   f"directories joined by {os.pathsep!r} are decoded as one ensemble")  # fmt: skip
+                   f"(or classifier) directories joined by {os.pathsep!r} are one ensemble")  # fmt: skip
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
     )

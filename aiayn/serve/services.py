@@ -9,7 +9,9 @@ bidirectional model's right-to-left ones: per layer and head) for the page, up t
 per answer (``OverLimit``, 413, past it) — for a single model; an ensemble (several directories
 served as one) translates without them.
 ``LMService.stream`` samples one token at a time and hands each to a callback (server-sent events).
-``EncoderService`` classifies texts and fills masks.
+``EncoderService`` classifies texts and fills masks; several classifier directories are served as one
+ensemble (the mean of their class probabilities, as ``aiayn classify --ensemble-with`` reads them),
+which classifies only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 
 from aiayn.decoding.cancel import check_stop
-from aiayn.decoding.classifier import MaskFiller, TextClassifier, objective
+from aiayn.decoding.classifier import ClassifierEnsemble, MaskFiller, TextClassifier, objective
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import draw, seeded
@@ -228,11 +230,25 @@ class LMService:
 
 
 class EncoderService:
+    """One encoder-only model, or several classifiers (``directories``) read as one ensemble: the
+    mean of their class probabilities (``ClassifierEnsemble``), which fills no masks."""
+
     kind = "encoder"
 
-    def __init__(self, name: str, directory: str | os.PathLike, device: str | torch.device = "cpu"):
-        self.name, self.directory = name, Path(directory)
-        model, tok, meta = load_encoder_dir(directory, device)
+    def __init__(
+        self,
+        name: str,
+        directories: str | os.PathLike | Sequence[str | os.PathLike],
+        device: str | torch.device = "cpu",
+    ):
+        one = isinstance(directories, (str, os.PathLike))
+        self.name, self.directories = name, [Path(d) for d in ([directories] if one else directories)]
+        if len(self.directories) > 1:
+            self.classifier = ClassifierEnsemble([self._member(d, device) for d in self.directories])
+            self.filler = None
+            self.model = self.classifier.model  # every member's network, for --quantize and --gemm
+            return
+        model, tok, meta = load_encoder_dir(self.directories[0], device)
         self.model = model
         self.classifier = TextClassifier.from_loaded(model, tok, meta) if model.config.n_classes else None
         # a masked LM only (an imported BERT records no objective): rtd and clm runs have <mask> in
@@ -240,6 +256,14 @@ class EncoderService:
         masked_lm = objective(model, meta) == "mlm"
         trained = meta.get("trained_max_len")
         self.filler = MaskFiller(model, tok, trained) if tok.mask_id is not None and masked_lm else None
+
+    def _member(self, directory: Path, device: str | torch.device) -> TextClassifier:
+        """The classifier in ``directory``, an ensemble's member (which must have a classification head)."""
+        model, tok, meta = load_encoder_dir(directory, device)
+        if not model.config.n_classes:
+            raise ConfigError(f"model {self.name!r}: {directory} has no classification head; only "
+                              "classifiers are served as an ensemble of encoders")  # fmt: skip
+        return TextClassifier.from_loaded(model, tok, meta)
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:
         if self.classifier is None:
@@ -261,6 +285,7 @@ class EncoderService:
 
 
 SERVICES = {"transformer": TranslationService, "lm": LMService, "encoder": EncoderService}
+ENSEMBLES = ("transformer", "encoder")  # the kinds whose several directories are served as one model
 
 
 def load_service(
@@ -271,18 +296,18 @@ def load_service(
     gemm: str = "blas",
 ):
     """The service for a model directory of any kind (``ModelDirError`` if it is not one), or for
-    several translation model directories decoded as one ensemble, its model quantized as
+    several translation model (or classifier) directories read as one ensemble, its model quantized as
     ``quantization`` says (``aiayn.models.quantize``) and its Linear kernels chosen as ``gemm`` says
     (``aiayn.models.prepack``)."""
     directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
     kinds = [check_kind(d, tuple(SERVICES)) for d in directories]
-    if len(directories) > 1 and set(kinds) != {"transformer"}:
-        raise ConfigError(f"model {name!r}: only translation models are served as an ensemble, not "
-                          f"{', '.join(sorted(set(kinds) - {'transformer'}))} models")  # fmt: skip
-    if kinds[0] == "transformer":
-        service = TranslationService(name, directories, device)
+    if len(directories) > 1 and (len(set(kinds)) > 1 or kinds[0] not in ENSEMBLES):
+        raise ConfigError(f"model {name!r}: an ensemble's directories must be all translation models or "
+                          f"all classifiers, not {' and '.join(sorted(set(kinds)))} models")  # fmt: skip
+    if kinds[0] == "lm":
+        service = LMService(name, directories[0], device)
     else:
-        service = SERVICES[kinds[0]](name, directories[0], device)
+        service = SERVICES[kinds[0]](name, directories, device)
     quantize(service.model, quantization)
     prepack(service.model, gemm)
     return service

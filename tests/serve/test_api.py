@@ -18,6 +18,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
+from tests.cli.test_encoder_cli import TEXTS, encoder_dir  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
 from tests.serve.conftest import de_en_meta  # noqa: E402
 
@@ -353,7 +354,10 @@ def test_serve_refuses_bad_options_in_one_line(served, capsys, tmp_path):
         (["serve", "--model", str(tmp_path)], "not an aiayn model directory"),
         (["serve", "--model", str(served["lm"]), "--queue-size", "0"], "--queue-size=0"),
         (["serve", "--model", f"x={served['de-en']}{os.pathsep}"], "an empty directory name"),
-        (["serve", "--model", f"x={served['de-en']}{os.pathsep}{served['lm']}"], "only translation models"),
+        (["serve", "--model", f"x={served['de-en']}{os.pathsep}{served['lm']}"], "all translation models"),
+        (["serve", "--model", f"x={served['sentiment']}{os.pathsep}{served['de-en']}"], "or all classifiers"),
+        (["serve", "--model", f"x={served['lm']}{os.pathsep}{served['lm']}"], "not lm models"),
+        (["serve", "--model", f"x={served['sentiment']}{os.pathsep}{served['mlm']}"], "classification head"),
     ]
     for argv, fragment in cases:
         assert main(argv) == 1
@@ -450,6 +454,28 @@ def test_an_ensemble_is_served_as_the_library_decodes_it(pair):
     with TestClient(create_app([load_service("de-en", pair, quantization="int8")], Settings())) as c:
         results = c.post("/v1/translate", json={"q": texts, "beam": 2}).json()["results"]
         assert [x["translation"] for x in results] == quantized.translate(texts, search)
+
+
+def test_a_classifier_ensemble_is_served_as_the_library_reads_it(served, tmp_path):
+    from aiayn.data import SentencePieceTokenizer
+    from aiayn.decoding.classifier import TextClassifier, load_classifier
+
+    other = SentencePieceTokenizer.train(TEXTS, 320, mask=True)  # members may differ in vocabulary
+    pair = [served["sentiment"], encoder_dir(tmp_path / "seed2", other, 2, seed=2)]
+    texts = ["a great film", "dull and slow", "the best acting"]
+    expected = load_classifier(pair).probabilities(texts)
+    for member in pair:  # differs from each member alone: both take part
+        assert not torch.allclose(expected, TextClassifier.from_dir(member).probabilities(texts), atol=1e-4)
+    with TestClient(create_app([load_service("sst2", pair)], Settings())) as c:
+        health = c.get("/health").json()["models"]
+        assert health == [{"name": "sst2", "kind": "encoder", "classify": True, "fill_mask": False}]
+        results = c.post("/v1/classify", json={"q": texts, "top_k": 2}).json()["results"]
+        for probs, ranked in zip(expected, results, strict=True):
+            best = probs.sort(descending=True)
+            assert [x["label"] for x in ranked] == [("negative", "positive")[i] for i in best.indices]
+            assert_close("ensemble", torch.tensor([x["probability"] for x in ranked]), best.values, atol=1e-5)
+        r = c.post("/v1/fill-mask", json={"q": "a great <mask> .", "model": "sst2"})
+        assert r.status_code == 400, r.text
 
 
 @pytest.mark.parametrize(
