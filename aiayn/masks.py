@@ -41,3 +41,16 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = 
         raise ValueError(f"causal_mask: t_k={t_k} must be >= t_q={t_q}")
     ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
     return ones.tril(diagonal=t_k - t_q)
+
+
+def window_mask(t: int, window: int, device: torch.device | None = None) -> Tensor:
+    """A local window: query i may attend to keys i − window … i + window only, so that a layer sees
+    what a convolution of width 2·window + 1 sees, and a stack of L layers L·window positions each way.
+
+    Shape:
+        returns: (t, t) bool, a band around the diagonal; broadcasts to (B, h, t, t)
+    """
+    if window < 1:
+        raise ValueError(f"window_mask: window={window} must be ≥ 1")
+    pos = torch.arange(t, device=device)
+    return (pos[:, None] - pos[None, :]).abs() <= window

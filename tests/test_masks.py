@@ -1,8 +1,9 @@
 """The one mask convention: bool, True = may attend, combined with &."""
 
+import pytest
 import torch
 
-from aiayn.masks import causal_mask, padding_mask
+from aiayn.masks import causal_mask, padding_mask, window_mask
 
 
 def test_padding_mask_marks_real_tokens():
@@ -25,3 +26,12 @@ def test_masks_combine_with_and_not_or():
     expected = [[j <= i and ids[0, j] != 0 for j in range(4)] for i in range(4)]
     assert combined[0, 0].tolist() == expected
     assert (padding_mask(ids, 0) | causal_mask(4))[0, 0].tolist() != expected
+
+
+def test_window_mask_is_a_band_of_width_two_windows_plus_one():
+    t, f = True, False
+    assert window_mask(5, 1).tolist() == [[t, t, f, f, f], [t, t, t, f, f], [f, t, t, t, f],
+                                          [f, f, t, t, t], [f, f, f, t, t]]  # fmt: skip
+    assert window_mask(3, 2).all() and window_mask(4, 2).sum() == 4 * 4 - 2
+    with pytest.raises(ValueError, match="window=0"):
+        window_mask(3, 0)

@@ -90,9 +90,15 @@ class EncoderConfig(StackConfig):
     # each position attends to itself and earlier ones only (a GPT's look-ahead mask): what causal-LM
     # pre-training (task="clm") trains; a classifier fine-tuned from it may keep it or see both ways
     causal: bool = False
+    # > 0: each position attends only to those within this many positions of it (a local window, as a
+    # convolution of width 2·window + 1 sees; with causal, the earlier ones of them); 0: all (the paper)
+    attn_window: int = 0
 
     def validate(self) -> None:
         super().validate()
+        window = self.attn_window
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            self._fail("attn_window", "must be an integer ≥ 0", "use 0 to attend to every position (paper)")
         if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
         self._choice("pooling", POOLINGS)

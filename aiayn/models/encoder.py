@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.masks import causal_mask, padding_mask
+from aiayn.masks import causal_mask, padding_mask, window_mask
 from aiayn.models.common import init_weights, make_embedding, make_head
 from aiayn.models.config import EncoderConfig
 from aiayn.modules.dropout import Dropout
@@ -112,6 +112,8 @@ class EncoderModel(nn.Module):
         mask = padding_mask(ids, self.config.pad_id)  # (B, 1, 1, T)
         if self.config.causal:
             mask = mask & causal_mask(ids.size(1), device=ids.device)  # (B, 1, T, T)
+        if self.config.attn_window:
+            mask = mask & window_mask(ids.size(1), self.config.attn_window, ids.device)  # (B, 1, T, T)
         return self.encoder(self.embed(ids) if embedded is None else embedded, mask, need_weights)
 
     def token_states(self, h: Tensor) -> Tensor:

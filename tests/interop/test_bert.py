@@ -113,6 +113,7 @@ def test_classifier_logits_and_labels_equal_transformers(tmp_path):
         (dict(detector=True), "detector"),
         (dict(detector=True, **CLASSIFIER), "detector"),
         (dict(causal=True), "causal"),
+        (dict(attn_window=2), "attn_window"),
     ],
 )
 def test_what_does_not_map_is_refused_by_name(kw, field, tmp_path):

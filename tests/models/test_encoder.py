@@ -225,6 +225,33 @@ def test_a_causal_encoder_is_the_language_model_with_the_same_weights(norm_first
         assert not torch.allclose(both_ways(ids)[:, :6], m(ids)[:, :6])
 
 
+def test_a_local_window_bounds_what_each_state_reads():
+    """``attn_window=w``: after two layers a state reads 2·w positions each way and no further; a
+    window as long as the text is full attention; a bad value is refused naming the field."""
+    m = model(attn_window=1)
+    ids = torch.randint(5, 50, (2, 9))
+    changed = ids.clone()
+    changed[:, 6] = 4
+    with torch.no_grad():
+        before, after = m.encode(ids)[0], m.encode(changed)[0]
+        assert_close("windowed states beyond reach", after[:, :4], before[:, :4], atol=1e-6)
+        assert not torch.allclose(after[:, 4], before[:, 4])  # two positions away: within reach
+        full = model()(ids)
+        assert_close("window ≥ text length is full attention", model(attn_window=8)(ids), full, atol=1e-6)
+        # padding far beyond a short text leaves pad queries with no key in reach: zeros, not NaN
+        short = torch.cat([ids[:, :3], torch.zeros(2, 12, dtype=torch.long)], dim=1)
+        assert_close(
+            "a short text's states beside long padding",
+            m.encode(short)[0][:, :3],
+            m.encode(ids[:, :3])[0],
+            atol=1e-5,
+        )
+        assert torch.isfinite(m(short)).all()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match=r"attn_window=.* must be an integer ≥ 0"):
+            EncoderConfig(vocab_size=50, attn_window=bad)
+
+
 def test_a_causal_classifier_cannot_pool_its_first_token():
     """Under the look-ahead mask the first token sees only itself: its state is the same for every text."""
     with pytest.raises(ConfigError, match=r"pooling='first' reads the first token, which in a causal"):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.masks import causal_mask, padding_mask
+from aiayn.masks import causal_mask, padding_mask, window_mask
 from aiayn.modules import Decoder, DecoderContext, DecoderLayer, Encoder, EncoderLayer
 from aiayn.modules.config import LayerConfig
 from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm
@@ -27,16 +27,27 @@ def _batch():
     return torch.randn(3, 9, D), src_ids, torch.randn(3, 5, D), tgt_ids
 
 
+@pytest.mark.parametrize("window", [0, 2], ids=["full", "window 2"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_encoder_layer_matches_nn(norm_first):
+def test_encoder_layer_matches_nn(norm_first, window):
+    """With ``window``: ``attn_window``'s band mask, combined with padding, reads as nn's attn_mask
+    (True = blocked)."""
     ref = nn.TransformerEncoderLayer(D, H, **_ref_kwargs(norm_first))
     ours = EncoderLayer(_cfg(norm_first))
     copy_encoder_layer(ours, ref)
     x, src_ids, _, _ = _batch()
-    out, _ = ours(x, padding_mask(src_ids, 0))
-    ref_out = ref(x, src_key_padding_mask=src_ids == 0)
-    name = f"EncoderLayer({'pre' if norm_first else 'post'}-norm) vs nn.TransformerEncoderLayer"
-    assert_close(name, out, ref_out)
+    mask, band = padding_mask(src_ids, 0), None
+    if window:
+        src_ids[2, :5] = 7  # every query has a real key within the window
+        mask, band = padding_mask(src_ids, 0) & window_mask(9, window), ~window_mask(9, window)
+    out, _ = ours(x, mask)
+    ref_out = ref(x, src_mask=band, src_key_padding_mask=src_ids == 0)
+    real = src_ids != 0
+    kind = f"{'pre' if norm_first else 'post'}-norm{', window' if window else ''}"
+    name = f"EncoderLayer({kind}) vs nn.TransformerEncoderLayer"
+    assert_close(name, out[real], ref_out[real])
+    if window:  # the window took effect
+        assert not torch.allclose(out[real], ours(x, padding_mask(src_ids, 0))[0][real], atol=1e-3)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

@@ -315,6 +315,7 @@ def check_exportable(model: EncoderModel) -> None:
         ("d_v", c.d_v or head, head, "BERT's heads are d_model/n_heads wide"),
         ("detector", c.detector, False, "ELECTRA's replaced-token head; fine-tune the encoder, export that"),
         ("causal", c.causal, False, "BERT's attention sees both ways"),
+        ("attn_window", c.attn_window, 0, "BERT's attention sees every position"),
     ]
     if c.n_classes:
         needs += [("pooling", c.pooling, "first", "BERT's classifier reads [CLS], the first token"),
