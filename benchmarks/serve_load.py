@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import signal
 import socket
@@ -168,6 +169,12 @@ def against_one(rows: list[dict]) -> dict:
     return {k: {"rounds": v, "median": round(statistics.median(v), 2)} for k, v in ratios.items()}
 
 
+def _median(values) -> float:
+    """The median of the rounds that answered at this rate (None: none did, all refused); NaN if none."""
+    answered = [v for v in values if v is not None]
+    return statistics.median(answered) if answered else math.nan
+
+
 def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
 
@@ -183,8 +190,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         if not by_rate:
             continue
         x = sorted(by_rate)
-        p50, p99 = ([statistics.median(r[key] for r in by_rate[rate]) for rate in x]
-                    for key in ("p50_ms", "p99_ms"))  # fmt: skip
+        p50, p99 = ([_median(r[key] for r in by_rate[rate]) for rate in x] for key in ("p50_ms", "p99_ms"))
         line = ax.plot(x, p50, "o-", label=f"{mode}: p50")[0]
         ax.plot(x, p99, "s--", color=line.get_color(), label=f"{mode}: p99")
     ax.set(

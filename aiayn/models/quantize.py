@@ -146,7 +146,8 @@ def to_bfloat16(model: nn.Module) -> nn.Module:
     if device.type == "cpu":
         bound_onednn_caches()  # bfloat16 products go through oneDNN
     model.to(torch.bfloat16)
-    d = model.config.d_model
+    # the widest model inside: an ensemble's members (an nn.ModuleList of them) may differ in width
+    d = max(m.config.d_model for m in model.modules() if hasattr(getattr(m, "config", None), "d_model"))
     speedup = bf16_speedup(device, 64, d, 4 * d)  # a batch's rows against the model's width
     if speedup < BF16_SLOW:
         print(f"aiayn: bfloat16 products run {speedup:.2f}× as fast as float32 on this {device.type} "

@@ -190,11 +190,14 @@ class Server:
             if service is None or not isinstance(service, cls):
                 names = ", ".join(s.name for s in of_kind) or "none"
                 raise invalid(f"no {cls.kind} model named {name!r} (loaded: {names})")
-            return service
-        if len(of_kind) != 1:
+        elif len(of_kind) != 1:
             names = ", ".join(s.name for s in of_kind) or "none is loaded"
             raise invalid(f"name the {cls.kind} model with 'model' ({names})")
-        return of_kind[0]
+        else:
+            service = of_kind[0]
+        if can is not None and getattr(service, can) is None:  # refused here, not after the queue
+            raise invalid(service.unable(can))
+        return service
 
     def search_config(self, given: dict[str, Any] | None = None, **defaults: Any) -> SearchConfig:
         """The decoding options a request ``given`` over the route's ``defaults``, each within its

@@ -244,7 +244,12 @@ class EncoderService:
         one = isinstance(directories, (str, os.PathLike))
         self.name, self.directories = name, [Path(d) for d in ([directories] if one else directories)]
         if len(self.directories) > 1:
-            self.classifier = ClassifierEnsemble([self._member(d, device) for d in self.directories])
+            members = [self._member(d, device) for d in self.directories]
+            try:
+                self.classifier = ClassifierEnsemble(members)
+            except ConfigError as e:  # members' labels disagree: say which model and directories
+                where = ", ".join(map(str, self.directories))
+                raise ConfigError(f"model {self.name!r} ({where}): {e}") from None
             self.filler = None
             self.model = self.classifier.model  # every member's network, for --quantize and --gemm
             return
@@ -267,11 +272,22 @@ class EncoderService:
 
     def classify(self, requests: Sequence[Sequence[str]], top_k: int) -> list[list[list[dict]]]:
         if self.classifier is None:
-            raise ConfigError(f"model {self.name!r} has no classification head")
+            raise ConfigError(self.unable("classifier"))
         texts = [t for r in requests for t in r]
         ranked = self.classifier.predict(texts, top_k) if texts else []
         flat = [[{"label": y, "probability": round(p, 6)} for y, p in r] for r in ranked]
         return per_request(flat, requests)
+
+    def unable(self, can: str) -> str:
+        """Why this model has no ``can`` (``"classifier"`` or ``"filler"``), in one sentence for a client."""
+        if can == "classifier":
+            return (f"model {self.name!r} has no classification head; classify with a model fine-tuned by "
+                    "aiayn train task=classify")  # fmt: skip
+        if len(self.directories) > 1:
+            n = len(self.directories)
+            return f"model {self.name!r} is an ensemble of {n} classifiers, which fills no masks"
+        return (f"model {self.name!r} fills no masks: fill-mask needs a model pre-trained by aiayn train "
+                "task=mlm, with <mask> in its vocabulary")  # fmt: skip
 
     def masks(self, query: str) -> int:
         """How many ``<mask>`` pieces the filler reads in ``query`` (0 without a filler)."""
@@ -279,7 +295,7 @@ class EncoderService:
 
     def fill(self, query: str, top_k: int) -> list[list[dict]]:
         if self.filler is None:
-            raise ConfigError(f"model {self.name!r} has no <mask> in its vocabulary")
+            raise ConfigError(self.unable("filler"))
         masks = self.filler.fill(query, top_k)
         return [[{**vars(f), "probability": round(f.probability, 6)} for f in fillers] for fillers in masks]
 

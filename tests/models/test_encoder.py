@@ -250,6 +250,8 @@ def test_a_local_window_bounds_what_each_state_reads():
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match=r"attn_window=.* must be an integer ≥ 0"):
             EncoderConfig(vocab_size=50, attn_window=bad)
+    with pytest.raises(ConfigError, match=r"pooling='first' .* sees only the first 4 positions after it"):
+        EncoderConfig(vocab_size=50, n_layers=2, attn_window=2, n_classes=2, pooling="first")
 
 
 def test_a_causal_classifier_cannot_pool_its_first_token():

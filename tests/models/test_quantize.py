@@ -230,6 +230,12 @@ def test_bf16_where_its_products_are_slow_warns_and_int8_then_bf16_is_refused(mo
     assert "0.12× as fast as float32" in err and "slower" in err and len(err.strip().splitlines()) == 1
     d = model.config.d_model
     assert measured == [(torch.device("cpu"), 64, d, 4 * d)]  # a batch's rows at the model's width
+    measured.clear()  # an ensemble's members in a ModuleList (a served classifier ensemble's model)
+    wider = EncoderModel(EncoderConfig(vocab_size=50, n_layers=1, d_model=48, n_heads=4, d_ff=96))
+    members = nn.ModuleList([tiny_transformer(50), wider])
+    quantize(members, "bf16")
+    assert measured == [(torch.device("cpu"), 64, 48, 4 * 48)]  # the widest member's width
+    assert {p.dtype for p in members.parameters()} == {torch.bfloat16}
     with pytest.raises(ConfigError, match="int8 already"):
         quantize(quantize(tiny_transformer(50), "int8"), "bf16")
     with pytest.raises(ConfigError, match="one of int8 and bf16"):

@@ -38,14 +38,17 @@ def test_encoder_layer_matches_nn(norm_first, window):
     x, src_ids, _, _ = _batch()
     mask, band = padding_mask(src_ids, 0), None
     if window:
-        src_ids[2, :5] = 7  # every query has a real key within the window
+        src_ids[2, :5] = 7  # every real query has a real key within the window
         mask, band = padding_mask(src_ids, 0) & window_mask(9, window), ~window_mask(9, window)
     out, _ = ours(x, mask)
     ref_out = ref(x, src_mask=band, src_key_padding_mask=src_ids == 0)
     real = src_ids != 0
     kind = f"{'pre' if norm_first else 'post'}-norm{', window' if window else ''}"
     name = f"EncoderLayer({kind}) vs nn.TransformerEncoderLayer"
-    assert_close(name, out[real], ref_out[real])
+    if window:  # a pad query with no key in its band: zeros here, NaN in nn; real positions compared
+        assert_close(name, out[real], ref_out[real])
+    else:
+        assert_close(name, out, ref_out)
     if window:  # the window took effect
         assert not torch.allclose(out[real], ours(x, padding_mask(src_ids, 0))[0][real], atol=1e-3)
 

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.errors import ConfigError  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
@@ -297,6 +298,7 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),
         ("/v1/fill-mask", {"json": {"q": "no mask here", "model": "mlm", **KEY}}, 400, "has no <mask>"),
+        ("/v1/classify", {"json": {"q": "a", "model": "mlm", **KEY}}, 400, "'mlm' has no classification"),
         (
             "/v1/fill-mask",
             {"json": {"q": "<mask> " * 11, "top_k": 10, "model": "mlm", **KEY}},
@@ -476,6 +478,10 @@ def test_a_classifier_ensemble_is_served_as_the_library_reads_it(served, tmp_pat
             assert_close("ensemble", torch.tensor([x["probability"] for x in ranked]), best.values, atol=1e-5)
         r = c.post("/v1/fill-mask", json={"q": "a great <mask> .", "model": "sst2"})
         assert r.status_code == 400, r.text
+        assert "'sst2' is an ensemble of 2 classifiers, which fills no masks" in r.json()["error"]
+    other_labels = encoder_dir(tmp_path / "bad-good", other, 2, labels=("bad", "good"))
+    with pytest.raises(ConfigError, match=r"model 'sst2' \(.*bad-good\): ensemble member 2 has the labels"):
+        load_service("sst2", [served["sentiment"], other_labels])
 
 
 @pytest.mark.parametrize(
