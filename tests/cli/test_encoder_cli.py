@@ -87,6 +87,11 @@ def test_an_ensemble_of_classifiers_labels_with_the_mean_of_their_probabilities(
     assert one != two  # two different models
     for a, b, mean in zip(one, two, both, strict=True):
         assert mean == pytest.approx({y: (a[y] + b[y]) / 2 for y in a}, abs=2e-6)
+    argv = ["classify", "--model", "classifier", "--ensemble-with", "classifier2", "--top-k", "2", "--json"]
+    assert main([*argv, "--input", "in.txt", "--quantize", "bf16"]) == 0  # every member cast, none skipped
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for r, mean in zip(rows, both, strict=True):
+        assert dict(zip(r["labels"], r["probabilities"], strict=True)) == pytest.approx(mean, abs=0.02)
     argv = ["evaluate", "--model", "classifier", "--ensemble-with", "classifier2", "--data", "dev.tsv"]
     assert main([*argv, "--json", "dev.json"]) == 0
     assert "dev.tsv: 2 examples, classifier + 1 more (an ensemble)" in capsys.readouterr().out
