@@ -19,7 +19,13 @@ from aiayn.errors import ConfigError
 
 
 def check_rerankable(translator: Translator, scorer: Translator) -> None:
-    """The scorer must read the same vocabularies: ids are passed between the models as they are."""
+    """The scorer must read the same vocabularies (ids are passed between the models as they are) and
+    score given targets, which a bidirectional model does not: refused before anything is decoded."""
+    if scorer.model.config.bidirectional:
+        raise ConfigError(
+            "--rerank-with: a bidirectional model does not score given targets (its memory is its own "
+            "right-to-left search); rerank with a plain or right-to-left model"
+        )
     for side in ("src", "tgt"):
         ours, theirs = getattr(translator, f"{side}_tokenizer"), getattr(scorer, f"{side}_tokenizer")
         if ours.model_bytes() != theirs.model_bytes():

@@ -56,6 +56,10 @@ class Translator:
         self.r2l_beam = r2l_beam
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         c = model.config
+        if c.r2l_memory and not c.bidirectional:
+            raise ConfigError("this model's decoder reads a right-to-left memory that only its caller gives "
+                              "(model.r2l_memory, the tutorial's module); aiayn decodes models trained with "
+                              "model.bidirectional=true, which make their own")  # fmt: skip
         learned = c.positional == "learned"
         if max_src_len is not None and (isinstance(max_src_len, bool) or max_src_len < 2):
             raise ConfigError(f"max_src_len={max_src_len} must leave room for a token and eos (≥ 2)")

@@ -59,6 +59,14 @@ def test_learned_positions_bound_source_and_output(tmp_path):
     assert len(hyp.tokens) == 12  # bos + 11 fed tokens: every position the decoder has
 
 
+def test_a_decoder_that_waits_for_a_callers_right_to_left_memory_is_refused_in_one_line():
+    """``model.r2l_memory`` (the tutorial's module, its memory given by the caller) has no memory to
+    decode with: refused when loaded for decoding, not with a traceback from inside the search."""
+    tok = char_tokenizer()
+    with pytest.raises(ConfigError, match="reads a right-to-left memory that only its caller gives"):
+        Translator(tiny_transformer(tok.vocab_size, r2l_memory=True), tok, tok)
+
+
 def test_a_bidirectional_model_with_learned_positions_reads_a_right_to_left_pass_cut_at_the_limit(tmp_path):
     """The right-to-left hypothesis is fed back as [bos] + its tokens: cut at the limit (no eos), it
     must still fit the learned positions (it stops one token earlier than the left-to-right pass)."""

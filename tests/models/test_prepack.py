@@ -90,6 +90,15 @@ def test_a_dtype_onednn_cannot_pack_here_keeps_the_blas_or_is_refused(monkeypatc
         prepack(copy.deepcopy(model), "onednn")
 
 
+def test_auto_off_the_cpu_keeps_every_linear_and_onednn_is_refused():
+    """oneDNN's packed kernels are the CPU's: ``auto`` on another device (a GPU; ``meta`` here, which
+    needs none) packs nothing, as it packs nothing where MKL is faster; ``onednn`` says why in one line."""
+    model = tiny_transformer(50).to("meta")
+    assert prepack(model, "auto") is model and not is_packed(model)
+    with pytest.raises(ConfigError, match="packs weights for the CPU"):
+        prepack(model, "onednn")
+
+
 def test_a_packed_translator_searches_as_the_plain_one():
     torch.manual_seed(3)
     model = tiny_transformer(50, norm_first=True).eval()

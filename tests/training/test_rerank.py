@@ -11,6 +11,7 @@ from aiayn.decoding.rerank import Reranked, rerank
 from aiayn.decoding.scoring import length_penalty
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
+from tests.decoding.fixtures import tiny_transformer
 from tests.training.conftest import tiny_args
 
 
@@ -40,6 +41,14 @@ def test_a_right_to_left_model_scores_its_own_search_and_writes_left_to_right(pa
         targets = [translator.forward_order(h.tokens) for _, h in flat]
         scores = translator.log_probs([sources[i] for i, _ in flat], targets, complete)
         assert scores == pytest.approx([h.log_prob for _, h in flat], abs=1e-3)
+
+
+def test_a_bidirectional_scorer_is_refused_before_anything_is_decoded(pair):
+    l2r = pair[0]
+    scorer = Translator(tiny_transformer(l2r.tgt_tokenizer.vocab_size, bidirectional=True), l2r.src_tokenizer,
+                        l2r.tgt_tokenizer)  # fmt: skip
+    with pytest.raises(ConfigError, match="a bidirectional model does not score given targets"):
+        Reranked(l2r, scorer)
 
 
 def test_rerank_sums_both_log_probs_under_one_length_penalty(pair):
