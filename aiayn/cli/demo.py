@@ -84,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
         check_output(out, directory=True, force=args.force, option="--out")
     if args.json:
         check_output(args.json, (RECIPE, REFERENCE), option="--json")
+    cfg = demo_config(out, args.minutes)  # the recipe and the test set read before the old run goes
+    test = load_parallel("multi30k", "test", "de", "en")
     if out.exists():
         shutil.rmtree(out)
-    cfg = demo_config(out, args.minutes)
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.time()
     trainer = Trainer(cfg)
@@ -99,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
     recipe_speed = trainer.checked_rate if halved else speed  # the trainer times updates before halving
 
     translator = Translator.from_dir(out)
-    test = load_parallel("multi30k", "test", "de", "en")
     srcs, refs = (list(side) for side in zip(*test))
     t0 = time.time()
     hyps = translator.translate(srcs, search)

@@ -32,7 +32,7 @@ from aiayn.decoding.classifier import load_classifier
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.rerank import Reranked, check_rerank_search
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import model_meta
 
 EXAMPLES = """examples:
@@ -223,11 +223,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved_column(args: argparse.Namespace, meta: dict, what: str) -> str:
+    """The ``{what}_column`` the model was trained with: a name, or digits for a 0-based number."""
+    value = meta.get(f"{what}_column", "")
+    if not isinstance(value, str):
+        raise ModelDirError(f"{args.model}: its config.json's {what}_column={value!r} is not a column name "
+                            f"or number in quotes; fix it there or give --{what}-column")  # fmt: skip
+    return value
+
+
 def run_classifier(args: argparse.Namespace, meta: dict) -> int:
     if args.data is None:
         raise ConfigError("this is a classifier: give the labelled file to score with --data FILE")
-    text_column = args.text_column if args.text_column is not None else meta.get("text_column", "")
-    label_column = args.label_column if args.label_column is not None else meta.get("label_column", "")
+    text_column = args.text_column if args.text_column is not None else _saved_column(args, meta, "text")
+    label_column = args.label_column if args.label_column is not None else _saved_column(args, meta, "label")
     data = load_labelled(args.data, text_column, label_column)
     check_outputs(args, "--output", "--json", inputs=(args.data,))
     directories = [args.model, *args.ensemble_with]  # several: their mean class probabilities

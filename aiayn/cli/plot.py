@@ -7,7 +7,7 @@ from pathlib import Path
 
 from aiayn.atomic import check_figure_dir
 from aiayn.cli.commands import summary
-from aiayn.errors import OutputError
+from aiayn.errors import DataError, OutputError
 
 
 def add_parser(sub) -> None:
@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import is_curve, plot_curves
 
     given = Path(args.run_dir)
+    if not given.exists():
+        raise DataError(f"{given}: no such file or directory; give a run directory or its metrics.jsonl")
     run_dir = given if given.is_dir() else given.parent
     if args.out is None and not (run_dir / TRAIN_CONFIG).is_file():
         raise OutputError(f"{given} is not in a training run directory; give --out FOLDER for the PNGs")

@@ -110,6 +110,8 @@ def check_file(path: str | os.PathLike) -> FileInfo:
         raise DataError(f"{path}: no such file; check the path (or the dataset name)")
     if path.is_dir():
         raise DataError(f"{path} is a directory; give the text file inside it")
+    if not path.is_file():  # a pipe or a device: read more than once here (counted, then read)
+        raise DataError(f"{path} is not a regular file (a pipe?); save it to a file first")
     h, decoder = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")("strict")
     n_bytes = n_newlines = n_chars = 0
     last, has_text = b"\n", False

@@ -126,6 +126,11 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
     if first is None:
         raise DataError(f"{path} has no rows")
     header = first[1] if _is_header(first[1], text_column, label_column, labelled) else None
+    names_text = {c.strip().lower() for c in first[1]} & set(TEXT_NAMES)
+    if header is None and labelled and not label_column.isdigit() and names_text:
+        raise DataError(f"{path}: line 1 names a text column ({', '.join(sorted(names_text))}) but no label "
+                        f"column ({label_column or '/'.join(LABEL_NAMES)}); set label_column to the name of "
+                        "its label column")  # fmt: skip
     t = _column(text_column, header, TEXT_NAMES, "text", path)
     y = _column(label_column, header, LABEL_NAMES, "label", path) if labelled else None
     if y is not None and y == t:

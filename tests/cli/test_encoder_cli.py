@@ -48,6 +48,9 @@ def ws(tmp_path, originals, monkeypatch) -> Path:
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
     for name, path in originals.items():
         shutil.copytree(path, tmp_path / name)
+    shutil.copytree(originals["classifier"], tmp_path / "bad-column")
+    config = json.loads((tmp_path / "bad-column" / "config.json").read_text())
+    (tmp_path / "bad-column" / "config.json").write_text(json.dumps({**config, "text_column": 1}))
     (tmp_path / "in.txt").write_text("a great movie\nawful\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\nnice\tpositive\nbad\tnegative\n", encoding="utf-8")
     (tmp_path / "unseen.tsv").write_text("sentence\tlabel\nnice\tpositive\nmeh\tneutral\n", encoding="utf-8")
@@ -136,6 +139,9 @@ CASES = [
     (["evaluate", "--model", "classifier", "--data", "unseen.tsv"], "unseen.tsv:3: label 'neutral'"),
     (["evaluate", "--model", "classifier", "--data", "short.tsv"], "short.tsv:3: 1 fields where line 1"),
     (["evaluate", "--model", "classifier"], "give the labelled file to score with --data"),
+    (["evaluate", "--model", "bad-column", "--data", "dev.tsv"],
+     "bad-column: its config.json's text_column=1 is not a column name or number in quotes"),
+    (["plot", "runs/no-such-run"], "runs/no-such-run: no such file or directory"),
     (["evaluate", "--model", "translation", "--data", "dev.tsv"], "--data: not read for a translation model"),
     # the other kind's options would be ignored: refused by name
     (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--beam", "5", "--tokenized-bleu"],

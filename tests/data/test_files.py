@@ -1,4 +1,5 @@
 import gzip
+import os
 
 import pytest
 
@@ -35,6 +36,15 @@ def test_missing_file(tmp_path):
 def test_directory_instead_of_file(tmp_path):
     with pytest.raises(DataError, match="is a directory"):
         check_file(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_is_refused_without_opening_it(tmp_path):
+    """Data files are read more than once (counted and hashed, then read), which a pipe (``<(cat f)``)
+    cannot give; opening one with no writer would also block. Refused by its kind, unopened."""
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(DataError, match=r"pipe is not a regular file \(a pipe\?\); save it to a file first"):
+        check_file(tmp_path / "pipe")
 
 
 @pytest.mark.parametrize("data", [b"", gzip.compress(b"")], ids=["plain", "gzip"])

@@ -77,6 +77,11 @@ def test_jsonl_labels_of_any_form(tmp_path):
         ("a.jsonl", '{"text": ["a"], "label": 1}\n', r"a.jsonl:1: the text 'text' is a list"),
         ("a.csv", 'text,label\n"open,1\n', r"a.csv:\d+: "),
         ("a.txt", "good\t1\n", r"not a .tsv, .csv or .jsonl file"),
+        (
+            "a.tsv",
+            "sentence\tsentiment\ngood\t1\n",
+            r"a.tsv: line 1 names a text column \(sentence\) but no label column \(label\); set label_column",
+        ),
     ],
 )
 def test_bad_tables_name_file_line_and_field(tmp_path, name, text, match):

@@ -415,6 +415,8 @@ def test_a_language_model_run_generates(tmp_path, capsys):
         ("json-over-input", "--json"),
         ("bad-reference", "is not valid JSON"),
         ("wrong-reference", "is not a list of demo runs"),
+        ("no-recipe", "no-such-recipe.toml"),
+        ("no-data", "AIAYN_DATA_DIR points to"),
     ],
 )
 def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the_last_demo(
@@ -425,6 +427,10 @@ def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the
     reference = tmp_path / "demo.json"
     reference.write_text({"bad-reference": "[{", "wrong-reference": '{"bleu": 1}'}.get(case, "[]"))
     monkeypatch.setattr(demo, "REFERENCE", reference)
+    if case == "no-recipe":
+        monkeypatch.setattr(demo, "RECIPE", tmp_path / "no-such-recipe.toml")
+    if case == "no-data":  # e.g. a wrong AIAYN_DATA_DIR: found out before the last demo is gone
+        monkeypatch.setenv("AIAYN_DATA_DIR", str(tmp_path / "no-data"))
     out = tmp_path / "demo"
     out.mkdir()
     (out / demo.DEMO_MARK).write_text("the last demo")
