@@ -12,15 +12,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gzip
+import io
 import itertools
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from aiayn.atomic import check_output
-from aiayn.data.files import BOM
+from aiayn.data.files import BOM, GZIP_MAGIC, read_error
 from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS
@@ -103,9 +106,12 @@ CHUNK_LINES = 10_000  # lines decoded at a time: memory stays flat whatever the 
 def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """The lines of a UTF-8 byte stream, one at a time, split on "\\n" only (a "\\r" before it is
     dropped, as is a byte-order mark before the first); a line over ``MAX_LINE_BYTES`` is a
-    ``DataError`` naming it."""
+    ``DataError`` naming it, as is a broken gzip stream."""
     for i in itertools.count(1):
-        raw = stream.readline(MAX_LINE_BYTES + 1)
+        try:
+            raw = stream.readline(MAX_LINE_BYTES + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise read_error(name, e) from None
         if not raw:
             return
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
@@ -122,12 +128,17 @@ def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
 
 
 def read_chunks(args: argparse.Namespace) -> Iterator[tuple[int, list[str]]]:
-    """``(index of the first line, up to CHUNK_LINES lines)`` of ``--input`` (or stdin, also for ``-``)."""
+    """``(index of the first line, up to CHUNK_LINES lines)`` of ``--input`` (or stdin, also for ``-``),
+    plain or gzipped (told by its first two bytes, peeked: a pipe works too, as data files read)."""
     with contextlib.ExitStack() as stack:
         if args.input and args.input != "-":
             stream, name = stack.enter_context(open(args.input, "rb")), args.input
         else:
             stream, name = sys.stdin.buffer, "<stdin>"
+        if not hasattr(stream, "peek"):  # a stdin replaced by an in-memory stream
+            stream = io.BufferedReader(stream)
+        if stream.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)] == GZIP_MAGIC:
+            stream = stack.enter_context(io.BufferedReader(gzip.GzipFile(fileobj=stream, mode="rb")))
         lines = read_lines(stream, name)
         start = 0
         while chunk := list(itertools.islice(lines, CHUNK_LINES)):

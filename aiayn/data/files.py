@@ -84,7 +84,7 @@ def open_bytes(path: Path) -> BinaryIO:
     return f
 
 
-def _read_error(path: Path, e: Exception) -> DataError:
+def read_error(path: str | os.PathLike, e: Exception) -> DataError:
     return DataError(f"{path}: cannot read it ({e}); if it is gzipped, check it with gzip -t")
 
 
@@ -131,7 +131,7 @@ def check_file(path: str | os.PathLike) -> FileInfo:
             "(e.g. iconv -f latin1 -t utf-8) or remove that line (from both sides of a parallel corpus)"
         ) from None
     except (OSError, EOFError, zlib.error) as e:
-        raise _read_error(path, e) from None
+        raise read_error(path, e) from None
     if n_bytes == 0:
         raise DataError(f"{path} is empty; give a file with one sentence (or text) per line")
     n_lines = n_newlines + (last != b"\n")
@@ -175,7 +175,7 @@ def iter_lines(path: Path) -> Iterator[str]:
                     line = line[:-2] if line.endswith("\r\n") else line[:-1]
                 yield line
     except (OSError, EOFError, zlib.error) as e:
-        raise _read_error(path, e) from None
+        raise read_error(path, e) from None
 
 
 def iter_text(path: Path, start: int, stop: int, size: int = BLOCK) -> Iterator[str]:
@@ -197,6 +197,6 @@ def iter_text(path: Path, start: int, stop: int, size: int = BLOCK) -> Iterator[
                 yield pending[:cut]
                 pending = pending[cut:]
     except (OSError, EOFError, zlib.error) as e:
-        raise _read_error(path, e) from None
+        raise read_error(path, e) from None
     if pending:
         yield pending

@@ -8,6 +8,7 @@ re-sorted by the sum of the two log-probabilities under one length penalty (Liu 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -74,8 +75,21 @@ def reranked_search(
     """The model's beam search keeping all ``config.beam`` hypotheses, re-sorted by ``rerank``;
     the ``config.nbest`` best of each."""
     check_rerank_search(config)
-    nbest = translator.search(sources, dataclasses.replace(config, nbest=config.beam), max_tokens)
+    searcher = within_reach(translator, scorer)
+    nbest = searcher.search(sources, dataclasses.replace(config, nbest=config.beam), max_tokens)
     return [hyps[: config.nbest] for hyps in rerank(translator, scorer, sources, nbest, config)]
+
+
+def within_reach(translator: Translator, scorer: Translator) -> Translator:
+    """``translator``, its hypotheses no longer than ``scorer`` can read: a scorer with learned
+    positions scores at most ``max_len`` target tokens (eos included), so the search stops there too
+    rather than fail after it."""
+    limit = scorer.max_tgt_len
+    if limit is None or (translator.max_tgt_len is not None and translator.max_tgt_len <= limit):
+        return translator
+    bounded = copy.copy(translator)  # the same model and tokenizers, a shorter leash
+    bounded.max_tgt_len = limit
+    return bounded
 
 
 class Reranked:

@@ -22,6 +22,28 @@ def test_stdin_to_stdout_keeps_line_alignment(model_dirs, monkeypatch, capsys):
     assert len(lines) == 5 and lines[1] == "" and lines[3] == ""
 
 
+def test_a_gzipped_input_translates_as_the_plain_one_from_a_file_or_a_pipe(model_dirs, tmp_path, capsys):
+    import gzip
+
+    text = "Ein Mann fährt Fahrrad.\n\nZwei Hunde\n".encode()
+    plain, packed = tmp_path / "in.de", tmp_path / "in.de.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    argv = ["translate", "--model", str(model_dirs["joint"]), "--beam", "2", "--input"]
+    assert main([*argv, str(plain)]) == 0
+    expected = capsys.readouterr().out
+    assert len(expected.splitlines()) == 3
+    assert main([*argv, str(packed)]) == 0
+    assert capsys.readouterr().out == expected
+    command = [sys.executable, "-m", "aiayn", *argv[:-1]]
+    piped = subprocess.run(command, input=gzip.compress(text), capture_output=True, check=True)
+    assert piped.stdout.decode() == expected
+    packed.write_bytes(gzip.compress(text)[:-12])  # cut short: no end-of-stream marker
+    assert main([*argv, str(packed)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn translate: error: {packed}: cannot read it") and err.count("\n") == 1
+
+
 def test_a_byte_order_mark_before_the_first_line_is_not_text():
     from aiayn.cli.decode_options import read_lines
     from aiayn.data.files import BOM

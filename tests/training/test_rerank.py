@@ -7,7 +7,7 @@ import pytest
 
 from aiayn.cli.main import main
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.rerank import Reranked, rerank
+from aiayn.decoding.rerank import Reranked, rerank, reranked_search, within_reach
 from aiayn.decoding.scoring import length_penalty
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
@@ -49,6 +49,20 @@ def test_a_bidirectional_scorer_is_refused_before_anything_is_decoded(pair):
                         l2r.tgt_tokenizer)  # fmt: skip
     with pytest.raises(ConfigError, match="a bidirectional model does not score given targets"):
         Reranked(l2r, scorer)
+
+
+def test_a_scorer_with_fewer_learned_positions_bounds_the_search_instead_of_failing_after_it(pair):
+    tok = pair[0].tgt_tokenizer
+    wide = Translator(tiny_transformer(tok.vocab_size, positional="learned", max_len=64), tok, tok)
+    narrow = Translator(tiny_transformer(tok.vocab_size, seed=1, positional="learned", max_len=6), tok, tok)
+    sources, _ = wide.encode(["hund läuft rot und blau"])
+    config = SearchConfig(beam=3, nbest=3, max_len_b=40)
+    assert max(len(h.tokens) for h in wide.search(sources, config)[0]) > 6  # the bound matters here
+    hyps = reranked_search(wide, narrow, sources, config)[0]
+    assert hyps and max(len(h.tokens) for h in hyps) <= 6
+    assert wide.max_tgt_len == 64  # the model's own translator is left as it was
+    assert Reranked(wide, narrow).translate(["hund läuft rot und blau"], config)[0]
+    assert within_reach(narrow, wide) is narrow  # a scorer that reads further bounds nothing
 
 
 def test_rerank_sums_both_log_probs_under_one_length_penalty(pair):
