@@ -41,8 +41,9 @@ def read_json(
     raw = _read(Path(path), missing, error)
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise error(f"{path} is not valid JSON ({e}); {fix}") from None
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an int of > 4300 digits, nested too deep
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise error(f"{path} is not valid JSON ({reason}); {fix}") from None
     if not isinstance(data, dict):
         raise error(f"{path} does not hold a JSON object; {fix}")
     return data

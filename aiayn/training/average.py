@@ -90,7 +90,10 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
     found = [p for _, p in step_dirs(run_dir)]
     if not found:
         raise ModelDirError(f"{run_dir} holds no step-* checkpoints")
-    keep_last = read_run_config(run_dir).get("keep_last") if (run_dir / TRAIN_CONFIG).is_file() else None
+    keep_last = None
+    if (run_dir / TRAIN_CONFIG).is_file():  # its keep_last tells a best checkpoint kept past it
+        fix = "restore it: it says which checkpoints the run kept"
+        keep_last = read_run_config(run_dir, fix=fix).get("keep_last")
     best = run_dir / "best"
     if isinstance(keep_last, int) and keep_last > 0 and best.is_symlink():
         older = found[:-keep_last]

@@ -99,7 +99,7 @@ class TrainConfig:
     # -- hardware -------------------------------------------------------------------------------
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", …
     precision: str = "fp32"  # "fp32", "bf16" (autocast; CPU or CUDA), "fp16" (CUDA, loss scaling),
-    # "auto": bf16 where bfloat16 products measure ≥ 1.25× float32's at the start, else fp32
+    # "auto": bf16 where bfloat16 products measure ≥ 1.25× float32's at the start, else fp32 (kept on resume)
     compile: bool = False  # torch.compile the model and its loss
     threads: int = 0  # torch CPU threads; 0 = PyTorch's default
     # -- evaluation, logging, checkpoints ---------------------------------------------------------

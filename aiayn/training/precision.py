@@ -34,12 +34,22 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def resolve_precision(precision: str, device: torch.device, dist: DistInfo, tokens: int, model_config) -> str:
+def resolve_precision(
+    precision: str, device: torch.device, dist: DistInfo, tokens: int, model_config, kept: str = "auto"
+) -> str:
     """``precision``, with "auto" decided by rank 0's measurement (``bf16_speedup`` of a
     ``tokens``-row product of the feed-forward size of ``model_config``, which has ``d_model`` and
-    ``d_ff``) so that every rank trains alike."""
+    ``d_ff``) so that every rank trains alike; or, in a resumed run, ``kept``, what it chose when the
+    run started (not a new measurement on another or a busier machine: a run's arithmetic does not
+    change halfway; a checkpoint from before this was kept says "auto", and is measured again)."""
     if precision != "auto":
         return precision
+    if kept != "auto":
+        if dist.is_main:
+            print(
+                f"aiayn train: precision=auto keeps {kept}, as the run chose when it started", file=sys.stderr
+            )
+        return kept
     speedup = torch.zeros((), device=device)
     if dist.is_main:
         speedup += bf16_speedup(device, tokens, model_config.d_model, model_config.d_ff)

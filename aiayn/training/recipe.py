@@ -46,11 +46,13 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 def _typed(key: str, value: Any, annotation: Any, where: str, text: str | None = None) -> Any:
     """``value`` checked against ``annotation``; ``text``, an override's text as written, is the value
     of a string field that TOML read as something else (a date, a number)."""
-    takes_str = annotation is str or str in typing.get_args(annotation)
-    if text is not None and takes_str and not isinstance(value, str):
+    # only a string field: list[str] and dict[str, Any] hold strings, but "12" is no list of files
+    if text is not None and annotation is str and not isinstance(value, str):
         return text
     if not _type_ok(value, annotation):
-        expected = getattr(annotation, "__name__", str(annotation))
+        expected = {dict: "a table (e.g. model.d_model=256)", list: 'a list (e.g. ["a.txt"])'}.get(
+            typing.get_origin(annotation), getattr(annotation, "__name__", str(annotation))
+        )
         raise ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
     return float(value) if annotation is float else value
 

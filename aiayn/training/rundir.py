@@ -34,12 +34,13 @@ TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 # fields that may change when a run is resumed: they do not change what is computed (max_steps and
 # max_minutes unless they set where a cosine ends, which check_resume_compatible refuses to move;
-# dataset, another spelling of the same data, which the digests of its files in a checkpoint check)
+# dataset, another spelling of the same data, which the digests of its files in a checkpoint check;
+# not eval_max_sentences: it sets the validation set that best and patience compare scores on)
 # (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
 # hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
-                     "keep_last", "progress", "device", "threads", "tensorboard", "eval_max_sentences",
-                     "compile", "out_dir", "short_budget", "dataset"}  # fmt: skip
+                     "keep_last", "progress", "device", "threads", "tensorboard", "compile", "out_dir",
+                     "short_budget", "dataset"}  # fmt: skip
 # what a run that never reached a checkpoint leaves; removed when it is started again (its subword
 # samples too: drawn with its tokenizer, they would feed a restarted run with other settings old ids)
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, SAMPLES_DIR, "tensorboard")
@@ -121,9 +122,10 @@ def claim_run_dir(run_dir: Path, out_dir: str, dist: DistInfo, device: torch.dev
     return lock
 
 
-def read_run_config(run_dir: Path) -> dict:
-    """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``)."""
-    return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix="resume cannot go on")
+def read_run_config(run_dir: Path, fix: str = "resume cannot go on") -> dict:
+    """The ``train_config.json`` of a run (its ``TrainConfig`` fields and ``run_id``); ``fix``, what
+    an unreadable one means to the caller."""
+    return read_json(run_dir / TRAIN_CONFIG, f"{run_dir} is not a training run", fix=fix)
 
 
 def model_fields(cfg: TrainConfig, model: dict) -> dict:

@@ -75,8 +75,7 @@ class Trainer:
     (or restores) the model, optimiser and data position; ``fit()`` trains until a stop reason."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False):
-        self.cfg = cfg
-        self.run_dir = Path(cfg.out_dir)
+        self.cfg, self.run_dir = cfg, Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
         self.dist = init_distributed(self.device)
         if self.dist.enabled and self.device.type == "cuda":
@@ -114,16 +113,17 @@ class Trainer:
             self.task = get_task(cfg.task)(cfg, self.run_dir, self.dist)
         self.data_files = [[str(f.path), f.sha256] for f in files]
         self.model = self.task.build_model().to(self.device)
-        self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
-                                           self.model.config)  # fmt: skip
+        self.precision = cfg.precision  # "auto" is decided after a resume, which keeps the run's choice
         self.optimizer = make_optimizer(self.model, cfg, self.task.lr_scale(self.model))
         self.schedule = make_schedule(cfg, self.model.config.d_model)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16")  # "auto" is never fp16
         self.step, self.best, self.bad_evals, self.elapsed, self.evaluated = 0, None, 0, 0.0, True
         self.short_budget = ShortBudget(cfg.max_tokens)  # the batches' size, which short_budget may halve
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
             self._resume(checkpoints)
+        self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
+                                           self.model.config, kept=self.precision)  # fmt: skip
         self.train_model = self.task.objective(self.model)  # the model and its loss, which the wrappers wrap
         if cfg.compile:
             self.train_model = torch.compile(self.train_model)
@@ -174,6 +174,7 @@ class Trainer:
             )
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
         self.elapsed, self.evaluated = state["elapsed"], state.get("evaluated", True)
+        self.precision = state.get("precision", self.precision)  # what "auto" chose (older: "auto")
         if self.short_budget.load_state_dict(state):  # short_budget halved them
             self.task.rebatch(self.max_tokens)
         self.task.sampler.load_state_dict(state["sampler"])
@@ -296,7 +297,7 @@ class Trainer:
         state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
-                 "data_files": self.data_files, "evaluated": self.evaluated,
+                 "data_files": self.data_files, "evaluated": self.evaluated, "precision": self.precision,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta(),

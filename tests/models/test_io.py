@@ -70,6 +70,12 @@ def test_bad_directories_give_clear_errors(tmp_path):
     (tmp_path / "m2" / "config.json").write_text("{not json")
     with pytest.raises(ModelDirError, match="not valid JSON"):
         load_model(tmp_path / "m2")
+    # before: a traceback (ValueError: an int over Python's 4300 digits; RecursionError), not one line
+    for text, reason in (('{"d_model": ' + "9" * 5000 + "}", "digits"), ("[" * 100_000, "nested too deeply")):
+        (tmp_path / "m2" / "config.json").write_text(text)
+        message = rf"config\.json is not valid JSON \(.*{reason}.*\); restore it"
+        with pytest.raises(ModelDirError, match=message):
+            load_model(tmp_path / "m2")
 
 
 def _edit_config(directory, edit) -> None:

@@ -386,3 +386,30 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
 def test_bad_encoder_configs(task, override, match):
     with pytest.raises(ConfigError, match=match):
         load_recipe(None, [f"task={task}", *override.split()])
+
+
+@pytest.mark.parametrize("third_class", [True, False])
+def test_a_table_sorted_by_label_says_that_its_last_tenth_validates(rule_data, tmp_path, capsys, third_class):
+    """One file, sorted by label: its last tenth (validation) holds a class that no training row has
+    (before: "not one the model was trained on", as if the model were wrong), or lacks one (before:
+    scores over one class, silently)."""
+    rows = (rule_data / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    neg, pos = [r for r in rows if r.endswith("neg")], [r for r in rows if r.endswith("pos")]
+    if third_class:  # 150 neg, 150 pos, 30 "zzz": the last 33 rows are 3 pos and every zzz
+        ordered = neg[:150] + pos[:150] + [r.replace("\tneg", "\tzzz") for r in neg[150:180]]
+    else:  # 300 neg, 300 pos: the last 60 rows are pos
+        ordered = neg + pos
+    sorted_file = tmp_path / "sorted.tsv"
+    sorted_file.write_text("sentence\tlabel\n" + "\n".join(ordered) + "\n", encoding="utf-8")
+    args = ["train", "task=classify", f"dataset={sorted_file}", f"out_dir={tmp_path / 'run'}", "max_steps=1",
+            "eval_every=1", *TINY]  # fmt: skip
+    fix = "the validation rows are the file's last tenth: shuffle the file, or give valid_dataset=FILE"
+    if third_class:
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "label 'zzz' is not one the model was trained on" in err[0], err
+        assert err[0].endswith(fix)
+    else:
+        assert main(args) == 0
+        warning = f"warning: no validation row has label(s) 'neg', so its scores leave that class out; {fix}"
+        assert warning in capsys.readouterr().err

@@ -76,3 +76,16 @@ def test_a_recipe_saved_with_a_byte_order_mark_reads(tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_bytes(b"\xef\xbb\xbf" + RECIPE.read_bytes())  # as some Windows editors save UTF-8
     assert load_recipe(recipe, []).max_len == load_recipe(RECIPE, []).max_len
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model=5"], "override 'model=5': model must be a table \\(e.g. model.d_model=256\\), got 5"),
+        (["task=mlm", "extra_text=12"], "override 'extra_text=12': extra_text must be a list .*, got 12"),
+    ],
+)
+def test_a_table_or_list_field_given_a_scalar_is_one_line_not_its_text(overrides, message):
+    # list[str] and dict[str, Any] hold strings but are not string fields: "12" is no list of files
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, overrides)

@@ -169,6 +169,14 @@ def test_a_model_field_written_out_at_its_default_resumes_and_a_changed_one_is_n
         check_resume_compatible(saved, load_recipe(None, [*model, "model.ff_dropout=0.2"]), tmp_path)
 
 
+def test_resume_refuses_a_validation_set_cut_otherwise(tmp_path):
+    """Before, eval_max_sentences could change on resume, and the best checkpoint and patience compared
+    scores on 300 sentences with scores on the whole set."""
+    saved = to_dict(load_recipe(None, ["eval_max_sentences=300"]))
+    with pytest.raises(ConfigError, match=r"eval_max_sentences was 300, now 0 \(1 incompatible"):
+        check_resume_compatible(saved, load_recipe(None, []), tmp_path)
+
+
 def test_resume_checks_the_data_by_its_contents_not_by_how_its_path_is_spelt(corpus, tmp_path, capsys):
     """Before, edited data trained on silently, and the same data under another spelling of the path was
     refused (the dataset strings differed). A checkpoint from before the digests resumes as it did."""

@@ -84,6 +84,27 @@ def test_precision_auto_trains_in_bf16_only_where_bf16_products_are_faster(
     assert used and set(used) == {chosen}  # every training and evaluation step
 
 
+def test_a_resumed_run_keeps_the_precision_auto_chose_when_it_started(corpus, tmp_path, capsys, monkeypatch):
+    """Before, "auto" measured again on resume, and a run resumed on another (or a busier) machine
+    changed its arithmetic halfway."""
+    speedups = iter([2.4, 1.1])
+    monkeypatch.setattr(precision, "bf16_speedup", lambda *a: next(speedups))
+    used = []
+    real_autocast = trainer.autocast
+    monkeypatch.setattr(trainer, "autocast", lambda d, p: used.append(p) or real_autocast(d, p))
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2", "precision=auto")]) == 0
+    assert "precision=auto chose bf16" in capsys.readouterr().err
+    used.clear()
+    assert (
+        main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=2", "precision=auto"), "--resume"])
+        == 0
+    )
+    assert "precision=auto keeps bf16, as the run chose when it started" in capsys.readouterr().err
+    assert used and set(used) == {"bf16"}
+    assert next(speedups) == 1.1  # not measured again
+
+
 def test_bf16_speedup_times_a_float32_and_a_bfloat16_product_of_the_given_size(monkeypatch):
     calls, linear = [], torch.nn.functional.linear
 
@@ -310,6 +331,10 @@ def test_average_of_more_checkpoints_than_kept_warns_and_leaves_out_an_older_bes
                    "(see keep_last)"]  # fmt: skip
     averaged = json.loads((run / "averaged" / "config.json").read_text())["averaged"]
     assert [Path(p).name for p in averaged] == ["step-000006", "step-000008"]
+    (run / "train_config.json").write_text("{")  # before: "…; resume cannot go on", from aiayn average
+    assert main(["average", str(run), "--last", "2", "--force"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("restore it: it says which checkpoints the run kept"), err
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)

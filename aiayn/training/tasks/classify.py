@@ -44,7 +44,7 @@ from aiayn.data.sentences import load_examples, split_for
 from aiayn.data.subword import SAMPLES_DIR, sampled_texts
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.decoding.classifier import classification_metrics
-from aiayn.errors import ConfigError, ModelDirError
+from aiayn.errors import ConfigError, DataError, ModelDirError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir, load_encoder_tokenizer
 from aiayn.models import EncoderModel
 from aiayn.models.config import EncoderConfig
@@ -169,7 +169,7 @@ class ClassifyTask(EncoderTask):
             self.train = load_examples(cfg.dataset, "train", *columns)
             valid = load_examples(cfg.dataset, "valid", *columns)
         self.labels = LabelMap.from_corpus(self.train)
-        train_y, self.valid_text_y = self.labels.ids(self.train), self.labels.ids(valid)
+        train_y, self.valid_text_y = self.labels.ids(self.train), self._valid_ids(valid, cfg)
         self.long_text = LongText(o.long_text, o.window_stride)
         self.pretrained = self._pretrained_dir() if o.init_from else None
         if o.init_from:  # its tokenizer, copied into the run (which a resumed run reads)
@@ -187,6 +187,23 @@ class ClassifyTask(EncoderTask):
         self.class_weight = None
         if o.class_weights == "balanced":
             self.class_weight = torch.tensor(len(self.train_y) / (len(counts) * counts), dtype=torch.float32)
+
+    def _valid_ids(self, valid, cfg: TrainConfig) -> list[int]:
+        """The validation labels' ids. Where validation is the last tenth of the training file, a file
+        sorted by label puts a class there alone (an unknown label) or leaves classes out of it (a
+        score on some classes only): both say that the file's order is the cause and how to fix it."""
+        cut = not cfg.valid_dataset and not Path(cfg.dataset).is_dir()
+        fix = "the validation rows are the file's last tenth: shuffle the file, or give valid_dataset=FILE"
+        try:
+            ids = self.labels.ids(valid)
+        except DataError as e:
+            raise DataError(f"{e}; {fix}" if cut else str(e)) from None
+        seen = set(ids)
+        missing = [label for i, label in enumerate(self.labels.labels) if i not in seen]
+        if cut and missing and self.dist.is_main:
+            print(f"aiayn train: warning: no validation row has label(s) {', '.join(map(repr, missing))}, so "
+                  f"its scores leave that class out; {fix}", file=sys.stderr)  # fmt: skip
+        return ids
 
     # -- the pre-trained encoder -------------------------------------------------------------------
     def _pretrained_dir(self) -> Path | None:
@@ -258,7 +275,8 @@ class ClassifyTask(EncoderTask):
         if isinstance(meta.get("trained_max_len"), int):
             return min(meta["trained_max_len"], rows)
         try:
-            trained = read_run_config(self.pretrained.parent).get("max_len")
+            trained = read_run_config(self.pretrained.parent, fix="restore it (it holds init_from's max_len)")
+            trained = trained.get("max_len")
         except ModelDirError:  # no run around it
             return rows
         return min(trained, rows) if isinstance(trained, int) else rows
