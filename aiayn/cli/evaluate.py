@@ -143,7 +143,7 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, 
 # the options only one kind of model reads: given for the other, they would be ignored
 TRANSLATION_ONLY = (
     "dataset", "split", "src", "ref", "src_lang", "tgt_lang", "tokenized_bleu", "rerank_with", "no_cache",
-    *(f.name for f in dataclasses.fields(SearchConfig) if f.name != "use_cache"),
+    *(f.name for f in dataclasses.fields(SearchConfig) if f.name not in ("use_cache", "max_len_cap")),
 )  # fmt: skip
 CLASSIFIER_ONLY = ("data", "text_column", "label_column", "long_text", "window_stride")
 

@@ -17,6 +17,7 @@ from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
 MAX_TEMPERATURE = 1e4  # and its highest: far below float32's range (-inf / inf is NaN), already uniform
+MAX_LENPEN = 5.0  # |α| at most: |Y|^α stays far inside float32 for any output length a search reaches
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # read by sampling only
 
 
@@ -39,6 +40,7 @@ class SearchConfig:
     use_cache: bool = True  # False recomputes the whole prefix each step (the reference path)
     r2l_beam: int | None = None  # a bidirectional model's right-to-left pass: beam size (None = beam)
     mbr: str | None = None  # "bleu"/"chrf": order the beam's hypotheses by minimum Bayes risk (mbr.py)
+    max_len_cap: int | None = None  # generated tokens at most whatever max_len says (a server's --max-len)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -50,7 +52,17 @@ class SearchConfig:
         def fail(name: str, problem: str) -> None:
             raise ConfigError(f"{name}={getattr(self, name)!r} {problem}")
 
-        for name in ("beam", "nbest", "max_len_b", "min_len", "max_len", "top_k", "seed", "r2l_beam"):
+        for name in (
+            "beam",
+            "nbest",
+            "max_len_b",
+            "min_len",
+            "max_len",
+            "top_k",
+            "seed",
+            "r2l_beam",
+            "max_len_cap",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 fail(name, "must be an integer")
@@ -78,6 +90,10 @@ class SearchConfig:
             fail("max_len", "must be at least 1 (or None: input + max_len_b)")
         if self.max_len_b < 1:
             fail("max_len_b", "must be at least 1")
+        if self.max_len_cap is not None and self.max_len_cap < 1:
+            fail("max_len_cap", "must be at least 1 (or None: no cap)")
+        if abs(self.lenpen) > MAX_LENPEN:  # ((5 + |Y|) / 6)^α overflows to inf: every score -inf
+            fail("lenpen", f"must be within ±{MAX_LENPEN:g} (0.6 to 1.0 are usual; 0 = log-probability)")
         if self.min_len < 0:
             fail("min_len", "must be ≥ 0")
         if self.max_len is not None and self.min_len > self.max_len:
@@ -96,7 +112,8 @@ class SearchConfig:
 
     def output_limit(self, input_len: int) -> int:
         """The maximum number of generated tokens for an input of ``input_len`` tokens."""
-        return self.max_len if self.max_len is not None else input_len + self.max_len_b
+        limit = self.max_len if self.max_len is not None else input_len + self.max_len_b
+        return limit if self.max_len_cap is None else min(limit, self.max_len_cap)
 
 
 # sampling's fields at their defaults: what a search that does not sample holds

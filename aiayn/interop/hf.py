@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn import textfiles
 from aiayn.atomic import atomic_path, write_json
@@ -184,6 +185,17 @@ class NameMap:
         if unused:
             raise ModelDirError(f"{source}: unexpected tensors {unused[:3]}{' …' if len(unused) > 3 else ''}")
         return out
+
+    def load(self, build: Callable[[], nn.Module], hf_state: dict[str, Tensor], source: str) -> nn.Module:
+        """``build()``'s model holding the HF tensors, in eval mode. The shapes are checked against a
+        model built on the meta device first, so a config.json whose sizes do not fit its weights (a
+        vocab_size of a billion) is a ``ModelDirError`` naming the tensor, not memory spent to fail."""
+        with torch.device("meta"):
+            expected = build().state_dict()
+        mapped = self.to_aiayn(hf_state, expected, source)
+        model = build()
+        model.load_state_dict(mapped, strict=True)
+        return model.eval()
 
     def to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """HF tensors from aiayn's state dict: stacked entries are split into equal parts.

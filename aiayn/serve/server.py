@@ -201,9 +201,9 @@ class Server:
 
     def search_config(self, given: dict[str, Any] | None = None, **defaults: Any) -> SearchConfig:
         """The decoding options a request ``given`` over the route's ``defaults``, each within its
-        bound (``BOUNDS``)."""
+        bound (``BOUNDS``); the default length, input + max_len_b, within --max-len too."""
         try:
-            config = SearchConfig(**{**defaults, **(given or {})})
+            config = SearchConfig(**{**defaults, **(given or {}), "max_len_cap": self.settings.max_len})
         except (AiaynError, TypeError) as e:
             raise invalid(str(e)) from None
         for option, setting in BOUNDS.items():

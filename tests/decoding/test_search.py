@@ -2,6 +2,7 @@
 penalty and the exact stopping rule on hand-built distributions."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from aiayn.decoding import (
     sample,
     search,
 )
+from aiayn.errors import ConfigError
 from tests.decoding.fixtures import FakeDecoder, padded_sources, tiny_lm, tiny_transformer
 from tests.helpers import assert_close
 
@@ -183,9 +185,14 @@ def _never_past(limit):
 @pytest.mark.parametrize("lenpen", [1e30, -1e30, 3.4e38])
 def test_the_search_ends_at_max_len_whatever_the_length_penalty(lenpen):
     """An α so large that lp overflows to inf (or 0) makes the bound's ratio NaN (-inf / inf); a
-    sentence with no live hypothesis left is done all the same, at max_len at the latest."""
+    sentence with no live hypothesis left is done all the same, at max_len at the latest. (SearchConfig
+    refuses such an α, whose scores are ±inf: set past its check, the search still ends.)"""
+    with pytest.raises(ConfigError, match=re.escape(f"lenpen={lenpen!r} must be within ±5")):
+        SearchConfig(lenpen=lenpen)
+    config = SearchConfig(beam=2, nbest=2)
+    config.lenpen = lenpen
     fake = FakeDecoder(_never_past(5))
-    hyps = beam_search(fake, torch.zeros(1, 1), 5, SearchConfig(beam=2, nbest=2, lenpen=lenpen))[0]
+    hyps = beam_search(fake, torch.zeros(1, 1), 5, config)[0]
     assert fake.steps <= 5 and len(hyps) == 2 and all(len(h.tokens) <= 5 for h in hyps)
 
 

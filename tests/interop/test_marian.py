@@ -165,3 +165,13 @@ def test_corrupt_config_json_is_named(tmp_path):
     (tmp_path / "config.json").write_text(text[: len(text) // 2])
     with pytest.raises(ModelDirError, match=r"config\.json is not valid JSON"):
         from_pretrained(tmp_path)
+
+
+def test_a_config_far_larger_than_its_weights_is_refused_before_any_memory_is_spent(tmp_path):
+    """Before, the model of config.json was built first, terabytes for a vocab_size of 2**40."""
+    marian(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 2**40}))
+    refused = r"has shape \(61, 32\), config\.json implies \(1099511627776, 32\)"
+    with pytest.raises(ModelDirError, match=refused):
+        from_pretrained(tmp_path)

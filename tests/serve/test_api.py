@@ -20,6 +20,7 @@ from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
 from tests.cli.test_encoder_cli import TEXTS, encoder_dir  # noqa: E402
+from tests.decoding.fixtures import translation_dir  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
 from tests.serve.conftest import de_en_meta  # noqa: E402
 
@@ -320,6 +321,13 @@ def test_generate_classify_fill_mask(client):
         ),
         ("/v1/classify", {"json": {"q": "a", "topk": 3, **KEY}}, 400, "topk=3 is not a field"),
         ("/v1/translate", {"json": {"q": "a", "max_len_b": 5000, **KEY}}, 400, "max_len_b=5000 is over"),
+        ("/v1/translate", {"json": {"q": "a", "lenpen": 1e6, **KEY}}, 400, "lenpen=1000000.0 must be within"),
+        (
+            "/v1/translate",
+            {"json": {"q": "a", "r2l_beam": 2, **KEY}},
+            400,
+            "r2l_beam: 'de-en' is not a bidirectional model",
+        ),
         ("/v1/translate", {"json": {"q": "a", "lenpen_kind": "simple", "max_len_b": 3, **KEY}}, 200, ""),
         ("/v1/generate", {"json": {"prompt": "a", "max_len_b": 3, **KEY}}, 400, "max_len_b: not read"),
         ("/v1/generate", {"json": {"prompt": "a", "top_p": 1e-46, "max_new_tokens": 3, **KEY}}, 200, ""),
@@ -696,6 +704,19 @@ def test_libretranslate_translates_under_a_beam_limit_below_its_own_beam(served)
     with TestClient(create_app([load_service("de-en", served["de-en"])], Settings(max_beam=2))) as c:
         r = c.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", "alternatives": 1})
         assert r.status_code == 200 and len(r.json()["alternatives"]) == 1, r.text
+
+
+def test_max_len_bounds_the_default_length_too(tmp_path):
+    """Before, a request that left max_len out decoded input + max_len_b tokens past --max-len."""
+    service = load_service("de-en", translation_dir(tmp_path / "m", eos_bias=-20.0))  # writes on to its limit
+    body = {"q": ["Ein Mann " * 6], "max_len_b": 3}
+    for cap in (1024, 3):
+        with TestClient(create_app([service], Settings(max_len=cap))) as c:
+            for given in ({}, {"sample": True, "nbest": 2, "seed": 1}):  # a search, and sampling
+                r = c.post("/v1/translate", json={**body, **given})
+                lengths = [len(h["tokens"]) for h in r.json()["results"][0]["hypotheses"]]
+                assert r.status_code == 200 and lengths, r.text
+                assert max(lengths) <= 3 if cap == 3 else max(lengths) > 3, lengths
 
 
 def test_a_batch_run_again_job_by_job_counts_the_tokens_of_every_job(served):

@@ -258,9 +258,7 @@ def load_bert(directory: str | os.PathLike, tok: Tokenizer | None = None) -> Enc
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
     state = _canonical(state, cfg, str(directory))
-    model = EncoderModel(cfg)
-    model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
-    return model.eval()
+    return name_map(cfg).load(lambda: EncoderModel(cfg), state, str(directory))
 
 
 def load_bert_dir(

@@ -124,9 +124,7 @@ def load_gpt2(directory: str | os.PathLike, pad_id: int | None = None) -> Langua
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
     state = _canonical(hf.read_hf_weights(directory), cfg, str(directory))
-    model = LanguageModel(cfg)
-    model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
-    return model.eval()
+    return name_map(cfg).load(lambda: LanguageModel(cfg), state, str(directory))
 
 
 def check_exportable(c: LMConfig) -> None:

@@ -206,9 +206,7 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
     state = _canonical(state, cfg, str(directory))
-    model = Transformer(cfg)
-    model.load_state_dict(name_map(cfg).to_aiayn(state, model.state_dict(), str(directory)), strict=True)
-    return model.eval()
+    return name_map(cfg).load(lambda: Transformer(cfg), state, str(directory))
 
 
 def halves_permutation(d_model: int) -> Tensor:

@@ -59,6 +59,9 @@ async def translate(
     texts = server.texts(body.q)
     service = server.pick(body.model, TranslationService)
     config, limit = server.search_config(body.given()), server.settings.max_attention_values
+    if config.r2l_beam is not None and not service.translator.model.config.bidirectional:  # as the CLI says
+        raise invalid(f"r2l_beam: {service.name!r} is not a bidirectional model (model.bidirectional=true); "
+                      "leave r2l_beam out")  # fmt: skip
     job = Translation(service.name, config, body.attention, limit)
     sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
     results = await server.submit(job, sources, len(texts), request)
