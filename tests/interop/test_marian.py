@@ -10,7 +10,7 @@ from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
 from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir
 from tests.helpers import assert_close
-from tests.interop.hf_builders import marian, padded_ids
+from tests.interop.hf_builders import gpt2, marian, padded_ids
 
 CONFIGS = {
     "opus-mt-like": {},
@@ -167,11 +167,13 @@ def test_corrupt_config_json_is_named(tmp_path):
         from_pretrained(tmp_path)
 
 
-def test_a_config_far_larger_than_its_weights_is_refused_before_any_memory_is_spent(tmp_path):
-    """Before, the model of config.json was built first, terabytes for a vocab_size of 2**40."""
-    marian(tmp_path)
+@pytest.mark.parametrize(("build", "rows"), [(marian, 61), (gpt2, 53)], ids=["marian", "gpt2"])
+def test_a_config_far_larger_than_its_weights_is_refused_before_any_memory_is_spent(tmp_path, build, rows):
+    """Before, the model of config.json was built first: a vocab_size of 2**40 asked for terabytes
+    (a RuntimeError traceback, or the memory of the machine) before the shapes were compared."""
+    build(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 2**40}))
-    refused = r"has shape \(61, 32\), config\.json implies \(1099511627776, 32\)"
+    refused = rf"has shape \({rows}, 32\), config\.json implies \(1099511627776, 32\)"
     with pytest.raises(ModelDirError, match=refused):
         from_pretrained(tmp_path)
