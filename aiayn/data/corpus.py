@@ -139,10 +139,15 @@ def load_parallel(
 
 
 def load_text(
-    source: str | os.PathLike = "shakespeare", split: str = "train", valid_fraction: float = 0.1
+    source: str | os.PathLike = "shakespeare",
+    split: str = "train",
+    valid_fraction: float = 0.1,
+    whole_lines: bool = False,
 ) -> TextCorpus:
     """A checked text corpus for language modelling, cut by characters: ``train`` is the first
-    ``1 - valid_fraction`` of the characters, ``valid`` the rest, ``all`` everything.
+    ``1 - valid_fraction`` of the characters, ``valid`` the rest, ``all`` everything; with
+    ``whole_lines``, the cut moves on to the next line's start, so that no line (a sentence or a
+    document of a one-per-line file) is cut in two and read half in each split.
 
     ``source`` is ``"shakespeare"`` (bundled tiny-shakespeare) or a path to a plain or gzipped
     UTF-8 text file. For separate train and valid files, load each with ``split="all"``.
@@ -154,10 +159,24 @@ def load_text(
     path = data_dir() / TEXT_DATASETS[key] if key in TEXT_DATASETS else Path(source)
     info = check_file(path)
     cut = int(info.n_chars * (1 - valid_fraction))  # as nanoGPT: data[:int(n * 0.9)]
+    if whole_lines and split != "all":
+        cut = _line_start(info, cut)
     start, stop = {"train": (0, cut), "valid": (cut, info.n_chars), "all": (0, info.n_chars)}[split]
     if start == stop:
-        raise DataError(f"{path}: the {split} split is empty ({info.n_chars} characters in all)")
+        whole = "; the cut falls in its last line, which is not cut in two: give a separate validation file"
+        raise DataError(f"{path}: the {split} split is empty ({info.n_chars} characters in all"
+                        f"{whole if whole_lines and cut == info.n_chars else ''})")  # fmt: skip
     return TextCorpus(f"{Path(key).name}.{split}", info, start, stop)
+
+
+def _line_start(info: FileInfo, cut: int) -> int:
+    """The first character at or after ``cut`` that begins a line (``info.n_chars`` if none does)."""
+    offset = cut - 1
+    for chunk in iter_text(info.path, cut - 1, info.n_chars):  # from the character before the cut
+        if (i := chunk.find("\n")) >= 0:
+            return offset + i + 1
+        offset += len(chunk)
+    return info.n_chars
 
 
 @dataclass(frozen=True)

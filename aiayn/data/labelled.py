@@ -33,6 +33,7 @@ FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}
 TEXT_NAMES = ("text", "sentence", "content", "review", "document")  # what "text" may be called
 LABEL_NAMES = ("label",)
 SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
+MAX_CSV_FIELD = 2**31 - 1  # characters in one CSV field: a long document (the tokenizer bounds it further)
 
 
 def table_format(path: str | os.PathLike) -> str | None:
@@ -77,13 +78,19 @@ def _column(spec: str, header: list[str] | None, names: tuple[str, ...], what: s
         return int(spec)
     wanted = (spec,) if spec else names
     cells = [c.strip().lower() for c in header]
-    found = next((cells.index(w.lower()) for w in wanted if w.lower() in cells), None)
-    if found is None:
+    name = next((w.lower() for w in wanted if w.lower() in cells), None)
+    if name is None:
         raise DataError(
             f"{path}: the header {header} has no {what} column named {' or '.join(map(repr, wanted))}; "
             f"set {what}_column to one of its names"
         )
-    return found
+    found = [i for i, c in enumerate(cells) if c == name]
+    if len(found) > 1:  # which one is meant is anyone's guess
+        raise DataError(
+            f"{path}: the header names {name!r} {len(found)} times (columns {', '.join(map(str, found))}); "
+            f"rename all but one, or set {what}_column to a 0-based column number"
+        )
+    return found[0]
 
 
 def _is_header(row: list[str], text_column: str, label_column: str, labelled: bool) -> bool:
@@ -103,15 +110,21 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
             if line.strip():
                 yield i, line.split("\t")
         return
-    reader = csv.reader(
-        line + "\n" for line in lines
-    )  # a quoted field may span lines: line_num is where a row ends
+    csv.field_size_limit(MAX_CSV_FIELD)  # Python's default, 131,072 characters, is a short document
+    # strict: a stray quote is an error, not a field that swallows the rows up to the next quote
+    # (a quoted field may still span lines: line_num is where a row ends)
+    reader, start = csv.reader((line + "\n" for line in lines), strict=True), 1
     try:
         for row in reader:
             if any(c.strip() for c in row):
                 yield reader.line_num, row
+            start = reader.line_num + 1
     except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+        end, where = reader.line_num, f"{start}"
+        if end > start:  # the row began on an earlier line: where its quote opened
+            where, e = f"{start}-{end}", f"{e}; a quote opened on line {start} runs on to line {end}"
+        raise DataError(f"{path}:{where}: not valid CSV ({e}); a field holding quotes is quoted "
+                        'whole, its quotes doubled: "say ""hi"""') from None  # fmt: skip
 
 
 def _check_cell(path: Path, line: int, value: str, what: str, column: str) -> str:

@@ -3,8 +3,9 @@
 A source is a bundled name (``multi30k``: both languages' sentences; ``shakespeare``: its lines),
 a TSV/CSV/JSONL table (``labelled.py``), a folder holding ``{train,valid|val|dev}.{tsv,csv,jsonl}``,
 or a plain or gzipped text file (one sentence per line). ``split`` is ``train``, ``valid`` or
-``all``: a table or text file without a separate validation file is cut by rows, the first 90%
-for training and the rest for validation (as ``load_text`` cuts an LM's text by characters).
+``all``: a table without a separate validation file is cut by rows, the first 90% for training and
+the rest for validation; a text file at the first line that starts past 90% of its characters (as
+``load_text`` cuts an LM's text, but never inside a line).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def load_sentences(source: str | os.PathLike, split: str, text_column: str = "")
     if not is_text_file(source):
         examples = load_examples(source, split, text_column, labelled=False)
         return examples.texts, str(examples.path)
-    text = load_text(source, split)
+    text = load_text(source, split, whole_lines=True)
     lines = [line for chunk in text.chunks() for line in split_lines(chunk) if line.strip()]
     if not lines:
         raise DataError(f"{text.file.path}: the {split} split holds no non-blank line")

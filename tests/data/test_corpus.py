@@ -1,6 +1,7 @@
 import pytest
 
 from aiayn.data import CorpusFilter, DataError, FilterStats, load_parallel, load_text
+from aiayn.data.sentences import load_sentences
 
 MULTI30K_SIZES = {"train": 29000, "valid": 1014, "test": 1000}
 
@@ -91,6 +92,22 @@ def test_user_text_file_split(tmp_path, write_lines):
         load_text(tmp_path / "one")
     with pytest.raises(DataError, match="valid_fraction=1.5"):
         load_text(path, valid_fraction=1.5)
+
+
+def test_a_file_of_sentences_is_cut_between_lines(tmp_path, write_lines):
+    """Before, the sentence tasks cut a text file where an LM's is cut, inside a line: its first half
+    trained and its second half validated."""
+    lines = [f"short {i}" for i in range(9)] + ["a much longer final sentence that holds many words"]
+    path = write_lines(tmp_path / "s.txt.gz", [*lines, "end"])  # 72 + 51 + 4 = 127 characters
+    assert load_text(path, "train").stop == 114  # 90%: inside line 10, where an LM's text is cut (nanoGPT)
+    train, valid = load_text(path, "train", whole_lines=True), load_text(path, "valid", whole_lines=True)
+    assert (train.stop, valid.start) == (123, 123) and train.text().splitlines() == lines
+    assert load_sentences(path, "train")[0] == lines and load_sentences(path, "valid")[0] == ["end"]
+    even = write_lines(tmp_path / "even.txt", ["0123456789"] * 10)  # 90% is line 10's start: no move
+    assert load_text(even, "train", whole_lines=True).stop == load_text(even, "train").stop == 99
+    last = write_lines(tmp_path / "last.txt", ["a", "b" * 20])  # 90% falls inside the last line
+    with pytest.raises(DataError, match="valid split is empty .*the cut falls in its last line"):
+        load_sentences(last, "valid")
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,19 @@ def test_jsonl_labels_of_any_form(tmp_path):
         ("a.jsonl", '{"text": "a", "label": 1}\n[1]\n', r"a.jsonl:2: not a JSON object"),
         ("a.jsonl", '{"text": ["a"], "label": 1}\n', r"a.jsonl:1: the text 'text' is a list"),
         ("a.csv", 'text,label\n"open,1\n', r"a.csv:\d+: "),
+        # before: the rows up to the next quote were one text, labelled as the last of them
+        (
+            "a.csv",
+            'text,label\n"stray,pos\nlost,neg\n"next",pos\n',
+            r"a.csv:2-4: not valid CSV \(.*a quote "
+            r"opened on line 2 runs on to line 4\); a field holding quotes is quoted whole",
+        ),  # fmt: skip
+        ("a.csv", 'text,label\n"Great" she said,pos\n', r"a.csv:2: not valid CSV"),  # before: Great she said
+        (
+            "a.tsv",
+            "text\ttext\tlabel\na\tb\tpos\n",
+            r"a.tsv: the header names 'text' 2 times \(columns 0, 1\)",
+        ),
         ("a.txt", "good\t1\n", r"not a .tsv, .csv or .jsonl file"),
         (
             "a.tsv",
@@ -192,3 +205,11 @@ def test_lines_are_cut_at_newlines_only_as_files_are_read(tmp_path):
 def test_the_text_and_the_label_must_be_two_columns(tmp_path, name, text, columns):
     with pytest.raises(DataError, match="the text and the label are the same"):
         load_labelled(write(tmp_path / name, text), text_column=columns[0], label_column=columns[1])
+
+
+def test_a_csv_field_may_hold_a_document_past_pythons_default_limit(tmp_path):
+    long = "word " * 30_000  # 150,000 characters; before: "field larger than field limit (131072)"
+    assert load_labelled(write(tmp_path / "a.csv", f"text,label\n{long},pos\nshort,neg\n")).texts == [
+        long,
+        "short",
+    ]

@@ -20,7 +20,7 @@ from aiayn.training import checkpoint as ckpt
 from aiayn.training import precision, trainer
 from aiayn.training.recipe import load_recipe
 from aiayn.training.trainer import Trainer, TrainingDiverged
-from tests.training.conftest import tiny_args
+from tests.training.conftest import make_corpus, tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -465,3 +465,17 @@ def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "training" not in err
     assert (out / demo.DEMO_MARK).read_text() == "the last demo"  # nothing replaced
+
+
+def test_training_pairs_the_filters_drop_are_counted_on_stderr(corpus, tmp_path, capsys):
+    """Before, the counts were only in the data cache's meta.json: a quarter of a corpus could go unsaid."""
+    de, en = (corpus / "train.de").read_text().splitlines(), (corpus / "train.en").read_text().splitlines()
+    de[:3], en[3:5] = [" ".join(["hund"] * 300)] * 3, ["", " "]  # 3 over max_len, 2 with an empty side
+    (corpus / "train.de").write_text("\n".join(de) + "\n")
+    (corpus / "train.en").write_text("\n".join(en) + "\n")
+    assert main(["train", *tiny_args(corpus, tmp_path / "run", "max_steps=1", "eval_every=1")]) == 0
+    said = "kept 395 of 400 pairs (dropped 2 empty, 3 over max_len, 0 over max_ratio)"
+    assert said in capsys.readouterr().err
+    (tmp_path / "clean").mkdir()
+    assert main(["train", *tiny_args(make_corpus(tmp_path / "clean"), tmp_path / "r2", "max_steps=1")]) == 0
+    assert "pairs (dropped" not in capsys.readouterr().err  # nothing dropped, nothing said

@@ -135,7 +135,7 @@ class MLMTask(EncoderTask):
         streams = []
         for (name, split), lines in parts:
             if is_text_file(name):
-                corpus = load_text(name, split)
+                corpus = load_text(name, split, whole_lines=True)  # as load_sentences cuts it
                 streams.append(main_first(self.dist, lambda c=corpus: encode_documents(c, self.tok)))
             else:
                 streams.append(join_documents(self.tok.encode_batch(lines), self.tok.eos_id))

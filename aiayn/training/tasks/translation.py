@@ -13,6 +13,7 @@ the largest matrix product of a step.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,11 +288,11 @@ class TranslationTask(Task):
         return CorpusFilter(max_len=min(self.cfg.max_len, self.cfg.max_tokens - 1))
 
     def _encode(self, train, valid):
+        encoded = encode_parallel(train, self.src_tok, self.tgt_tok, self._training_filter())
+        if self.dist.is_main and encoded.stats.kept < encoded.stats.total:  # said, not only in the cache
+            print(f"aiayn train: {train.name}: {encoded.stats}", file=sys.stderr)
         keep_all = CorpusFilter(drop_empty=False, max_len=None, max_ratio=None)
-        return (
-            encode_parallel(train, self.src_tok, self.tgt_tok, self._training_filter()),
-            encode_parallel(valid, self.src_tok, self.tgt_tok, keep_all),
-        )
+        return encoded, encode_parallel(valid, self.src_tok, self.tgt_tok, keep_all)
 
     def build_model(self) -> Transformer:
         shared = self.src_tok is self.tgt_tok
@@ -346,8 +347,7 @@ class TranslationTask(Task):
         total, r2l = criteria.bidirectional_loss(model, batch, smoothing, o.r2l_weight,
                                                  self._memory(model, batch), self._r2l_target)  # fmt: skip
         sums = self._r2l["train" if model.training else "valid"]
-        sums[0] += float(r2l.nll.detach())
-        sums[1] += int(r2l.n)
+        sums[0], sums[1] = sums[0] + float(r2l.nll.detach()), sums[1] + int(r2l.n)
         return total
 
     @property
