@@ -87,18 +87,22 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
         out = translator.tgt_tokenizer.encode(args.tgt)
         if translator.reverse:  # a right-to-left model reads its target backwards, as it writes it
             out = out[::-1]
-        check_length("--tgt", len(out) + 1, MAX_MAP_TOKENS, " with <s>")
+        check_length(
+            "--tgt", len(out) + 1, min(MAX_MAP_TOKENS, translator.max_tgt_len or MAX_MAP_TOKENS), " with <s>"
+        )
         r2l_in = [c.bos_id, *out[::-1]]  # a bidirectional model reads the given target backwards too
     elif c.bidirectional:  # both passes of greedy decoding: the right-to-left one makes the memory
-        limit = SearchConfig().output_limit(len(src) - 1)  # eos excluded, as Translator counts
-        adapter = BidirectionalAdapter(model, SearchConfig(beam=1), limit)
+        # with the right-to-left search the model was trained with (r2l_beam), as aiayn translate
+        greedy = SearchConfig(beam=1, r2l_beam=translator.r2l_beam)
+        limit = greedy.output_limit(len(src) - 1)  # eos excluded, as Translator counts
+        adapter = BidirectionalAdapter(model, greedy, limit)
         with torch.inference_mode():
-            out = search(adapter, torch.tensor([src], device=device), SearchConfig(beam=1), limit)[0][
-                0
-            ].tokens
+            out = search(adapter, torch.tensor([src], device=device), greedy, limit)[0][0].tokens
         r2l_in = [c.bos_id] + [t for t in adapter.r2l_hypotheses[0][0].tokens if t != c.eos_id]
     else:
         out = translator.search([src[:-1]], SearchConfig(beam=1))[0][0].tokens
+    if args.tgt is None and (not out or out[-1] != c.eos_id):  # stopped at its length limit: the
+        out = out[:-1]  # decoder read <s> and every token but the last, which no position predicts from
     tgt_in = [c.bos_id] + [t for t in out if t != c.eos_id]
     extra = {"r2l_tgt": torch.tensor([r2l_in], device=device)} if c.bidirectional else {}
     src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)
@@ -120,7 +124,7 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     ids = generator.tokenizer.encode(args.src)
     if not ids:
         raise ConfigError("--src is empty; give some text")
-    check_length("--src", len(ids), min(MAX_MAP_TOKENS, generator.model.config.max_len), "")
+    check_length("--src", len(ids), min(MAX_MAP_TOKENS, generator.context or MAX_MAP_TOKENS), "")
     with torch.inference_mode():
         maps = generator.model.attention_weights(torch.tensor([ids], device=generator.device))
     return maps, {"tgt": token_labels(generator.tokenizer, ids, generator.model.config)}
@@ -129,13 +133,15 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
 def _encoder_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     if args.tgt is not None:
         raise ConfigError("--tgt is for translation models; an encoder-only model plots --src only")
-    model, tok, _ = load_encoder_dir(args.model, args.device)
+    model, tok, meta = load_encoder_dir(args.model, args.device)
     c = model.config
+    trained = meta.get("trained_max_len") if c.positional == "learned" else None  # rows past it: untrained
     ids = tok.encode(args.src)
     if not ids:
         raise ConfigError("--src is empty; give some text")
     ids = [c.bos_id, *ids, c.eos_id]
-    check_length("--src", len(ids), min(MAX_MAP_TOKENS, c.max_len), " with <s> and </s>")
+    limit = min(MAX_MAP_TOKENS, c.max_len, trained if isinstance(trained, int) and trained > 0 else c.max_len)
+    check_length("--src", len(ids), limit, " with <s> and </s>")
     with torch.inference_mode():
         maps = model.attention_weights(torch.tensor([ids], device=args.device))
     return maps, {"src": token_labels(tok, ids, c)}

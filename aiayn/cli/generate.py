@@ -20,6 +20,9 @@ Each sample is printed as prompt + continuation; samples are separated by a line
 """
 
 
+MAX_GENERATED = 1 << 24  # tokens one run writes at most (samples × length): 128 MiB of ids, minutes of CPU
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate",
@@ -48,6 +51,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
+    if args.max_new_tokens * args.num_samples > MAX_GENERATED:  # the search holds them all at once
+        asked = f"--num-samples {args.num_samples} × --max-new-tokens {args.max_new_tokens}"
+        raise ConfigError(f"{asked} is over {MAX_GENERATED:,} tokens; ask for fewer (or run several times)")
     if args.greedy and args.num_samples > 1:
         raise ConfigError("--greedy gives one continuation; drop --num-samples")
     given = [f"--{n.replace('_', '-')}" for n, d in SAMPLING_DEFAULTS.items() if getattr(args, n) != d]

@@ -33,15 +33,25 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
         raise ModelDirError(f"{other} and {paths[0]} hold different model configs; average one model")
     check_same_files(paths)  # before any weights load: a few small files
     total: dict[str, torch.Tensor] = {}
-    for p in paths:
+    shapes: dict[str, tuple] | None = None  # the newest's (checked by load_model): every other's too
+    for p in reversed(paths):
         try:
             weights = load_file(str(p / WEIGHTS_FILE))
         except (OSError, SafetensorError) as e:
             raise ModelDirError(f"{p / WEIGHTS_FILE} is missing, truncated or corrupt ({e})") from None
+        now = {name: tuple(t.shape) for name, t in weights.items()}
+        shapes = shapes or now
+        if now != shapes:  # a tensor missing would be averaged over fewer, another shape broadcast
+            name = sorted(k for k in shapes.keys() | now.keys() if shapes.get(k) != now.get(k))[0]
+            was, has = shapes.get(name, "missing"), now.get(name, "missing")
+            raise ModelDirError(f"{p / WEIGHTS_FILE}: {name} is {has}, in {paths[-1]} {was}: average one "
+                                "run's checkpoints")  # fmt: skip
         for name, tensor in weights.items():
             if not tensor.is_floating_point():  # ids (an output layer's pieces): the same in every one
                 if name in total and not torch.equal(total[name], tensor):
-                    raise ModelDirError(f"{p} and {paths[0]} differ in {name}: average one run's checkpoints")
+                    raise ModelDirError(
+                        f"{p} and {paths[-1]} differ in {name}: average one run's checkpoints"
+                    )
                 total[name] = tensor
                 continue
             total[name] = total.get(name, 0) + tensor.double()

@@ -16,6 +16,8 @@ from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.textfiles import read_text  # noqa: E402
 from aiayn.viz.figures import png_bytes, write_figures  # noqa: E402
 
+MAX_PLOTTED = 1e300  # a value's magnitude at most: past it, an axis' span overflows float64
+
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
@@ -27,7 +29,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
         if line.strip():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, a number of 4300+ digits, nested too deep
                 raise ModelDirError(
                     f"{path}: line {i} is not valid JSON: give a run directory or its "
                     "metrics.jsonl (a torn last line: delete it)"
@@ -41,8 +43,13 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def _series(records: list[dict], split: str, key: str) -> tuple[list, list]:
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    def number(v) -> bool:  # and one an axis can span: ±inf or 1e308 is a gap, as NaN is
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return False
+        try:
+            return not abs(float(v)) >= MAX_PLOTTED
+        except OverflowError:  # an int past float's range
+            return False
 
     pts = [(r["step"], r[key]) for r in records
            if r.get("split") == split and number(r.get(key)) and number(r.get("step"))]  # fmt: skip

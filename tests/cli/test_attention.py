@@ -4,9 +4,11 @@ import argparse
 import json
 import shutil
 
-from aiayn.cli.attention import _translation_maps
+from aiayn.cli.attention import _translation_maps, token_labels
 from aiayn.cli.main import main
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
+from tests.decoding.fixtures import translation_dir
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -104,3 +106,41 @@ def test_a_piece_with_two_dollar_signs_is_a_label_not_a_formula():
 
     fig = plot_heads(torch.full((2, 2, 3), 1 / 3), ["$$", "a$b$"], ["$$", "x", "$5 and $6"], "title")
     assert png_bytes(fig).startswith(PNG)
+
+
+def test_a_bidirectional_models_maps_read_the_right_to_left_search_translate_runs(tmp_path):
+    """Before, attention ran the right-to-left pass greedily where the model's config.json says
+    r2l_beam (the cache's search, which aiayn translate runs): it drew another memory than it reads."""
+    bidir = translation_dir(tmp_path / "bidir", eos_bias=1.5, seed=1, bidirectional=True)
+    meta = json.loads((bidir / "config.json").read_text())
+    (bidir / "config.json").write_text(json.dumps({**meta, "r2l_beam": 4}))
+    translator = Translator.from_dir(bidir)
+    c = translator.model.config
+    for text in ("Ein Mann", "Zwei Hunde spielen", "Fahrrad", "im Schnee!", "A man rides"):
+        _, labels = _translation_maps(argparse.Namespace(model=str(bidir), device="cpu", src=text, tgt=None))
+        hyp = translator.search([translator.src_tokenizer.encode(text)], SearchConfig(beam=1))[0][0]
+        r2l = [c.bos_id, *(t for t in hyp.r2l.tokens if t != c.eos_id)]
+        assert labels["r2l"] == token_labels(translator.tgt_tokenizer, r2l, c), text
+
+
+def test_a_translation_cut_at_its_length_limit_is_drawn_as_the_decoder_read_it(tmp_path, capsys):
+    """Before, the greedy output's last token was drawn as a decoder position (one past a learned
+    table: an error), though no position reads the token the last one predicts."""
+    model = translation_dir(tmp_path / "m", eos_bias=-20.0, positional="learned", max_len=16)  # no eos
+    args = argparse.Namespace(model=str(model), device="cpu", src="Ein Mann", tgt=None)
+    _, labels = _translation_maps(args)
+    assert len(labels["tgt"]) == 16 and labels["tgt"][0] == "<s>"  # <s> + 15 of the 16 tokens written
+    assert main(["attention", "--model", str(model), "--src", "Ein Mann", "--tgt", "x" * 16,
+                 "--out", str(tmp_path / "o")]) == 1  # fmt: skip
+    assert "--tgt has 17 tokens with <s>; this model reads at most 16" in capsys.readouterr().err
+
+
+def test_a_language_model_is_drawn_over_no_more_than_the_context_it_was_trained_on(
+    model_dirs, tmp_path, capsys
+):
+    lm = tmp_path / "lm"
+    shutil.copytree(model_dirs["lm"], lm)
+    meta = json.loads((lm / "config.json").read_text())
+    (lm / "config.json").write_text(json.dumps({**meta, "trained_max_len": 4}))  # as aiayn generate reads it
+    assert main(["attention", "--model", str(lm), "--src", "Ein Mann", "--out", str(tmp_path / "o")]) == 1
+    assert "--src has 8 tokens; this model reads at most 4" in capsys.readouterr().err

@@ -29,3 +29,9 @@ def test_errors(model_dirs, capsys):
     assert "top_p=2.0 must be in (0, 1]" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dirs["lm"]), "--greedy", "--top-k", "40"]) == 1
     assert "--greedy takes the most probable token, so --top-k would be ignored" in capsys.readouterr().err
+    # before: a traceback (an allocation of terabytes, or an overflow), not one line
+    for n, length in (("100000000", "5"), ("1", "100000000000000000000")):
+        assert main(["generate", "--model", str(model_dirs["lm"]), "--prompt", "Ein", "--num-samples", n,
+                     "--max-new-tokens", length, "--seed", "1"]) == 1  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is over 16,777,216 tokens; ask for fewer" in err[0], err

@@ -479,3 +479,50 @@ def test_training_pairs_the_filters_drop_are_counted_on_stderr(corpus, tmp_path,
     (tmp_path / "clean").mkdir()
     assert main(["train", *tiny_args(make_corpus(tmp_path / "clean"), tmp_path / "r2", "max_steps=1")]) == 0
     assert "pairs (dropped" not in capsys.readouterr().err  # nothing dropped, nothing said
+
+
+def test_average_refuses_checkpoints_whose_tensors_differ(corpus, tmp_path, capsys):
+    """Before, a tensor missing from an older checkpoint was averaged as if it were zero there (the
+    average halved, exit 0), and one of another shape broadcast or raised a traceback."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=2", "keep_last=5")]) == 0
+    older = run / "step-000002" / "model.safetensors"
+    weights, name = load_file(str(older)), "decoder.layers.0.ff_res.norm.bias"
+    for edited, said in (({k: v for k, v in weights.items() if k != name}, "is missing, in"),
+                         ({**weights, name: weights[name][:5]}, "is (5,), in")):  # fmt: skip
+        save_file(edited, str(older), metadata={"format": "pt"})
+        capsys.readouterr()
+        assert main(["average", str(run), "--last", "2", "--force"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"step-000002/model.safetensors: {name} {said}" in err[0], err
+        assert not (run / "averaged").exists()
+
+
+@pytest.mark.parametrize(
+    "line, refused",
+    [
+        (
+            '{"split": "train", "step": 1, "loss": ' + "9" * 5000 + "}",
+            True,
+        ),  # an int past Python's 4300 digits
+        ("[" * 100_000, True),  # nested past the recursion limit
+        (
+            '{"split": "train", "step": 1, "loss": 1e308}\n{"split": "train", "step": 2, "loss": -1e308}',
+            False,
+        ),
+        ('{"split": "train", "step": 3, "loss": ' + "9" * 400 + "}", False),  # an int past float's range
+    ],
+)
+def test_plot_of_odd_metrics_is_one_line_or_a_figure_without_the_odd_values(tmp_path, capsys, line, refused):
+    """Before: a ValueError, RecursionError or OverflowError traceback."""
+    metrics = tmp_path / "m.jsonl"
+    good = [{"split": "train", "step": s, "loss": 5.0 - s, "lr": 0.001} for s in (4, 5)]
+    metrics.write_text("\n".join([line, *map(json.dumps, good)]) + "\n")
+    assert main(["plot", str(metrics), "--out", str(tmp_path / "figs")]) == int(refused)
+    err = capsys.readouterr().err.strip().splitlines()
+    if refused:
+        assert len(err) == 1 and "m.jsonl: line 1 is not valid JSON" in err[0], err
+    else:
+        assert (tmp_path / "figs" / "loss.png").stat().st_size > 1000
