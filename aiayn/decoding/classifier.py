@@ -121,7 +121,10 @@ class TextClassifier(Labeller):
     ) -> TextClassifier:
         """The classifier in ``directory``; ``long_text`` replaces the policy saved with it (to read a
         model trained on heads in windows, say), over the same ``max_len``."""
-        saved = cls.from_loaded(*load_encoder_dir(directory, device))
+        try:
+            saved = cls.from_loaded(*load_encoder_dir(directory, device))
+        except ModelDirError as e:  # which directory, where several make an ensemble
+            raise ModelDirError(f"{directory}: {e}" if str(directory) not in str(e) else str(e)) from None
         if long_text is None:
             return saved
         return cls(saved.model, saved.tokenizer, saved.labels, long_text, saved.max_len)

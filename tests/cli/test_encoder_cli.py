@@ -149,7 +149,7 @@ CASES = [
     (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--ensemble-with", "other-labels"],
      "ensemble member 2 has the labels ['bad', 'good'] but member 1 has ['negative', 'positive']"),
     (["classify", "--model", "classifier", "--ensemble-with", "mlm", "--input", "in.txt"],
-     "has no classification head"),
+     "mlm: this encoder has no classification head"),  # which member (before: not said)
     (["evaluate", "--model", "translation", "--long-text", "windows"], "--long-text: not read for a transl"),
     (["train", "task=classify", "dataset=one.tsv", "out_dir=run", "progress=false"],
      "one.tsv: every example has the label 'positive'"),
