@@ -175,8 +175,8 @@ def open_output(path: str | os.PathLike | None) -> Iterator[BinaryIO]:
         try:
             yield sys.stdout.buffer
             sys.stdout.buffer.flush()
-        except OSError as e:
-            if e.filename is not None:  # a file the caller read or wrote meanwhile: its own error
+        except OSError as e:  # a file the caller read or wrote meanwhile: its own error; a reader that
+            if e.filename is not None or isinstance(e, BrokenPipeError):  # left: the CLI ends quietly
                 raise
             raise OutputError(f"cannot write to standard output: {e.strerror or e}") from None
         return

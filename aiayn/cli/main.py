@@ -10,7 +10,9 @@ output that would destroy something, a device that is not there) is raised as an
 file that cannot be read or written), and so is a command-line argument that is not UTF-8 (before
 parsing: a text or a name the commands could not encode); ``AIAYN_DEBUG=1`` shows the traceback
 instead. A command line that argparse refuses (an unknown or missing option, a value of the wrong
-type) is one line too, with argparse's status 2. Any other exception is a bug and keeps its traceback.
+type) is one line too, with argparse's status 2. A reader of standard output that goes away (``aiayn
+translate … | head``) ends the command quietly with status 141, as ``yes | head`` ends ``yes``. Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -76,11 +78,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
     except (AiaynError, OSError) as e:  # the user's to fix; anything else is a bug: its traceback shows
+        if isinstance(e, BrokenPipeError) and e.filename is None:  # stdout's reader went away (`… | head`)
+            silence_stdout()  # Python flushes stdout at exit: a second BrokenPipeError would print a notice
+            return 141  # quietly, with the status (128 + SIGPIPE) a shell reports for `yes | head`'s yes
         if os.environ.get("AIAYN_DEBUG"):
             raise
         where = f"aiayn {args.command}" if args else "aiayn"
         print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+def silence_stdout() -> None:
+    """Point standard output's descriptor at /dev/null, so nothing more is written to a reader that has
+    gone (the way Python's documentation on SIGPIPE advises)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture): nothing to flush
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def one_line(e: BaseException) -> str:

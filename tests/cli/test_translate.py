@@ -143,6 +143,22 @@ def test_works_as_a_pipe(model_dirs):
     assert len(proc.stdout.decode().splitlines()) == 1
 
 
+def test_a_reader_that_goes_away_ends_it_quietly(model_dirs, tmp_path):
+    """`aiayn translate … | head -n 1`: the writes after the reader closed its end are dropped, the
+    command ends with 141 (as `yes | head` ends yes) and says nothing: no error line, and no notice of
+    Python's about a BrokenPipeError at exit."""
+    source = tmp_path / "in.de"
+    source.write_text("Ein Mann fährt Fahrrad.\n" * 12_000)  # over a pipe's buffer of output
+    command = [sys.executable, "-m", "aiayn", "translate", "--model", str(model_dirs["joint"]), "--beam", "1"]
+    with open(source, "rb") as stdin:
+        proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 141, err.decode()
+    assert first.endswith(b"\n") and err == b""
+
+
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_quantize_translates_and_unknown_precisions_are_refused(model_dirs, monkeypatch, capsys, precision):
     args = ["translate", "--model", str(model_dirs["joint"]), "--beam", "2"]
