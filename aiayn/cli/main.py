@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from aiayn.cli.commands import COMMANDS
 from aiayn.errors import AiaynError
+from aiayn.malloc import tune_malloc
 from aiayn.version import __version__
 
 
@@ -57,6 +58,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()  # before torch allocates: a step's freed blocks stay in the heap (aiayn.malloc)
     argv = sys.argv[1:] if argv is None else list(argv)
     for i, arg in enumerate(argv, start=1):  # bytes that are not UTF-8 arrive as lone surrogates
         try:
