@@ -31,11 +31,16 @@ USER_CHOICES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_
 OFF = "AIAYN_MALLOC_TUNING"
 
 
+def is_glibc() -> bool:
+    """Whether this process's C library is glibc (the only malloc ``TUNING`` is written for)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def tune_malloc() -> bool:
     """Apply ``TUNING`` to this process's malloc; whether it was applied (see the module's text)."""
     if os.environ.get(OFF, "1") == "0" or any(os.environ.get(name) for name in USER_CHOICES):
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not is_glibc():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -2,7 +2,6 @@
 says so), and the tuning stays off where the user chose an allocator or its settings."""
 
 import os
-import platform
 import subprocess
 import sys
 
@@ -24,7 +23,6 @@ for _ in range(10):
     x = torch.ones(40 << 18); del x
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
 def _probe(**env: str) -> tuple[bool, int]:
@@ -34,7 +32,7 @@ def _probe(**env: str) -> tuple[bool, int]:
     return out[0] == "True", int(out[1])
 
 
-@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.skipif(not malloc.is_glibc(), reason="glibc's malloc only")
 def test_a_freed_block_is_reused_from_the_heap_instead_of_mapped_again():
     applied, tuned = _probe()
     off, default = _probe(**{malloc.OFF: "0"})
