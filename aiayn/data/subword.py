@@ -85,7 +85,7 @@ class Resegmenter:
         keep = self.corpus_filter.keep(srcs, tgts, src_ids, tgt_ids, stats)
         if not keep:
             raise DataError(f"every pair of this segmentation was filtered out ({stats}): relax the filter")
-        src, tgt = (_ragged([ids[i] for i in keep]) for ids in (src_ids, tgt_ids))
+        src, tgt = (to_ragged([ids[i] for i in keep]) for ids in (src_ids, tgt_ids))
         return SampledParallel(src, tgt, stats)
 
 
@@ -116,12 +116,57 @@ def sampled_texts(texts: Sequence[str], tok: SentencePieceTokenizer, dropout: fl
         path = directory / f"texts-{k}.npz"
         if not path.is_file():
             seed_k = int(np.random.default_rng([seed, k]).integers(2**32))
-            _save_raggeds(path, texts=_ragged(tok.sample_batch(list(texts), dropout, seed_k)))
+            _save_raggeds(path, texts=to_ragged(tok.sample_batch(list(texts), dropout, seed_k)))
         (sample,) = _load_raggeds(path, "texts")
         if len(sample) != len(texts):
             raise DataError(f"{path} segments {len(sample)} texts, not these {len(texts)}; delete it")
         samples.append(sample)
     return samples
+
+
+def pairs_report(dropout: float, plain, samples: Sequence[SampledParallel], sides: str = "both") -> str:
+    """``report`` for a corpus of pairs: each sampled side of ``samples`` against ``plain`` (the
+    deterministic ``EncodedParallel``). The samples are filtered on their own lengths, so text i
+    of a sample need not be pair i of ``plain``: only pieces per sentence are compared."""
+    named = {"source": "src", "target": "tgt"}
+    compared = {f"{name}: ": (getattr(plain, side), [getattr(s, side) for s in samples])
+                for name, side in named.items() if sides in (name, "both")}  # fmt: skip
+    return report(dropout, "pairs", compared, aligned=False)
+
+
+Sides = dict[str, tuple[Ragged, Sequence[Ragged]]]  # a side's name: (deterministic, samples)
+
+
+def report(dropout: float, what: str, sides: Sides, aligned: bool) -> str:
+    """One line on what subword regularisation did to the training text: for each side (name:
+    (deterministic, samples)), the pieces per text in the samples (their mean) against the
+    deterministic segmentation's, and where text i of a sample is text i of the deterministic
+    one (``aligned``), the share of texts a sample splits otherwise (the samples' mean)."""
+    parts = []
+    for name, (plain, drawn) in sides.items():
+        base, got = float(plain.lengths.mean()), float(np.mean([d.lengths.mean() for d in drawn]))
+        part = f"{name}{got:.2f} pieces a text against {base:.2f} deterministic ({got / base - 1:+.1%})"
+        if aligned:
+            share = np.mean([split_otherwise(plain, d).mean() for d in drawn])
+            part += f", {share:.1%} of texts split otherwise"
+        parts.append(part)
+    n = len(next(iter(sides.values()))[1])
+    return f"subword_dropout={dropout}: {n} segmentations of the training {what}; " + "; ".join(parts)
+
+
+def split_otherwise(a: Ragged, b: Ragged) -> np.ndarray:
+    """Per text, whether ``a`` and ``b`` (the same texts, in the same order) hold other pieces."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} texts against {len(b)}: not the same texts")
+    la, lb = a.lengths, b.lengths
+    differ = la != lb
+    same = np.flatnonzero(~differ)  # texts of equal length: compare their pieces one by one
+    lengths = la[same]
+    text = np.repeat(np.arange(len(same)), lengths)  # each compared position's text (among ``same``)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    unequal = a.ids[a.offsets[same][text] + within] != b.ids[b.offsets[same][text] + within]
+    differ[same] = np.bincount(text, weights=unequal, minlength=len(same)) > 0
+    return differ
 
 
 def _save_raggeds(path: Path, **raggeds: Ragged) -> None:
@@ -142,7 +187,8 @@ def _load_raggeds(path: Path, *names: str) -> list[Ragged]:
         raise DataError(f"{path}: not a saved segmentation ({e}); delete it to draw it again") from None
 
 
-def _ragged(seqs: list[list[int]]) -> Ragged:
+def to_ragged(seqs: Sequence[Sequence[int]]) -> Ragged:
+    """Sequences of ids as one ``Ragged`` (flat int32 ids, int64 offsets)."""
     offsets = np.zeros(len(seqs) + 1, np.int64)
     np.cumsum([len(s) for s in seqs], out=offsets[1:])
     flat = np.fromiter((i for s in seqs for i in s), np.int32, count=int(offsets[-1]))

@@ -7,7 +7,15 @@ import pytest
 
 from aiayn.data import CorpusFilter, SentencePieceTokenizer, load_parallel
 from aiayn.data.batching import CorpusEpochs
-from aiayn.data.subword import Resegmenter, segmentations
+from aiayn.data.subword import (
+    Resegmenter,
+    SampledParallel,
+    pairs_report,
+    report,
+    segmentations,
+    split_otherwise,
+    to_ragged,
+)
 from aiayn.errors import DataError, ModelDirError
 
 
@@ -142,3 +150,44 @@ def test_one_side_only_keeps_the_other_deterministic(tok, pairs):
         ]  # the same seed draws the same sample for the sampled side
     with pytest.raises(ValueError, match="sides='neither'"):
         Resegmenter(pairs, tok, tok, 0.1, CorpusFilter(), "neither")
+
+
+def test_split_otherwise_compares_each_text_piece_by_piece():
+    a = to_ragged([[1, 2, 3], [4, 5], [], [6], [7, 8]])
+    b = to_ragged([[1, 2, 3], [4, 9], [], [6, 6], [8, 7]])
+    assert split_otherwise(a, b).tolist() == [False, True, False, True, True]
+    assert not split_otherwise(a, a).any()
+    with pytest.raises(ValueError, match="5 texts against 1"):
+        split_otherwise(a, to_ragged([[1]]))
+
+
+def test_the_report_counts_pieces_and_texts_split_otherwise(tok, pairs):
+    texts = [de for de, _ in pairs]
+    plain = tok.encode_batch(texts)
+    drawn = [tok.sample_batch(texts, 0.1, seed) for seed in (1, 2)]
+    pieces = np.mean([sum(map(len, d)) / len(texts) for d in drawn])
+    differ = np.mean([sum(x != y for x, y in zip(d, plain)) / len(texts) for d in drawn])  # in Python
+    base = sum(map(len, plain)) / len(texts)
+    line = report(0.1, "texts", {"": (to_ragged(plain), [to_ragged(d) for d in drawn])}, aligned=True)
+    assert line == (
+        f"subword_dropout=0.1: 2 segmentations of the training texts; {pieces:.2f} pieces a text against "
+        f"{base:.2f} deterministic ({pieces / base - 1:+.1%}), {differ:.1%} of texts split otherwise"
+    )
+    assert 0.5 < differ < 1 and pieces > base
+
+
+def test_a_pairs_report_names_only_the_sampled_sides(tok, pairs):
+    filt = CorpusFilter(max_len=None, max_ratio=None, drop_empty=False)
+    plain = SampledParallel(*(to_ragged(tok.encode_batch([p[k] for p in pairs])) for k in (0, 1)))
+    samples = [Resegmenter(pairs, tok, tok, 0.1, filt, sides="target").sample([1, k]) for k in (1, 2)]
+    line = pairs_report(0.1, plain, samples, sides="target")
+    tgt = np.mean([s.tgt.lengths.mean() for s in samples])
+    assert line == (
+        "subword_dropout=0.1: 2 segmentations of the training pairs; target: "
+        f"{tgt:.2f} pieces a text against {plain.tgt.lengths.mean():.2f} deterministic "
+        f"({tgt / plain.tgt.lengths.mean() - 1:+.1%})"
+    )  # filtered samples are not aligned with the pairs: no share of texts split otherwise
+    # both sides named: the unsampled source is the deterministic one, piece for piece
+    source = pairs_report(0.1, plain, samples).split("; ")[1]
+    src = f"{plain.src.lengths.mean():.2f}"
+    assert source == f"source: {src} pieces a text against {src} deterministic (+0.0%)"

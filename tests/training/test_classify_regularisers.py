@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from aiayn import EncoderConfig, EncoderModel
 from aiayn.data.batching import ClassifyBatch
-from aiayn.data.subword import SAMPLES_DIR
+from aiayn.data.subword import SAMPLES_DIR, report, to_ragged
 from aiayn.errors import ConfigError
 from aiayn.training import criteria
 from aiayn.training.recipe import load_recipe
@@ -63,12 +63,17 @@ def test_training_batches_leave_pieces_out_and_validation_reads_every_piece(rule
         assert a.ids.equal(b.ids) and a.labels.equal(b.labels)
 
 
-def test_subword_dropout_trains_on_saved_resegmentations_of_the_same_texts(rule_data, tmp_path):  # noqa: F811
+def test_subword_dropout_trains_on_saved_resegmentations_of_the_same_texts(rule_data, tmp_path, capsys):  # noqa: F811
     """Each epoch reads one of the run's saved samples (epoch mod their number): every row spells
     the same text as the deterministic one, in other pieces; validation reads the deterministic ones."""
     args = ["task=classify", f"dataset={rule_data}", *TINY]
     plain = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'plain'}"])).task
     task = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'bpe'}", "subword_dropout=0.3"])).task
+    # said once: the samples against the deterministic segmentation of the same texts, text by text
+    said = report(
+        0.3, "texts", {"": (to_ragged(task.tok.encode_batch(task.train.texts)), task.samples)}, True
+    )
+    assert f"aiayn train: {said}\n" in capsys.readouterr().err and "% of texts split otherwise" in said
     files = sorted(p.name for p in (tmp_path / "bpe" / SAMPLES_DIR).iterdir())
     assert files == [f"texts-{k}.npz" for k in range(8)] and len(task.samples) == 8
     tok, differ = task.tok, 0

@@ -21,9 +21,14 @@ def _train(run) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["split"] == "train"]
 
 
-def test_resume_across_epochs_is_exact_and_the_segmentation_changes(corpus, tmp_path):
+def test_resume_across_epochs_is_exact_and_the_segmentation_changes(corpus, tmp_path, capsys):
     ref, run, plain = tmp_path / "ref", tmp_path / "run", tmp_path / "plain"
     assert main(["train", *tiny_args(corpus, ref, "max_steps=14", *ARGS)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "segmentations" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "aiayn train: subword_dropout=0.1: 8 segmentations of the training pairs; source: "
+    )
+    assert "; target: " in said[0] and "deterministic (+" in said[0]  # dropped merges: more pieces
     assert main(["train", *tiny_args(corpus, run, "max_steps=3", *ARGS)]) == 0
     assert main(["train", *tiny_args(corpus, run, "max_steps=14", *ARGS), "--resume"]) == 0
     records = _train(ref)

@@ -41,7 +41,7 @@ from aiayn.data.cache import Ragged
 from aiayn.data.labelled import LabelMap
 from aiayn.data.long_text import POLICIES, LongText, pool_windows
 from aiayn.data.sentences import load_examples, split_for
-from aiayn.data.subword import SAMPLES_DIR, sampled_texts
+from aiayn.data.subword import SAMPLES_DIR, report, sampled_texts, to_ragged
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.decoding.classifier import classification_metrics
 from aiayn.errors import ConfigError, DataError, ModelDirError
@@ -177,12 +177,13 @@ class ClassifyTask(EncoderTask):
         else:
             self.tok = self._tokenizer(self.train.texts, str(self.train.path))
         # a row per text, or per window of a long one (long_text); each row has its text's label
-        self.train_x, owner = self.long_text.rows(self._encode(self.train.texts), cfg.max_len)
+        train_ids = self._encode(self.train.texts)
+        self.train_x, owner = self.long_text.rows(train_ids, cfg.max_len)
         self.train_y = [train_y[i] for i in owner]
         self.valid_x, self.valid_owner = self.long_text.rows(self._encode(valid.texts), cfg.max_len)
         self.valid_y = [self.valid_text_y[i] for i in self.valid_owner]
         self.sampler = self._sampler(self.train_x, seed=cfg.seed)
-        self.samples = self._segmentations() if o.subword_dropout else []
+        self.samples = self._segmentations(train_ids) if o.subword_dropout else []
         counts = np.bincount(self.train_y, minlength=len(self.labels))
         self.class_weight = None
         if o.class_weights == "balanced":
@@ -329,18 +330,24 @@ class ClassifyTask(EncoderTask):
     def _batch(self, rows, labels) -> ClassifyBatch:
         return ClassifyBatch(self._collate(rows), torch.tensor(labels))
 
-    def _segmentations(self) -> list[Ragged]:
+    def _segmentations(self, plain: list[np.ndarray]) -> list[Ragged]:
         """subword_dropout's samples of the training texts (``data/subword.py``: drawn once by rank 0,
         saved in the run, read by every rank and resume); epoch e reads sample e mod their number.
-        Batches are planned on the deterministic lengths, so a sampled batch holds a few more pieces."""
+        Batches are planned on the deterministic lengths (``plain``), so a sampled batch holds more
+        pieces than ``max_tokens``: rank 0 says how many more, and how many texts a sample splits
+        otherwise."""
         if not isinstance(self.tok, SentencePieceTokenizer):
             name = type(self.tok).__name__
             raise ConfigError(f"subword_dropout={self.opts.subword_dropout} samples a sentencepiece "
                               f"vocabulary, not this {name}: set subword_dropout=0")  # fmt: skip
         tok, p, seed = self.tok, self.opts.subword_dropout, self.cfg.seed
-        return main_first(
+        samples = main_first(
             self.dist, lambda: sampled_texts(self.train.texts, tok, p, self.run_dir / SAMPLES_DIR, seed)
         )
+        if self.dist.is_main:
+            said = report(p, "texts", {"": (to_ragged(plain), samples)}, aligned=True)
+            print(f"aiayn train: {said}", file=sys.stderr)
+        return samples
 
     def _train_row(self, i: int) -> np.ndarray:
         """Training row ``i``: the deterministic segmentation, or this epoch's sample (its head/tail)."""

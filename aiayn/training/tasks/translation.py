@@ -38,7 +38,7 @@ from aiayn.data import (
     save_translation_tokenizers,
     train_translation_tokenizers,
 )
-from aiayn.data.subword import SAMPLES_DIR, Resegmenter, segmentations
+from aiayn.data.subword import SAMPLES_DIR, Resegmenter, pairs_report, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.data.views import Concat, PairView, PseudoPairs, halves
 from aiayn.errors import ConfigError, DataError
@@ -126,11 +126,7 @@ class TranslationOptions(TaskOptions):
         if self.subword_dropout and cfg.tokenizer != "bpe":
             fail(self, "subword_dropout", f"is BPE-dropout: it needs tokenizer='bpe', not {cfg.tokenizer!r}")
         if self.subword_dropout_sides != "both" and not self.subword_dropout:
-            fail(
-                self,
-                "subword_dropout_sides",
-                "does nothing while subword_dropout=0: give subword_dropout > 0",
-            )
+            fail(self, "subword_dropout_sides", "does nothing while subword_dropout=0: set it above 0")
         self._validate_r2l(cfg)
         if self.lowercase and cfg.tokenizer == "char":
             fail(self, "lowercase", f"is for a translation model's subword vocabulary; tokenizer="
@@ -253,6 +249,9 @@ class TranslationTask(Task):
             pairs = Resegmenter(list(train), self.src_tok, self.tgt_tok, o.subword_dropout,
                                 self._training_filter(), o.subword_dropout_sides)  # fmt: skip
             corpora = main_first(dist, lambda: segmentations(pairs, run_dir / SAMPLES_DIR, cfg.seed))
+            if dist.is_main:  # what the samples did to the text, said once
+                said = pairs_report(o.subword_dropout, self.train, corpora, o.subword_dropout_sides)
+                print(f"aiayn train: {said}", file=sys.stderr)
         self.sampler = CorpusEpochs(corpora, cfg.max_tokens, seed=cfg.seed, rank=dist.rank,
                                     world_size=dist.world_size)  # fmt: skip
         self.target_pieces = None
