@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from aiayn.atomic import write_bytes
-from aiayn.data.cache import Ragged
+from aiayn.data.cache import EncodedParallel, Ragged
 from aiayn.data.corpus import CorpusFilter, FilterStats
 from aiayn.data.tokenizer import SentencePieceTokenizer
 from aiayn.errors import DataError
@@ -124,7 +124,12 @@ def sampled_texts(texts: Sequence[str], tok: SentencePieceTokenizer, dropout: fl
     return samples
 
 
-def pairs_report(dropout: float, plain, samples: Sequence[SampledParallel], sides: str = "both") -> str:
+def pairs_report(
+    dropout: float,
+    plain: EncodedParallel | SampledParallel,
+    samples: Sequence[SampledParallel],
+    sides: str = "both",
+) -> str:
     """``report`` for a corpus of pairs: each sampled side of ``samples`` against ``plain`` (the
     deterministic ``EncodedParallel``). The samples are filtered on their own lengths, so text i
     of a sample need not be pair i of ``plain``: only pieces per sentence are compared."""
@@ -145,7 +150,8 @@ def report(dropout: float, what: str, sides: Sides, aligned: bool) -> str:
     parts = []
     for name, (plain, drawn) in sides.items():
         base, got = float(plain.lengths.mean()), float(np.mean([d.lengths.mean() for d in drawn]))
-        part = f"{name}{got:.2f} pieces a text against {base:.2f} deterministic ({got / base - 1:+.1%})"
+        change = got / base - 1 if base else 0.0  # texts of no pieces at all: nothing to lengthen
+        part = f"{name}{got:.2f} pieces a text against {base:.2f} deterministic ({change:+.1%})"
         if aligned:
             share = np.mean([split_otherwise(plain, d).mean() for d in drawn])
             part += f", {share:.1%} of texts split otherwise"
