@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
                        epilog=EXAMPLES, formatter_class=formatter)  # fmt: skip
     p.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR[:DIR…]",
                    help="a model directory (repeat for several); NAME: the folder's by default; translation "
-                   f"(or classifier) directories joined by {os.pathsep!r} are one ensemble")  # fmt: skip
+                   f"(or classifier) directories joined by {os.pathsep!r} are one ensemble; a directory that "
+                   f"exists is one model even if its name holds '=' or {os.pathsep!r}")  # fmt: skip
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"
     )
@@ -71,11 +72,13 @@ def add_parser(sub) -> None:
 
 
 def parse_models(items: list[str]) -> list[tuple[str, list[Path]]]:
-    """``[NAME=]DIR[:DIR…]`` items -> unique (name, directories) pairs (several: one ensemble)."""
+    """``[NAME=]DIR[:DIR…]`` items -> unique (name, directories) pairs (several: one ensemble). A
+    directory that exists is one model whatever its name holds (``runs/lr=3e-4``, ``runs/12:30``)."""
     out, seen = [], set()
     for item in items:
-        name, sep, paths = item.partition("=")
-        parts = (paths if sep else item).split(os.pathsep)
+        name, sep, paths = ("", "", item) if Path(item).is_dir() else item.partition("=")
+        given = paths if sep else item
+        parts = [given] if Path(given).is_dir() else given.split(os.pathsep)
         if not all(parts):
             raise ConfigError(f"--model {item!r}: an empty directory name; give [NAME=]DIR[{os.pathsep}DIR…]")
         if not sep:

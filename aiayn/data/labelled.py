@@ -179,6 +179,9 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line}: not JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; nesting too deep
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise DataError(f"{path}:{line}: not JSON ({why})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line}: not a JSON object")
         fields = [("text", text_column, TEXT_NAMES)] + (

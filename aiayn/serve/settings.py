@@ -78,9 +78,10 @@ def flag(name: str) -> str:
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
-    """One key per line (blank lines and ``#`` comments skipped); an empty file is an error."""
+    """One key per line (blank lines and ``#`` comments, indented or not, skipped); an empty file is an
+    error."""
     text = read_text(Path(path), "give a file with one API key per line", ConfigError)
-    keys = frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    keys = frozenset(k for line in text.splitlines() if (k := line.strip()) and not k.startswith("#"))
     if not keys:
         raise ConfigError(f"{path} holds no API key; put one key per line")
     return keys

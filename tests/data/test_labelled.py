@@ -75,6 +75,9 @@ def test_jsonl_labels_of_any_form(tmp_path):
         ("a.jsonl", '{"text": "a"}\n', r"a.jsonl:1: no key 'label' \(the label\)"),
         ("a.jsonl", '{"text": "a", "label": 1}\n[1]\n', r"a.jsonl:2: not a JSON object"),
         ("a.jsonl", '{"text": ["a"], "label": 1}\n', r"a.jsonl:1: the text 'text' is a list"),
+        # not JSONDecodeError: Python's limit on an integer's digits, and a recursion too deep
+        ("a.jsonl", f'{{"text": "a", "label": {"1" * 5000}}}\n', r"a.jsonl:1: not JSON \(Exceeds the limit"),
+        ("a.jsonl", "[" * 100_000 + "\n", r"a.jsonl:1: not JSON \(nested too deeply"),
         ("a.csv", 'text,label\n"open,1\n', r"a.csv:\d+: "),
         # before: the rows up to the next quote were one text, labelled as the last of them
         (
