@@ -231,15 +231,17 @@ class MaskFiller:
         return ids
 
     @torch.no_grad()
-    def fill(self, query: str, top_k: int = 5) -> list[list[Filler]]:
-        """For each ``<mask>`` of ``query`` in order, the ``top_k`` fillers, most probable first.
+    def fill(self, query: str, top_k: int = 5, ids: Sequence[int] | None = None) -> list[list[Filler]]:
+        """For each ``<mask>`` of ``query`` in order, the ``top_k`` fillers, most probable first;
+        ``ids``: ``query_ids(query)``, when the caller has them already (a server counts the masks
+        when the request arrives).
 
         A space before ``<mask>`` belongs to the word that fills it (pieces carry their leading
         "▁"), so ``"Ein Mann <mask> Fahrrad."`` is read as ``"Ein Mann<mask> Fahrrad."``."""
         if top_k < 1:
             raise ConfigError(f"top_k={top_k} must be at least 1")
         tok = self.tokenizer
-        ids = self.query_ids(query)
+        ids = self.query_ids(query) if ids is None else list(ids)
         if tok.mask_id not in ids:
             raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
         if len(ids) + 2 > self.max_len:

@@ -71,20 +71,22 @@ class Classification(JobKind):
 
 @dataclass(frozen=True)
 class MaskFilling(JobKind):
-    """Each payload is one text with ``<mask>``s; each result, the ``top_k`` pieces at each mask."""
+    """Each payload is one text with ``<mask>``s and its ids (``EncoderService.query_ids``); each
+    result, the ``top_k`` pieces at each mask."""
 
     top_k: int
 
-    def run(self, service: EncoderService, payloads: list[str]) -> list[list[list[dict]]]:
-        return [service.fill(query, self.top_k) for query in payloads]
+    def run(self, service: EncoderService, payloads: list[tuple[str, list[int]]]) -> list[list[list[dict]]]:
+        return [service.fill(query, self.top_k, ids) for query, ids in payloads]
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """What one generation request asks for; ``emit`` receives each piece of text as it is made
-    and returns False when the client has gone (sampling then stops)."""
+    """What one generation request asks for: its prompt's ids (tokenized once, by the route); ``emit``
+    receives each piece of text as it is made and returns False when the client has gone (sampling
+    then stops)."""
 
-    text: str
+    ids: tuple[int, ...]
     max_new_tokens: int
     config: SearchConfig
     emit: Callable[[str], bool]
@@ -99,7 +101,7 @@ class Generation(JobKind):
 
     def run(self, service: LMService, payloads: list[Prompt]) -> list[tuple[str, int]]:
         (prompt,) = payloads
-        return [service.stream(prompt.text, prompt.max_new_tokens, prompt.config, prompt.emit)]
+        return [service.stream(prompt.ids, prompt.max_new_tokens, prompt.config, prompt.emit)]
 
     def output_tokens(self, results: list[tuple[str, int]]) -> int:
         return sum(tokens for _, tokens in results)

@@ -1,13 +1,14 @@
 """The models a server holds, each wrapped with what it can do for a batch of requests.
 
-A service runs on the batcher's worker thread only, except ``TranslationService.encode``, which a
-route calls when the request arrives, so that a text the tokenizer refuses fails its own request
-before it joins a batch. ``TranslationService.run`` translates the encoded texts of several requests
-in one search (they share decoding options: the batcher groups by them) and splits the results back;
-with ``attention`` it adds each sentence's attention weights (encoder self, decoder self, cross, and a
-bidirectional model's right-to-left ones: per layer and head) for the page, up to a number of weights
-per answer (``OverLimit``, 413, past it) — for a single model; an ensemble (several directories
-served as one) translates without them.
+A service runs on the batcher's worker thread only, except the tokenizing (``TranslationService.encode``,
+``EncoderService.query_ids``, the language model's ``generator.encode``), which a route calls when the
+request arrives, so that a text the tokenizer refuses fails its own request before it joins a batch;
+the ids it makes are what the worker reads, so no text is tokenized twice. ``TranslationService.run``
+translates the encoded texts of several requests in one search (they share decoding options: the
+batcher groups by them) and splits the results back; with ``attention`` it adds each sentence's
+attention weights (encoder self, decoder self, cross, and a bidirectional model's right-to-left ones:
+per layer and head) for the page, up to a number of weights per answer (``OverLimit``, 413, past it) —
+for a single model; an ensemble (several directories served as one) translates without them.
 ``LMService.stream`` samples one token at a time and hands each to a callback (server-sent events).
 ``EncoderService`` classifies texts and fills masks; several classifier directories are served as one
 ensemble (the mean of their class probabilities, as ``aiayn classify --ensemble-with`` reads them),
@@ -197,14 +198,20 @@ class LMService:
 
     @torch.inference_mode()
     def stream(
-        self, prompt: str, max_new_tokens: int, config: SearchConfig, emit: Callable[[str], bool]
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int,
+        config: SearchConfig,
+        emit: Callable[[str], bool],
     ) -> tuple[str, int]:
         """Sample (or, with ``config.sample=False``, take the argmax of) one token at a time, calling
         ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left). Returns the
-        text and the number of tokens made (for the metrics)."""
+        text and the number of tokens made (for the metrics). ``prompt``: its text, or its ids
+        (``generator.encode``, as the route made them)."""
         g, c = self.generator, self.generator.model.config
         adapter = g.adapter()  # reads the last ``g.context`` tokens at most, as Generator.complete
-        prefix = adapter.start(torch.tensor([g.encode(prompt)], device=g.device))
+        ids = g.encode(prompt) if isinstance(prompt, str) else list(prompt)  # the route's ids, or the text
+        prefix = adapter.start(torch.tensor([ids], device=g.device))
         generator = seeded(config, g.device)
         out: list[int] = []
         sent = ""  # the text emitted so far
@@ -289,14 +296,18 @@ class EncoderService:
         return (f"model {self.name!r} fills no masks: fill-mask needs a model pre-trained by aiayn train "
                 "task=mlm, with <mask> in its vocabulary")  # fmt: skip
 
-    def masks(self, query: str) -> int:
-        """How many ``<mask>`` pieces the filler reads in ``query`` (0 without a filler)."""
-        return 0 if self.filler is None else self.filler.query_ids(query).count(self.filler.tokenizer.mask_id)
-
-    def fill(self, query: str, top_k: int) -> list[list[dict]]:
+    def query_ids(self, query: str) -> tuple[list[int], int]:
+        """``query``'s ids as the filler reads them, and how many of them are ``<mask>``."""
         if self.filler is None:
             raise ConfigError(self.unable("filler"))
-        masks = self.filler.fill(query, top_k)
+        ids = self.filler.query_ids(query)
+        return ids, ids.count(self.filler.tokenizer.mask_id)
+
+    def fill(self, query: str, top_k: int, ids: Sequence[int] | None = None) -> list[list[dict]]:
+        """The ``top_k`` fillers of each mask of ``query`` (its ``query_ids``, when given)."""
+        if self.filler is None:
+            raise ConfigError(self.unable("filler"))
+        masks = self.filler.fill(query, top_k, ids)
         return [[{**vars(f), "probability": round(f.probability, 6)} for f in fillers] for fillers in masks]
 
 

@@ -1,6 +1,7 @@
 """The routes in-process (FastAPI's TestClient): LibreTranslate's API, the native API, limits,
 errors, metrics. Every answer to a bad request is 4xx JSON and the next good request succeeds."""
 
+import collections
 import json
 import os
 import time
@@ -13,6 +14,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from aiayn.cli.main import main  # noqa: E402
+from aiayn.decoding.classifier import MaskFiller  # noqa: E402
+from aiayn.decoding.generator import Generator  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.errors import ConfigError  # noqa: E402
@@ -191,6 +194,30 @@ def test_generate_classify_fill_mask(client):
     assert len(results) == 2 and {x["label"] for x in results[0]} == {"negative", "positive"}
     r = client.post("/v1/fill-mask", json={"q": "a great <mask> .", "top_k": 3, "model": "mlm", **KEY})
     assert len(r.json()["masks"][0]) == 3
+
+
+def test_a_request_s_text_is_tokenized_once(client, monkeypatch):
+    """/v1/generate and /v1/fill-mask tokenize their text when the request arrives (a text the
+    tokenizer refuses fails its own request there); the worker reads those ids, not the text again."""
+    calls = collections.Counter()
+
+    def counting(name, real):
+        def counted(self, *args):
+            calls[name] += 1
+            return real(self, *args)
+
+        return counted
+
+    for cls, name in ((Generator, "encode"), (MaskFiller, "query_ids")):
+        monkeypatch.setattr(cls, name, counting(name, getattr(cls, name)))
+    body = {"prompt": "Ein Mann", "max_new_tokens": 4, "greedy": True, **KEY}
+    text = client.post("/v1/generate", json=body).json()["text"]
+    with client.stream("POST", "/v1/generate", json={**body, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["text"] == text  # the same continuation from the same ids
+    r = client.post("/v1/fill-mask", json={"q": "a <mask> film .", "model": "mlm", **KEY})
+    assert r.status_code == 200 and r.json()["masks"][0]
+    assert calls == {"encode": 2, "query_ids": 1}
 
 
 @pytest.mark.parametrize(
@@ -670,7 +697,7 @@ def test_a_stream_that_ends_early_cancels_its_job_and_stops_the_sampling():
     async def scenario() -> tuple[bool, bool, list[str]]:
         loop = asyncio.get_running_loop()
         stream, job = _Stream(loop), loop.create_future()
-        prompt = stream.prompt(GenerateRequest(prompt="Ein"), SearchConfig(beam=1))
+        prompt = stream.prompt(GenerateRequest(prompt="Ein"), SearchConfig(beam=1), (4,))
         events = stream.events(job)
         assert prompt.emit("a") is True  # the worker's first piece
         first = await events.__anext__()

@@ -87,7 +87,7 @@ async def generate(
         raise invalid(f"prompt exceeds character limit ({limits.char_limit})")
     if (problem := text_problem(body.prompt)) is not None:
         raise invalid(f"prompt {problem}")
-    service.generator.encode(body.prompt)  # an empty prompt, or characters the model lacks: 400 now
+    ids = tuple(service.generator.encode(body.prompt))  # an empty prompt, or characters it lacks: 400 now
     if not 1 <= body.max_new_tokens <= limits.max_new_tokens:
         raise invalid(f"max_new_tokens must be in 1..{limits.max_new_tokens}")
     given = body.given()
@@ -99,12 +99,12 @@ async def generate(
                       "leave them out")  # fmt: skip
     config = server.search_config(given, beam=1, sample=not body.greedy)
     if not body.stream:
-        prompt = Prompt(body.prompt, body.max_new_tokens, config, lambda _: True)
+        prompt = Prompt(ids, body.max_new_tokens, config, lambda _: True)
         text, _ = await server.submit(Generation(service.name), prompt, 1, request)
         return GenerateResponse(model=service.name, prompt=body.prompt, text=text)
     stream = _Stream(asyncio.get_running_loop())
     # queued before the answer starts: a full queue is a 429, not an event of a stream already 200
-    queued = server.enqueue(Generation(service.name), stream.prompt(body, config), 1)
+    queued = server.enqueue(Generation(service.name), stream.prompt(body, config, ids), 1)
     job = asyncio.ensure_future(server.result(queued))
     return StreamingResponse(stream.events(job), media_type="text/event-stream")
 
@@ -124,12 +124,12 @@ class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.queue, self.alive = loop, asyncio.Queue(), True
 
-    def prompt(self, body: GenerateRequest, config: SearchConfig) -> Prompt:
+    def prompt(self, body: GenerateRequest, config: SearchConfig, ids: tuple[int, ...]) -> Prompt:
         def emit(piece: str) -> bool:  # called from the worker thread
             self.loop.call_soon_threadsafe(self.queue.put_nowait, {"text": piece})
             return self.alive
 
-        return Prompt(body.prompt, body.max_new_tokens, config, emit)
+        return Prompt(ids, body.max_new_tokens, config, emit)
 
     async def events(self, job: asyncio.Future) -> AsyncIterator[str]:
         try:
@@ -187,8 +187,9 @@ async def fill_mask(
     if len(texts) != 1:
         raise invalid("fill-mask takes one q")
     service = server.pick(body.model, EncoderService, can="filler")
-    if (n := service.masks(texts[0])) * body.top_k > MAX_FILLERS:  # each filler carries the whole text
+    ids, n = service.query_ids(texts[0])
+    if n * body.top_k > MAX_FILLERS:  # each filler carries the whole text
         raise invalid(f"{n} <mask>s × top_k={body.top_k} is over the {MAX_FILLERS} fillers an answer holds; "
                       "give fewer masks or a smaller top_k")  # fmt: skip
-    masks = await server.submit(MaskFilling(service.name, body.top_k), texts[0], 1, request)
+    masks = await server.submit(MaskFilling(service.name, body.top_k), (texts[0], ids), 1, request)
     return FillMaskResponse(model=service.name, masks=masks)
