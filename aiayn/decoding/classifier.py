@@ -129,12 +129,22 @@ class TextClassifier(Labeller):
             return saved
         return cls(saved.model, saved.tokenizer, saved.labels, long_text, saved.max_len)
 
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids, without bos and eos, as ``probabilities`` reads them."""
+        return [np.asarray(ids, np.int64) for ids in self.tokenizer.encode_batch(list(texts))]
+
     @torch.no_grad()
-    def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
-        """Shape: N texts -> (N, n_classes) class probabilities, in input order."""
+    def probabilities(
+        self,
+        texts: Sequence[str],
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        encoded: list[np.ndarray] | None = None,
+    ) -> torch.Tensor:
+        """Shape: N texts -> (N, n_classes) class probabilities, in input order; ``encoded``:
+        ``encode(texts)``, when the caller has it (an ensemble's members that share a tokenizer)."""
         if max_tokens < self.max_len:
             raise ConfigError(f"max_tokens={max_tokens} is less than one text's {self.max_len} tokens")
-        encoded = [np.asarray(ids, np.int64) for ids in self.tokenizer.encode_batch(list(texts))]
+        encoded = self.encode(texts) if encoded is None else encoded
         rows, owner = self.long_text.rows(encoded, self.max_len)  # a row per text, or per window
         logits = torch.empty(len(rows), len(self.labels))  # (W, C)
         if not rows:
@@ -167,10 +177,21 @@ class ClassifierEnsemble(Labeller):
                     "must be fine-tuned on the same classes"
                 )
         self.model = nn.ModuleList(m.model for m in self.members)
+        # members whose tokenizers are equal (the same encoder fine-tuned with other seeds) read one
+        # encoding of the texts: each member's index of the first member with its tokenizer
+        keys = [(type(m.tokenizer).__name__, m.tokenizer.model_bytes()) for m in self.members]
+        self.reads_as = [keys.index(k) for k in keys]
 
     def probabilities(self, texts: Sequence[str], max_tokens: int = DEFAULT_MAX_TOKENS) -> torch.Tensor:
-        """Shape: N texts -> (N, n_classes), the members' mean, in input order."""
-        return torch.stack([m.probabilities(texts, max_tokens) for m in self.members]).mean(0)
+        """Shape: N texts -> (N, n_classes), the members' mean, in input order; the texts are
+        tokenized once per distinct tokenizer."""
+        encoded: dict[int, list[np.ndarray]] = {}
+        probs = []
+        for m, first in zip(self.members, self.reads_as, strict=True):
+            if first not in encoded:
+                encoded[first] = m.encode(texts)
+            probs.append(m.probabilities(texts, max_tokens, encoded[first]))
+        return torch.stack(probs).mean(0)
 
 
 def load_classifier(

@@ -13,6 +13,7 @@ import torch
 from aiayn import EncoderConfig, EncoderModel
 from aiayn.cli.main import main
 from aiayn.data import SentencePieceTokenizer
+from aiayn.decoding.classifier import ClassifierEnsemble, TextClassifier
 from aiayn.models.io import save_model
 from tests.cli.test_safety import snapshot
 from tests.decoding.fixtures import translation_dir
@@ -39,6 +40,7 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     return {"classifier": encoder_dir(root / "classifier", tok, 2), "mlm": encoder_dir(root / "mlm", tok, 0),
             "translation": translation_dir(root / "translation"),
             "classifier2": encoder_dir(root / "classifier2", other, 2, seed=1),
+            "classifier3": encoder_dir(root / "classifier3", tok, 2, seed=2),  # classifier's vocabulary
             "other-labels": encoder_dir(root / "other-labels", tok, 2, labels=("bad", "good"))}  # fmt: skip
 
 
@@ -70,6 +72,24 @@ def test_classify_lines_with_probabilities(ws, capsys):
     assert main(["classify", "--model", "classifier", "--json", "--input", "in.txt"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(len(r["labels"]) == 1 for r in rows)
+
+
+def test_members_that_share_a_tokenizer_read_one_encoding_of_the_texts(ws, monkeypatch):
+    """An ensemble tokenizes each batch once per distinct tokenizer (equal vocabulary files, not the
+    same object: each member loads its own), and its probabilities stay the mean of the members'."""
+    members = [TextClassifier.from_dir(ws / name) for name in ("classifier", "classifier3", "classifier2")]
+    ensemble = ClassifierEnsemble(members)
+    assert ensemble.reads_as == [0, 0, 2]
+    texts = ["a great movie", "awful", "nice"]
+    alone = torch.stack([m.probabilities(texts) for m in members]).mean(0)
+    calls = []
+    for k, m in enumerate(members):
+        real = m.tokenizer.encode_batch
+        monkeypatch.setattr(
+            m.tokenizer, "encode_batch", lambda t, _k=k, _real=real: calls.append(_k) or _real(t)
+        )
+    assert torch.equal(ensemble.probabilities(texts), alone)
+    assert calls == [0, 2]
 
 
 def test_an_ensemble_of_classifiers_labels_with_the_mean_of_their_probabilities(ws, capsys):
