@@ -34,6 +34,12 @@ def read_text(
         raise error(f"{path} is not valid UTF-8 ({e}); {fix}") from None
 
 
+def why_not_json(e: ValueError | RecursionError) -> str:
+    """Why ``json.loads`` refused a text, in a few words: its ``ValueError`` (not JSON, or an integer
+    past Python's digit limit), or a ``RecursionError`` (nested too deeply)."""
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
 def read_json(
     path: str | os.PathLike, missing: str, error: type[AiaynError] = ModelDirError, fix: str = "restore it"
 ) -> dict:
@@ -42,8 +48,7 @@ def read_json(
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an int of > 4300 digits, nested too deep
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise error(f"{path} is not valid JSON ({reason}); {fix}") from None
+        raise error(f"{path} is not valid JSON ({why_not_json(e)}); {fix}") from None
     if not isinstance(data, dict):
         raise error(f"{path} does not hold a JSON object; {fix}")
     return data

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiayn.data.files import check_file, iter_lines
 from aiayn.errors import DataError
+from aiayn.textfiles import why_not_json
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}
 TEXT_NAMES = ("text", "sentence", "content", "review", "document")  # what "text" may be called
@@ -180,8 +181,7 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line}: not JSON ({e.msg})") from None
         except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; nesting too deep
-            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            raise DataError(f"{path}:{line}: not JSON ({why})") from None
+            raise DataError(f"{path}:{line}: not JSON ({why_not_json(e)})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line}: not a JSON object")
         fields = [("text", text_column, TEXT_NAMES)] + (

@@ -198,20 +198,15 @@ class LMService:
 
     @torch.inference_mode()
     def stream(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int,
-        config: SearchConfig,
-        emit: Callable[[str], bool],
+        self, prompt: Sequence[int], max_new_tokens: int, config: SearchConfig, emit: Callable[[str], bool]
     ) -> tuple[str, int]:
         """Sample (or, with ``config.sample=False``, take the argmax of) one token at a time, calling
         ``emit(text_piece)`` after each; ``emit`` returning False stops (the client left). Returns the
-        text and the number of tokens made (for the metrics). ``prompt``: its text, or its ids
-        (``generator.encode``, as the route made them)."""
+        text and the number of tokens made (for the metrics). ``prompt``: the prompt's ids
+        (``generator.encode``, which the route ran when the request arrived)."""
         g, c = self.generator, self.generator.model.config
         adapter = g.adapter()  # reads the last ``g.context`` tokens at most, as Generator.complete
-        ids = g.encode(prompt) if isinstance(prompt, str) else list(prompt)  # the route's ids, or the text
-        prefix = adapter.start(torch.tensor([ids], device=g.device))
+        prefix = adapter.start(torch.tensor([list(prompt)], device=g.device))
         generator = seeded(config, g.device)
         out: list[int] = []
         sent = ""  # the text emitted so far
@@ -303,8 +298,8 @@ class EncoderService:
         ids = self.filler.query_ids(query)
         return ids, ids.count(self.filler.tokenizer.mask_id)
 
-    def fill(self, query: str, top_k: int, ids: Sequence[int] | None = None) -> list[list[dict]]:
-        """The ``top_k`` fillers of each mask of ``query`` (its ``query_ids``, when given)."""
+    def fill(self, query: str, top_k: int, ids: Sequence[int]) -> list[list[dict]]:
+        """The ``top_k`` fillers of each mask of ``query``, whose ``query_ids`` are ``ids``."""
         if self.filler is None:
             raise ConfigError(self.unable("filler"))
         masks = self.filler.fill(query, top_k, ids)

@@ -31,13 +31,13 @@ def test_streamed_pieces_join_to_the_text_when_a_character_spans_tokens(tmp_path
     monkeypatch.setattr(LMAdapter, "step", scripted)
     pieces: list[str] = []
     emit = lambda p: pieces.append(p) or True  # noqa: E731
-    text, made = service.stream("a", len(script) + 1, SearchConfig(beam=1), emit)
+    text, made = service.stream(service.generator.encode("a"), len(script) + 1, SearchConfig(beam=1), emit)
     assert text == tok.decode(script) == "中文 a" and made == len(script)
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
     # cut off after the first byte of "文" (max_new_tokens): the unfinished character still reaches
     # the client, so that the pieces join to the final text
     ids, pieces = iter(script), []
-    text, made = service.stream("a", 5, SearchConfig(beam=1), emit)
+    text, made = service.stream(service.generator.encode("a"), 5, SearchConfig(beam=1), emit)
     assert (
         made == 5 and text == tok.decode(script[:5]) and text.endswith("\ufffd") and "".join(pieces) == text
     )
@@ -54,7 +54,7 @@ def test_a_stream_past_the_trained_context_is_the_generators_continuation(tmp_pa
     tok.save(tmp_path / "lm")
     service = LMService("lm", tmp_path / "lm")
     greedy = SearchConfig(beam=1, min_len=20)
-    text, _ = service.stream("the plot", 20, greedy, lambda _: True)
+    text, _ = service.stream(service.generator.encode("the plot"), 20, greedy, lambda _: True)
     (expected,) = service.generator.complete("the plot", 20, greedy)
     assert len(expected.tokens) == 20 and text == tok.decode(expected.tokens)
 
@@ -82,7 +82,7 @@ def test_a_stream_never_emits_padding_nor_ends_before_min_len(tmp_path, monkeypa
             if greedy
             else SearchConfig(sample=True, beam=1, min_len=3, top_k=1, seed=0)
         )
-        text, _ = service.stream("a", 10, config, lambda _: True)
+        text, _ = service.stream(service.generator.encode("a"), 10, config, lambda _: True)
         assert text == tok.decode([piece] * 3)
 
 
@@ -105,5 +105,6 @@ def test_a_stream_lm_never_emits_the_ids_it_never_trained_on(tmp_path, monkeypat
     monkeypatch.setattr(LMAdapter, "step", preferring_specials)
     (hyp,) = Generator.from_dir(tmp_path / "lm").complete("a", 6, SearchConfig(beam=1))
     assert hyp.tokens == [piece] * 6
-    text, made = LMService("lm", tmp_path / "lm").stream("a", 6, SearchConfig(beam=1), lambda _: True)
+    service = LMService("lm", tmp_path / "lm")
+    text, made = service.stream(service.generator.encode("a"), 6, SearchConfig(beam=1), lambda _: True)
     assert made == 6 and text == tok.decode([piece] * 6)
