@@ -31,7 +31,7 @@ from aiayn.serve.server import HTTPError, Server, invalid
 M = TypeVar("M", bound=BaseModel)
 
 
-def get_server(request: Request) -> Server:
+async def get_server(request: Request) -> Server:
     return request.app.state.server
 
 

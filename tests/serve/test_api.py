@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+import anyio.to_thread
 import pytest
 import torch
 
@@ -218,6 +219,26 @@ def test_a_request_s_text_is_tokenized_once(client, monkeypatch):
     r = client.post("/v1/fill-mask", json={"q": "a <mask> film .", "model": "mlm", **KEY})
     assert r.status_code == 200 and r.json()["masks"][0]
     assert calls == {"encode": 2, "query_ids": 1}
+
+
+def test_a_translation_request_never_waits_for_the_thread_pool(client, monkeypatch):
+    """FastAPI runs a plain ``def`` dependency or route on AnyIO's worker threads: one thread hop
+    per request, and one more thread for the GIL beside the decoding worker's. Every dependency and
+    route a translation goes through is ``async``, so none runs there."""
+    hops = []
+    real = anyio.to_thread.run_sync
+
+    async def counted(func, *args, **kwargs):
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    assert (
+        client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY}).status_code
+        == 200
+    )
+    assert client.post("/v1/translate", json={"q": "Ein Mann", **KEY}).status_code == 200
+    assert hops == []
 
 
 @pytest.mark.parametrize(
