@@ -24,6 +24,7 @@ from aiayn.data.corpus import (
     FilterStats,
     ParallelCorpus,
     TextCorpus,
+    has_splits,
     load_parallel,
     load_text,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "encode_parallel",
     "encode_text",
     "lm_batch",
+    "has_splits",
     "load_parallel",
     "load_text",
     "load_tokenizer",

@@ -115,6 +115,12 @@ def _parallel_paths(source: Source, split: str, src_lang: str, tgt_lang: str) ->
     return _find(path, src_lang), _find(path, tgt_lang), path.name
 
 
+def has_splits(source: Source) -> bool:
+    """Whether ``source`` holds its own train / valid / test splits: ``"multi30k"`` and a folder do; a
+    prefix or a pair of files is one corpus, whose ``valid`` split would be its training pairs again."""
+    return source == "multi30k" or (isinstance(source, str | Path) and Path(source).is_dir())
+
+
 def load_parallel(
     source: Source, split: str = "train", src_lang: str = "de", tgt_lang: str = "en"
 ) -> ParallelCorpus:

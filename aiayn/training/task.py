@@ -39,6 +39,17 @@ BUILTIN = "aiayn.training.tasks"  # importing it registers the built-in tasks
 TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizers trained for it
 
 
+def check_learned_positions(cfg: TrainConfig, positions: int, limit: str) -> None:
+    """Refuse learned positions (``model.max_len`` rows, a hard limit) too few for the ``positions``
+    that the task's ``limit`` (e.g. ``"max_len=128"``) lets a sequence have: such a run would stop at
+    its first long batch or evaluation, not before it starts."""
+    rows = cfg.model.get("max_len")
+    if cfg.model.get("positional") == "learned" and isinstance(rows, int) and rows < positions:
+        raise ConfigError(f"model.max_len={rows}: learned positions cannot hold the {positions} positions "
+                          f"that {limit} allows; raise model.max_len to {positions} or lower "
+                          f"{limit.split('=')[0]}")  # fmt: skip
+
+
 class Batch(Protocol):
     """What a task's batch is to the loop: named tensors (a ``NamedTuple``) with ``.to(device)``."""
 

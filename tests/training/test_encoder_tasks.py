@@ -380,7 +380,8 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("mlm", "model.detector=true", r"model.detector is task='rtd''s head; task='mlm' would never"),
         ("clm", "model.detector=true", r"task='clm' would never train it"),
         ("classify", "model.positional=learned model.max_len=40 max_len=64",
-         r"model.max_len=40 learned positions cannot read max_len=64 tokens"),
+         r"model.max_len=40: learned positions cannot hold the 64 positions that max_len=64 allows; "
+         r"raise model.max_len to 64 or lower max_len"),
     ],
 )  # fmt: skip
 def test_bad_encoder_configs(task, override, match):

@@ -12,7 +12,7 @@ from aiayn.training.config import TrainConfig, to_dict
 from aiayn.training.recipe import config_from_dict, load_recipe
 from aiayn.training.rundir import check_resume_compatible
 from aiayn.training.tasks.lm import LMOptions
-from aiayn.training.tasks.translation import TranslationOptions
+from aiayn.training.tasks.translation_options import TranslationOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = Path(__file__).with_name("data") / "train_config_before_task_options.json"  # 64 fields, flat
@@ -89,3 +89,32 @@ def test_a_table_or_list_field_given_a_scalar_is_one_line_not_its_text(overrides
     # list[str] and dict[str, Any] hold strings but are not string fields: "12" is no list of files
     with pytest.raises(ConfigError, match=message):
         load_recipe(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [  # a kept pair of max_len pieces needs max_len + 1 positions (its bos or eos), not max_len
+        (["max_len=8", "model.positional=learned", "model.max_len=8"],
+         r"model.max_len=8: learned positions cannot hold the 9 positions that max_len=8 allows; raise "
+         r"model.max_len to 9 or lower max_len"),
+        (["max_len=100", "max_tokens=40", "model.positional=learned", "model.max_len=39"],
+         r"model.max_len=39: .* the 40 positions that max_len=39 allows"),  # max_tokens cuts first
+        (["task=lm", "tokenizer=char", "block_size=128", "model.positional=learned", "model.max_len=64"],
+         r"model.max_len=64: learned positions cannot hold the 128 positions that block_size=128 allows; "
+         r"raise model.max_len to 128 or lower block_size"),
+    ],
+)  # fmt: skip
+def test_learned_positions_too_few_for_the_data_are_refused_before_training(overrides, message):
+    """Before: accepted, and the run stopped at its first long batch (or evaluation) with a DataError."""
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["max_len=8", "model.positional=learned", "model.max_len=9"],
+     ["task=lm", "tokenizer=char", "block_size=64", "model.positional=learned", "model.max_len=64"],
+     ["max_len=8", "model.max_len=8"]],  # sinusoidal positions grow: no limit
+)  # fmt: skip
+def test_learned_positions_that_fit_are_accepted(overrides):
+    load_recipe(None, overrides)

@@ -244,6 +244,19 @@ def test_bad_configuration_is_one_line_and_leaves_nothing(corpus, tmp_path, caps
     assert not run.exists()
 
 
+def test_a_translation_corpus_without_a_validation_split_needs_valid_dataset(corpus, tmp_path, capsys):
+    """A file prefix (``train.de``, ``train.en``) is one corpus: its "valid" split was the training
+    files again, so validation BLEU, the best checkpoint and patience measured the training pairs."""
+    run = tmp_path / "run"
+    args = tiny_args(corpus, run, "max_steps=1")
+    assert main(["train", *args, f"dataset={corpus / 'train'}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn train: error:") and "\n" not in err, err
+    assert "is one corpus (train.de, train.en) without a validation split: give valid_dataset=" in err, err
+    assert not run.exists()
+    assert main(["train", *args, f"dataset={corpus / 'train'}", f"valid_dataset={corpus / 'valid'}"]) == 0
+
+
 def _replace_line(path, index: int, text: str) -> None:
     lines = path.read_text(encoding="utf-8").splitlines()
     lines[index] = text

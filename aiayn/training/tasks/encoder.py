@@ -24,7 +24,7 @@ from aiayn.errors import ConfigError
 from aiayn.models.config import EncoderConfig
 from aiayn.training.config import TaskOptions, TrainConfig
 from aiayn.training.distributed import DistInfo, main_first
-from aiayn.training.task import TOKENIZER_DIR, Task
+from aiayn.training.task import TOKENIZER_DIR, Task, check_learned_positions
 
 
 @dataclass
@@ -50,10 +50,7 @@ class EncoderTask(Task):
         if cfg.max_len > cfg.max_tokens:
             raise ConfigError(f"max_len={cfg.max_len} is over max_tokens={cfg.max_tokens}: a batch could not "
                               "hold one sequence; raise max_tokens or lower max_len")  # fmt: skip
-        rows = cfg.model.get("max_len")
-        if cfg.model.get("positional") == "learned" and isinstance(rows, int) and rows < cfg.max_len:
-            raise ConfigError(f"model.max_len={rows} learned positions cannot read max_len={cfg.max_len} "
-                              "tokens; raise model.max_len or lower max_len")  # fmt: skip
+        check_learned_positions(cfg, cfg.max_len, f"max_len={cfg.max_len}")
         super().check_config(cfg)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):

@@ -33,7 +33,7 @@ from aiayn.models.config import LMConfig
 from aiayn.training import criteria
 from aiayn.training.config import TaskOptions, TrainConfig, fail
 from aiayn.training.distributed import DistInfo, main_first
-from aiayn.training.task import TOKENIZER_DIR, Task, register_task
+from aiayn.training.task import TOKENIZER_DIR, Task, check_learned_positions, register_task
 
 
 @dataclass
@@ -57,6 +57,11 @@ class LMTask(Task):
 
     model_config = LMConfig
     options = LMOptions
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        check_learned_positions(cfg, cfg.options.block_size, f"block_size={cfg.options.block_size}")
+        super().check_config(cfg)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, dist: DistInfo):
         super().__init__(cfg, run_dir, dist)
