@@ -27,6 +27,7 @@ from aiayn.cli.decode_options import (
 )
 from aiayn.data.corpus import load_parallel
 from aiayn.data.labelled import load_labelled
+from aiayn.decoding.bleu import bleu
 from aiayn.decoding.classifier import DEFAULT_MAX_TOKENS as CLASSIFIER_MAX_TOKENS
 from aiayn.decoding.classifier import load_classifier
 from aiayn.decoding.options import SearchConfig
@@ -44,7 +45,8 @@ EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en --beam 8 --rerank-with runs/de-en-r2l   # n-best reranking
   aiayn evaluate --model runs/sst2-finetune --data sst2/dev.tsv --json dev.json   # a classifier
 
-Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased; the
+Scores are sacreBLEU's corpus BLEU and chrF on detokenized text, cased and lowercased, BLEU
+tokenized for the target language as `sacrebleu -l` does (zh; ja and ko need sacreBLEU's extras); the
 signatures printed say exactly how they were computed. --tokenized-bleu adds the BLEU that papers
 trained on Multi30k's tokenised files report (lowercased, Moses-normalised and -tokenised text,
 e.g. fairseq's "BLEU4"). Its words are not sacreBLEU's (quotes normalised and escaped, apostrophes
@@ -93,13 +95,14 @@ def add_parser(sub) -> None:
 
 
 def score(
-    hyps: list[str], refs: list[str], tokenized_lang: str | None = None
+    hyps: list[str], refs: list[str], tokenized_lang: str | None = None, tgt_lang: str = ""
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """Corpus BLEU and chrF, cased and lowercased: ``({name: score}, {name: signature})``; with
-    ``tokenized_lang`` also ``bleu_tok_lc``, the BLEU of papers (``tokenized_bleu``)."""
+    """Corpus BLEU and chrF, cased and lowercased: ``({name: score}, {name: signature})``, BLEU
+    tokenized as sacreBLEU does for ``tgt_lang`` (``aiayn.decoding.bleu``); with ``tokenized_lang``
+    also ``bleu_tok_lc``, the BLEU of papers (``tokenized_bleu``)."""
     metrics = {
-        "bleu": BLEU(),
-        "bleu_lc": BLEU(lowercase=True),
+        "bleu": bleu(tgt_lang),
+        "bleu_lc": bleu(tgt_lang, lowercase=True),
         "chrf": CHRF(),
         "chrf_lc": CHRF(lowercase=True),
     }
@@ -175,8 +178,6 @@ def run(args: argparse.Namespace) -> int:
                           "aiayn translate --nbest writes n-best lists")  # fmt: skip
     if args.rerank_with:
         check_rerank_search(config)
-    if args.tokenized_bleu:
-        _sacremoses()  # before the decoding, not after it
     if (args.src is None) != (args.ref is None):
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
     if args.src is not None:
@@ -185,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset
     corpus = load_parallel(source, args.split, src_lang, tgt_lang)
+    bleu(tgt_lang)  # these two before the decoding, not after it: a tokenizer they lack is an error
+    if args.tokenized_bleu:
+        _sacremoses()
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
     translator = quantized(args, Translator.from_dirs([args.model, *args.ensemble_with], args.device))
     check_bidirectional_options(args, translator)
@@ -196,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     hyps = decoder.translate(srcs, config, max_tokens=max_tokens, warn=warn)
     if args.output:
         write_text(args.output, "".join(h + "\n" for h in hyps))
-    scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None)
+    scores, signatures = score(hyps, refs, tgt_lang if args.tokenized_bleu else None, tgt_lang)
     print(f"{corpus.name}: {len(hyps)} sentences, {args.model}")
     if translator.tgt_tokenizer.lowercase:
         print("the model writes lowercased text (a lowercase vocabulary): its cased scores say little")

@@ -34,7 +34,7 @@ from aiayn.decoding.adapters import IncrementalDecoder
 from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis, length_penalty, to_hypotheses
-from aiayn.decoding.steps import max_lengths, restrict
+from aiayn.decoding.steps import FIRST_WIDTH, max_lengths, restrict, widen
 from aiayn.decoding.topk import topk
 from aiayn.errors import ConfigError
 
@@ -47,14 +47,16 @@ class _Finished:
     """The finished hypotheses of each sentence of a batch (at most K each: a slot finishes once).
 
     Shape:
-        tokens (A, K, L_max), lengths (A, K), log_probs (A, K), scores (A, K), count (A,)
+        tokens (A, K, L), widened as outputs grow; lengths, log_probs, scores (A, K); count (A,)
     """
 
     FIELDS = ("tokens", "lengths", "log_probs", "scores", "count")
 
     def __init__(self, n: int, beam: int, longest: int, pad_id: int, device: torch.device):
         self.pad_id = pad_id
-        self.tokens = torch.full((n, beam, longest), pad_id, dtype=torch.long, device=device)
+        self.tokens = torch.full(
+            (n, beam, min(longest, FIRST_WIDTH)), pad_id, dtype=torch.long, device=device
+        )
         self.lengths = torch.ones(n, beam, dtype=torch.long, device=device)
         self.log_probs = torch.full((n, beam), NEG_INF, device=device)
         self.scores = torch.full((n, beam), NEG_INF, device=device)
@@ -69,6 +71,8 @@ class _Finished:
         a, j = finishing.nonzero(as_tuple=True)
         slot = (self.count[:, None] + finishing.cumsum(1) - 1)[a, j]
         n, width = t[a] + 1, prefix.size(1)  # (F,) generated tokens of each finishing candidate
+        if n.numel():
+            self.tokens = widen(self.tokens, int(n.max()), self.pad_id)
         cols = torch.arange(self.tokens.size(2), device=prefix.device)
         where = (width - n[:, None] + cols).clamp(max=width - 1)  # (F, L_max): its tokens, then junk
         tokens = prefix[a * finishing.size(1) + j].gather(1, where)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.decoding.adapters import IncrementalDecoder
@@ -25,6 +26,22 @@ def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
     if limits.numel() and int(limits.min()) < 1:
         raise ValueError(f"max_len must be at least 1 for every input, got {int(limits.min())}")
     return limits
+
+
+# Output-token buffers start this many columns wide (fewer if no output may be longer) and double as
+# outputs grow: sized up front for the longest output allowed, a large --max-len allocated its
+# columns of padding for every row before the first step (gigabytes, or a failed allocation).
+FIRST_WIDTH = 64
+
+
+def widen(tokens: Tensor, need: int, pad_id: int, most: int | None = None) -> Tensor:
+    """``tokens`` (..., W), padded with ``pad_id`` to at least ``need`` columns: to twice its width
+    or ``need``, whichever is more, and at most ``most``. Unchanged if it is wide enough already."""
+    width = tokens.size(-1)
+    if need <= width:
+        return tokens
+    wider = max(need, 2 * width) if most is None else min(max(need, 2 * width), most)
+    return F.pad(tokens, (0, wider - width), value=pad_id)
 
 
 def restrict(log_probs: Tensor, decoder: IncrementalDecoder, step: int, min_len: int) -> Tensor:
@@ -51,14 +68,16 @@ def decode_rows(
     """Run ``pick`` on every row, one token at a time, ``n`` rows per input.
 
     Shape:
-        max_len: int or (B,); returns tokens (B·n, L) padded with pad_id, lengths (B·n,),
+        max_len: int or (B,); returns tokens (B·n, L ≤ max_len) padded with pad_id, lengths (B·n,),
         log_probs (B·n,) — the sum of the chosen tokens' log-probabilities
     """
     prefix = decoder.start(inputs, n)  # (N, t0)
     n_rows = prefix.size(0)
     limit = max_lengths(max_len, n_rows // n).repeat_interleave(n).to(prefix.device)  # (N,)
     longest = int(limit.max())
-    tokens = torch.full((n_rows, longest), decoder.pad_id, dtype=torch.long, device=prefix.device)
+    tokens = torch.full(
+        (n_rows, min(longest, FIRST_WIDTH)), decoder.pad_id, dtype=torch.long, device=prefix.device
+    )
     lengths = limit.clone()
     log_probs = torch.zeros(n_rows, device=prefix.device)
     rows = torch.arange(n_rows, device=prefix.device)  # live row -> output row
@@ -66,6 +85,7 @@ def decode_rows(
         check_stop()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
         choice = pick(lp)  # (A,)
+        tokens = widen(tokens, t + 1, decoder.pad_id, longest)
         tokens[rows, t] = choice
         log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)
         prefix = torch.cat([prefix, choice[:, None]], dim=1)

@@ -33,6 +33,14 @@ DEFAULT_MAX_SRC_LEN = 1024  # source tokens (eos included) for sinusoidal models
 DEFAULT_MAX_TOKENS = 4096  # source tokens per batch, padding included
 
 
+def one_line(text: str) -> str:
+    """A translation as one line of an output file, whatever pieces the model wrote: byte-fallback
+    pieces decode to any character, and a line break (``<0x0A>``, ``<0x0D>``, or any separator that
+    ``str.splitlines`` honours) would shift every later output line against its source; a tab would
+    split ``--show-r2l``'s two columns. Each becomes a space."""
+    return " ".join(text.replace("\t", " ").splitlines())
+
+
 class Translator:
     """A translation model with its tokenizers.
 
@@ -193,14 +201,16 @@ class Translator:
         return src.to(self.device), limits
 
     def detokenize(self, hyp: Hypothesis) -> str:
-        return self.tgt_tokenizer.decode(self.forward_order(hyp.tokens))
+        return one_line(self.tgt_tokenizer.decode(self.forward_order(hyp.tokens)))
 
     def detokenize_r2l(self, hyp: Hypothesis) -> str:
         """A bidirectional model's right-to-left translation that ``hyp`` read, left to right; ""
         for a hypothesis of any other model."""
         if hyp.r2l is None:
             return ""
-        return self.tgt_tokenizer.decode([t for t in hyp.r2l.tokens if t != self.model.config.eos_id][::-1])
+        return one_line(
+            self.tgt_tokenizer.decode([t for t in hyp.r2l.tokens if t != self.model.config.eos_id][::-1])
+        )
 
     def forward_order(self, tokens: Sequence[int]) -> list[int]:
         """A hypothesis's tokens left to right, eos dropped (reversed for a right-to-left model)."""

@@ -38,6 +38,32 @@ def test_scores_files_and_writes_json(model_dirs, tmp_path, capsys):
     assert (figures["bleu_tok_lc"], figures["signatures"]["bleu_tok_lc"]) == tokenized_bleu(hyps, refs, "en")
 
 
+def test_bleu_is_tokenized_for_the_target_language_as_sacrebleu_does():
+    """``sacrebleu -l en-zh`` tokenizes Chinese with its ``zh`` tokenizer; 13a (used for every target
+    before) sees one token per run of characters and scores a near-perfect translation 0."""
+    from aiayn.cli.evaluate import score
+    from aiayn.decoding.bleu import bleu
+
+    hyps, refs = ["我今天很喜欢吃苹果和香蕉"], ["我今天很喜欢吃苹果和橘子"]
+    expected = BLEU(tokenize="zh").corpus_score(hyps, [refs]).score
+    assert expected > 50 and BLEU().corpus_score(hyps, [refs]).score == 0
+    scores, signatures = score(hyps, refs, tgt_lang="zh")
+    assert scores["bleu"] == round(expected, 2) and "tok:zh" in signatures["bleu"]
+    assert "tok:13a" in str(score(hyps, refs, tgt_lang="en")[1]["bleu"])
+    assert bleu("de").corpus_score(hyps, [refs]).score == 0  # 13a for the rest
+
+
+def test_a_target_language_whose_bleu_tokenizer_is_missing_is_one_line(monkeypatch):
+    import sacrebleu.tokenizers.tokenizer_ja_mecab as mecab
+
+    from aiayn.decoding.bleu import bleu
+    from aiayn.errors import ConfigError
+
+    monkeypatch.setattr(mecab, "MeCab", None)  # as sacreBLEU finds it without its ja extra
+    with pytest.raises(ConfigError, match=r"target language 'ja' .*: pip install 'sacrebleu\[ja\]'"):
+        bleu("ja")
+
+
 def test_errors(model_dirs, tmp_path, capsys):
     src = tmp_path / "t.de"
     src.write_text("a\nb\n", encoding="utf-8")

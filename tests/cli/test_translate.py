@@ -243,3 +243,29 @@ def test_a_bidirectional_model_shows_the_right_to_left_translation_it_read(bidir
     assert main(["translate", "--model", str(plain), "--input", str(src), "--r2l-beam", "2"]) == 1
     err = capsys.readouterr().err  # read by a bidirectional model only: refused, not ignored
     assert "--r2l-beam" in err and "not a bidirectional model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_translation_is_one_line_whatever_pieces_the_model_writes(tmp_path, monkeypatch, capsys):
+    """Byte-fallback pieces decode to any character. A model that wrote ``<0x0A>`` (a line break)
+    shifted every later output line against its source: 2 inputs gave 6 lines before."""
+    import torch
+
+    from aiayn import TransformerConfig, build_transformer
+    from aiayn.data.tokenizer import SentencePieceTokenizer
+    from aiayn.decoding.translator import one_line
+    from aiayn.models.io import save_model
+    from tests.decoding.fixtures import TINY
+
+    tok = SentencePieceTokenizer.train(
+        ["the cat sat on the mat and the dog sat on the log"] * 50, vocab_size=300
+    )
+    sizes = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, n_encoder_layers=1)
+    model = build_transformer(TransformerConfig(n_decoder_layers=1, output_bias=True, **sizes, **TINY)).eval()
+    with torch.no_grad():
+        model.head.bias[tok.sp.piece_to_id("<0x0A>")] = 100.0  # every step writes a line break
+    save_model(model, tmp_path / "m")
+    tok.save(tmp_path / "m")
+    _stdin(monkeypatch, b"the cat\nthe dog\n")
+    assert main(["translate", "--model", str(tmp_path / "m"), "--beam", "2", "--max-len", "2"]) == 0
+    assert capsys.readouterr().out.count("\n") == 2
+    assert one_line("a\nb\r\nc\rd\u2028e\x85f\tg\n") == "a b c d e f g"

@@ -1,6 +1,7 @@
 """Greedy, beam search and sampling: cached = uncached, beam 1 = greedy, beam ≥ greedy, the length
 penalty and the exact stopping rule on hand-built distributions."""
 
+import dataclasses
 import math
 import re
 
@@ -123,6 +124,33 @@ def test_max_and_min_length():
     assert all(len(h[0].tokens) == 9 and 2 not in h[0].tokens for h in fixed)
     for hyps in greedy_search(Seq2SeqAdapter(model), padded_sources(), 9, SearchConfig(beam=1, min_len=4)):
         assert len(hyps[0].tokens) >= 4 and 2 not in hyps[0].tokens[:3]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_outputs_past_the_first_buffer_width_are_decoded_as_with_a_buffer_of_max_len(name, monkeypatch):
+    """Token buffers start FIRST_WIDTH wide and double; outputs of 80 tokens (min_len: no eos before)
+    cross two widenings at width 16 and must equal the search whose buffers held max_len from the start."""
+    from aiayn.decoding import beam, steps
+
+    model, cfg = tiny_transformer(eos_bias=4.0), dataclasses.replace(CONFIGS[name], min_len=80)
+    runs = []
+    for width in (100, 16):
+        monkeypatch.setattr(steps, "FIRST_WIDTH", width)
+        monkeypatch.setattr(beam, "FIRST_WIDTH", width)
+        runs.append(search(Seq2SeqAdapter(model), padded_sources(), cfg, 90))
+    _assert_same(f"widened vs preallocated buffers ({name})", *runs)
+    assert min(len(h.tokens) for hs in runs[0] for h in hs) >= 80
+
+
+def test_a_huge_max_len_allocates_nothing_for_it():
+    """max_len 10¹¹ allocated (sentences × beam × 10¹¹) tokens up front and failed; the eos-likely
+    model's outputs end after a few tokens, as they do under max_len 14. (Beam search with α > 0 may
+    not stop before max_len: a live hypothesis divided by lp(10¹¹) could still win, the exact
+    stopping rule above; α = 0 stops once no live beam can beat the finished ones.)"""
+    model, src = tiny_transformer(eos_bias=4.0), padded_sources()
+    for cfg in (CONFIGS["greedy"], CONFIGS["sample"], SearchConfig(beam=4, nbest=3, lenpen=0.0)):
+        _assert_same("max_len 10**11 vs 14", search(Seq2SeqAdapter(model), src, cfg, 10**11),
+                     search(Seq2SeqAdapter(model), src, cfg, 14))  # fmt: skip
 
 
 # -- hand-built distributions (FakeDecoder ids: eos 2, "a" 3, "b" 4) -------------------------------

@@ -41,6 +41,7 @@ from aiayn.data import (
 from aiayn.data.subword import SAMPLES_DIR, Resegmenter, pairs_report, segmentations
 from aiayn.data.tokenizer import SPECIAL_IDS
 from aiayn.data.views import Concat, PairView, PseudoPairs, halves
+from aiayn.decoding.bleu import bleu
 from aiayn.errors import ConfigError, DataError
 from aiayn.models import BidirectionalTransformer, R2LMemory, Transformer, build_transformer
 from aiayn.models.config import TransformerConfig
@@ -122,6 +123,8 @@ class TranslationTask(Task):
                               "valid_dataset=PREFIX of other files, or a folder holding train.* and valid.* "
                               "(or dev.*)")  # fmt: skip
         valid = load_parallel(cfg.valid_dataset or cfg.dataset, "valid", o.src_lang, o.tgt_lang)
+        if o.eval_bleu:  # a target language whose BLEU tokenizer is missing: said now, not at evaluation
+            bleu(o.tgt_lang)
         tok_dir = run_dir / TOKENIZER_DIR
 
         def tokenizers():  # trained once (rank 0), then read back by every rank
@@ -277,8 +280,6 @@ class TranslationTask(Task):
         """Greedy translations of the validation sources, scored with sacreBLEU."""
         if not self.opts.eval_bleu:
             return {}
-        import sacrebleu
-
         from aiayn.decoding.options import SearchConfig
         from aiayn.decoding.translator import Translator
 
@@ -287,7 +288,7 @@ class TranslationTask(Task):
         sources = [self.valid[i][0].tolist() for i in range(n)]
         hyps = translator.search(sources, SearchConfig(beam=1), self.cfg.max_tokens)
         texts = [translator.detokenize(h[0]) if h else "" for h in hyps]
-        return {"bleu": round(sacrebleu.corpus_bleu(texts, [self.valid_refs[:n]]).score, 2)}
+        return {"bleu": round(bleu(self.opts.tgt_lang).corpus_score(texts, [self.valid_refs[:n]]).score, 2)}
 
     def score(self, metrics: dict[str, float]) -> float:
         return metrics["bleu"] if "bleu" in metrics else -metrics["loss"]
