@@ -235,14 +235,15 @@ def architecture(hf_config: dict) -> str | None:
 
 
 def write_generation_config(
-    directory: Path, pad_id: int, never: tuple[int, ...] = (), **ids: int | float | None
+    directory: Path, pad_id: int | None, never: tuple[int, ...] = (), **ids: int | float | None
 ) -> None:
     """``generation_config.json``: transformers' ``generate`` on an export never emits padding
     (``bad_words_ids``, as OPUS-MT's own configs have it), nor the ids in ``never``, which aiayn's
     searches never do; ``ids`` the special ids it starts and stops with (``eos_token_id=…``) and
-    other settings (``max_length``)."""
-    banned = [[pad_id], *([i] for i in never if i != pad_id)]
-    write_json(directory / GENERATION_CONFIG, {"bad_words_ids": banned, "pad_token_id": pad_id, **ids})
+    other settings (``max_length``). ``pad_id=None``: the model has no padding token of its own."""
+    banned = [*([[pad_id]] if pad_id is not None else []), *([i] for i in never if i != pad_id)]
+    banning = {"bad_words_ids": banned} if banned else {}  # transformers refuses an empty list
+    write_json(directory / GENERATION_CONFIG, {**banning, "pad_token_id": pad_id, **ids})
 
 
 def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:

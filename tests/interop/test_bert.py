@@ -229,6 +229,13 @@ def test_what_aiayn_cannot_run_is_refused_on_import(tmp_path):
             problem_type="regression")  # fmt: skip
     with pytest.raises(ModelDirError, match="problem_type='regression'"):
         from_pretrained(tmp_path / "regression")
+    hf_bert(
+        tmp_path / "one-label", transformers.BertForSequenceClassification, num_labels=1
+    )  # save_pretrained
+    with pytest.raises(
+        ModelDirError, match="num_labels=1 without a problem_type: .* regression"
+    ):  # writes none
+        from_pretrained(tmp_path / "one-label")  # before: a one-class classifier, every text 1.0
     hf_bert(tmp_path / "act", hidden_act="gelu_fast")
     with pytest.raises(ModelDirError, match=r"config\.json: hidden_act='gelu_fast' has no aiayn equivalent"):
         from_pretrained(tmp_path / "act")

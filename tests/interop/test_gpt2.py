@@ -55,6 +55,27 @@ def test_config_and_padding_choice(tmp_path):
     assert from_pretrained(tmp_path).config.pad_id == 3
 
 
+def test_a_gpt2_without_padding_exports_without_padding(tmp_path):
+    """Read back, a GPT-2 without a pad token pads with a real token (51 here). The export wrote it as
+    pad_token_id and banned it in generation_config.json: transformers then dropped it from prompts
+    and never wrote it, so the export generated otherwise than the original."""
+    from aiayn.interop import export_hf
+
+    hf = gpt2(tmp_path / "hf").eval()
+    ours = from_pretrained(tmp_path / "hf")
+    assert ours.config.pad_id == 51
+    export_hf(ours, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["pad_token_id"] is None
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert generation["pad_token_id"] is None and [51] not in generation.get("bad_words_ids", [])
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    prompt = torch.tensor([[5, 51, 7]])  # the stand-in inside a prompt
+    with torch.no_grad():
+        kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=52)
+        assert back.generate(prompt, **kw).tolist() == hf.generate(prompt, **kw).tolist()
+    assert from_pretrained(tmp_path / "out").config.pad_id == 51  # and it reads back as it was
+
+
 def test_refuses_what_aiayn_cannot_run(tmp_path):
     gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(ModelDirError, match=r"config\.json: this GPT-2 scales attention other than"):

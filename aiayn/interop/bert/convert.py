@@ -157,6 +157,11 @@ def config_from_bert(
             f"problem_type={hf_config['problem_type']!r}: aiayn's classifier picks one label by softmax "
             "(single_label_classification)"
         )
+    if classifier and len(bert_labels(hf_config)) < 2:  # transformers: num_labels=1 means regression
+        raise ModelDirError(
+            f"num_labels={len(bert_labels(hf_config))} without a problem_type: transformers reads such a "
+            "model as regression (one score); aiayn's classifier picks one of two labels or more by softmax"
+        )
     vocab = hf_config["vocab_size"]
     if classifier:  # the vocabulary head, which the checkpoint lacks, is tied (and never used)
         head = dict(n_classes=len(bert_labels(hf_config)), pooling="first", pooler=True, tie_output=True)

@@ -12,7 +12,8 @@ keeps out of gradients, the id that batching pads with and the loss ignores, and
 aiayn's searches never emit. So we take the config's ``pad_token_id`` if it differs from eos, else
 the highest id that is not a special token (50255 in GPT-2: its last and so rarest BPE merge, the
 one token that aiayn's generation cannot write where transformers' could), or whatever ``pad_id``
-the caller passes.
+the caller passes. Exported back, such a stand-in is written as no padding token (``pad_token_id``
+null, not banned from generation): it is a real token to transformers.
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ def export_gpt2(
         state["head.proj.weight"] = state["head.proj.weight"] / root
     tie = c.tie_output and c.emb_scale == "none"
     tensors = name_map(c, tie).to_hf(state)
+    # a GPT-2 read without a padding token pads with a real token (the module docstring): written as
+    # pad_token_id, transformers would mask it out of prompts and generation_config would ban it
+    stand_in = c.bos_id == c.eos_id and c.pad_id == default_pad_id(c.vocab_size, {c.bos_id, c.eos_id})
+    pad = None if stand_in else c.pad_id
     config = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -183,7 +188,7 @@ def export_gpt2(
         "layer_norm_epsilon": c.ln_eps,
         "bos_token_id": c.bos_id,
         "eos_token_id": c.eos_id,
-        "pad_token_id": c.pad_id,
+        "pad_token_id": pad,
         "tie_word_embeddings": tie,
         "dtype": str(state["head.proj.weight"].dtype).removeprefix("torch."),
     }
@@ -192,5 +197,5 @@ def export_gpt2(
     if untrained_ids:
         config["aiayn_untrained_ids"] = list(untrained_ids)
     out = hf.write_hf_directory(directory, config, tensors)
-    hf.write_generation_config(out, c.pad_id, untrained_ids, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
+    hf.write_generation_config(out, pad, untrained_ids, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
     return out
