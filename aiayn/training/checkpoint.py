@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from aiayn.atomic import atomic_dir, atomic_path, write_json
+from aiayn.atomic import atomic_dir, atomic_path, temporary_name, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
 from aiayn.textfiles import read_json
@@ -91,9 +91,10 @@ def _rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
 
 def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(tensors["rng.torch"])
-    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
+    if torch.cuda.is_available():  # the devices both runs see: a resume may see fewer (or none)
+        for i in range(torch.cuda.device_count()):
+            if f"rng.cuda.{i}" in tensors:
+                torch.cuda.set_rng_state(tensors[f"rng.cuda.{i}"], i)
     random.setstate((meta["version"], tuple(meta["state"]), meta["gauss"]))
 
 
@@ -109,7 +110,7 @@ def rank_rng_state(device: torch.device) -> torch.Tensor:
 def _set_rank_rng_state(state: torch.Tensor, device: torch.device) -> None:
     n = torch.get_rng_state().numel()
     torch.set_rng_state(state[:n].clone())
-    if device.type == "cuda":
+    if device.type == "cuda" and state.numel() > n:  # none where the run saved it on the CPU
         torch.cuda.set_rng_state(state[n:].clone(), device)
 
 
@@ -207,4 +208,6 @@ def prune(run_dir: Path, keep_last: int) -> None:
     dirs = step_dirs(run_dir)
     for _, path in dirs[: max(len(dirs) - keep_last, 0)]:
         if best_target is None or path.resolve() != best_target:
-            shutil.rmtree(path)
+            doomed = temporary_name(path)  # renamed first: a kill mid-delete leaves a temporary that the
+            path.rename(doomed)  # next start removes, not a step directory without its trainer state
+            shutil.rmtree(doomed)

@@ -379,6 +379,12 @@ def test_a_lowercase_vocabulary_and_the_first_validation_documents(rule_data, tm
         ("mlm", "word_dropout=0.1", r"word_dropout=0.1 leaves pieces out .* task='mlm' does not take it"),
         ("mlm", "model.detector=true", r"model.detector is task='rtd''s head; task='mlm' would never"),
         ("clm", "model.detector=true", r"task='clm' would never train it"),
+        ("classify", "extra_text=[\"more.txt\"]", r"extra_text=\['more.txt'\] adds pre-training text"),
+        ("classify", "packing=blocks",
+         r"packing='blocks' cuts pre-training text into blocks .* task='classify' does not take it"),
+        ("classify", "whole_word_mask=true", r"whole_word_mask=True masks whole words for pre-training"),
+        ("translation", "batch_size=64", r"batch_size=64 is a language model's windows per batch"),
+        ("mlm", "block_size=128", r"block_size=128 is a language model's context"),
         ("classify", "model.positional=learned model.max_len=40 max_len=64",
          r"model.max_len=40: learned positions cannot hold the 64 positions that max_len=64 allows; "
          r"raise model.max_len to 64 or lower max_len"),

@@ -198,3 +198,33 @@ def test_resume_checks_the_data_by_its_contents_not_by_how_its_path_is_spelt(cor
     assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS), "--resume"]) == 1  # unverifiable
     assert "dataset is" in capsys.readouterr().err
     assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS), other_spelling, "--resume"]) == 0
+
+
+def test_random_states_resume_on_fewer_gpus_or_from_a_cpu_run(monkeypatch):
+    """A run saved with 4 GPUs visible, resumed with 1 (CUDA_VISIBLE_DEVICES=0): torch's
+    set_rng_state_all indexed a generator per saved state and failed (IndexError) on the second. A
+    run saved on the CPU, resumed on a GPU, had no CUDA state to restore for its rank (RuntimeError:
+    every checkpoint "does not fit this run"). A fake CUDA of one device stands in for the GPU here."""
+    import torch
+
+    from aiayn.training import checkpoint as ckpt
+
+    restored = []
+
+    def set_rng_state(state, device=0):
+        index = torch.device(device).index if not isinstance(device, int) else device
+        if index >= 1 or state.numel() == 0:
+            raise (IndexError if index >= 1 else RuntimeError)(f"device {device}, {state.numel()} bytes")
+        restored.append((index, state[0].item()))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)
+    cpu = torch.get_rng_state()
+    meta = {"version": 3, "state": list(__import__("random").getstate()[1]), "gauss": None}
+    saved = {f"rng.cuda.{i}": torch.full((16,), i, dtype=torch.uint8) for i in range(4)}
+    ckpt._set_rng_state(meta, {"rng.torch": cpu, **saved})
+    assert restored == [(0, 0)]  # device 0's state, the others' devices absent
+    ckpt._set_rank_rng_state(cpu, torch.device("cuda", 0))  # a CPU run's rank state: the CPU part only
+    assert restored == [(0, 0)] and torch.equal(torch.get_rng_state(), cpu)

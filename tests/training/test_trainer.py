@@ -328,6 +328,29 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     assert main(["plot", str(mine / "m.jsonl"), "--out", str(tmp_path / "figs")]) == 0
 
 
+def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_path, monkeypatch):
+    """rmtree deletes file by file; killed after trainer_state.json went, it left step-000001 with
+    its weights and no state: no longer a checkpoint, so never pruned or cleaned up again."""
+    from aiayn.atomic import TMP_PREFIX
+
+    for step in (1, 2, 3):
+        folder = tmp_path / f"step-{step:06d}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"weights")
+
+    def killed(path):
+        (Path(path) / "trainer_state.json").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.prune(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
+    (left,) = [p for p in tmp_path.iterdir() if not p.name.startswith("step-")]
+    assert left.name.startswith(TMP_PREFIX + "step-000001-")  # what remove_temporaries deletes
+
+
 def test_average_of_more_checkpoints_than_kept_warns_and_leaves_out_an_older_best(corpus, tmp_path, capsys):
     """What a run with keep_last=2 whose first evaluation stayed the best leaves: step 2 (best), 6 and 8.
     --last 5 averages the two newest, says so, and does not reach back to step 2."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from torch import nn
@@ -41,6 +41,11 @@ class LMOptions(TaskOptions):
     batch_size: int = 12  # windows per batch
     block_size: int = 64  # context length
     eval_iters: int = 0  # validation batches per evaluation; 0 = the whole split
+
+    ABOUT: ClassVar[dict[str, str]] = {
+        "batch_size": "is a language model's windows per batch (task='lm'; other tasks batch by max_tokens)",
+        "block_size": "is a language model's context (task='lm'; the other tasks read max_len)",
+    }
 
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)

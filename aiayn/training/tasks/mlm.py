@@ -53,6 +53,12 @@ class PretrainOptions(EncoderOptions):
     packing: str = "sentences"
     eval_max_sentences: int = 0  # validate on the first N lines or rows (documents); 0 = all
 
+    ABOUT: ClassVar[dict[str, str]] = {
+        "extra_text": "adds pre-training text (task='mlm', 'rtd' or 'clm')",
+        "whole_word_mask": "masks whole words for pre-training (task='mlm', 'rtd' or 'clm')",
+        "packing": "cuts pre-training text into blocks (task='mlm', 'rtd' or 'clm')",
+    }
+
     def validate(self, cfg: TrainConfig) -> None:
         super().validate(cfg)
         if self.packing not in PACKINGS:
@@ -70,6 +76,7 @@ class MLMOptions(PretrainOptions):
     random_token_prob: float = 0.1  # ... or a random token (else it stays)
 
     ABOUT: ClassVar[dict[str, str]] = {
+        **PretrainOptions.ABOUT,
         "mask_prob": "is masked-LM's share of tokens to predict (task='mlm')",
         "mask_token_prob": "is masked-LM's share of chosen tokens shown as <mask> (task='mlm')",
         "random_token_prob": "is masked-LM's share of chosen tokens replaced at random (task='mlm')",

@@ -45,6 +45,7 @@ class RTDOptions(PretrainOptions):
     replace_from: str = "unigram"  # the generator: "unigram" piece frequencies or "uniform"
 
     ABOUT: ClassVar[dict[str, str]] = {
+        **PretrainOptions.ABOUT,
         "replace_prob": "is replaced-token detection's share of replaced tokens (task='rtd')",
         "replace_from": "is replaced-token detection's generator (task='rtd')",
     }
