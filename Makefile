@@ -7,7 +7,7 @@ TORCH_INDEX ?=
 
 .PHONY: test test-fast demo lint format clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile  # the torch pin lives here
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU wheel on this disk; elsewhere pip may pull a multi-GB CUDA build,

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from provenance import run_main, write_result  # noqa: E402
 from reproduce_bidirectional import build_cache, launcher, pipeline, r2l_overrides, run  # noqa: E402
 
+from aiayn.atomic import write_bytes  # noqa: E402
 from aiayn.cli.demo import machine  # noqa: E402
 
 OUT = ROOT / "results" / "bidirectional"
@@ -145,7 +145,7 @@ class Bench:
             or not all((ROOT / d).is_dir() for d in models)
         ):
             result = make(name, *how)
-            shutil.copy(ROOT / "results" / f"{name}.json", OUT / f"{name}.json")
+            write_bytes(OUT / f"{name}.json", (ROOT / "results" / f"{name}.json").read_bytes())
             for f in (ROOT / "results").glob(f"{name}*"):
                 f.unlink()
             self.summary["arms"][name] = {**figures(result), **self.measured_on()}

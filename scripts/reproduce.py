@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,14 @@ from aiayn.training.distributed import barrier, init_distributed  # noqa: E402
 from aiayn.training.recipe import load_recipe  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.viz.curves import plot_curves, read_metrics  # noqa: E402
+
+
+def command_line() -> str:
+    """This process's command, the script relative to the repository (under torchrun: as each process
+    was started; ``processes`` in the results says how many)."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
 
 
 def git_commit() -> str:
@@ -274,7 +283,12 @@ def main() -> int:
     if args.rerank_with and (args.beam < 2 or not (args.rerank_with / "config.json").is_file()):
         ap.error(f"--rerank-with {args.rerank_with}: give a model directory (its config.json) and --beam ≥ 2")
     started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
-    name = args.name or run_name(args.recipe, args.overrides, args.members, args.tag)
+    if args.name:
+        name = args.name + (f"-{args.tag}" if args.tag else "")  # --tag keeps its word beside --name
+    else:
+        name = run_name(args.recipe, args.overrides, args.members, args.tag)
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):  # an override holding a path: now, not after training
+            ap.error(f"the name made from the overrides, {name!r}, cannot name a file: give --name NAME")
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     recipe = ROOT / "recipes" / f"{args.recipe}.toml"
     cfg = load_recipe(recipe, [*args.overrides, f"out_dir={run_dir}"])
@@ -305,7 +319,8 @@ def main() -> int:
            "seed": cfg.seed, "steps": result["step"], "stopped_by": result["reason"],
            "max_tokens": result["max_tokens"],  # after short_budget: the batches the run ended with
            "train_wall_minutes": round(wall / 60, 2), "processes": args.members or dist.world_size,
-           "machine": machine(), "commit": commit, "config": to_dict(cfg)}  # fmt: skip
+           "machine": machine(), "commit": commit, "command": command_line(),
+           "config": to_dict(cfg)}  # fmt: skip
     if args.members:
         out["members"] = trained
     out["parameters"] = count_parameters(load_model(member_dirs(run_dir)[0] if args.members else run_dir))
@@ -324,17 +339,24 @@ def main() -> int:
 def evaluate_again(
     name: str, run_dir: Path, results: Path, cfg, args: argparse.Namespace, commit: str
 ) -> int:
-    """``--evaluate-only``: the earlier run's results with a new evaluation; the old one is kept
-    under ``previous_evaluation``. Without results (the evaluation failed), the run directory's
-    training figures."""
+    """``--evaluate-only``: the run directory's training figures (``training.json``, written by the
+    run whose checkpoints are there) with a new evaluation; an earlier evaluation of that same run
+    (``results/NAME.json`` with its commit, steps and minutes) is kept under ``previous_evaluation``.
+    ``results/NAME.json`` of another run (a committed figure that this run's directory replaced) is
+    not read. Without ``training.json`` (runs from before it was written): ``results/NAME.json``."""
     first = (member_dirs(run_dir) or [run_dir])[0]
-    path = results / f"{name}.json"
-    path = path if path.is_file() else run_dir / TRAINING_FILE
+    training, earlier = run_dir / TRAINING_FILE, results / f"{name}.json"
+    path = training if training.is_file() else earlier
     if cfg.task != "translation" or not (first / "best").is_dir() or not path.is_file():
         print(f"--evaluate-only needs a translation run's {first}/best and {path}: run the command "
               "without --evaluate-only first", file=sys.stderr)  # fmt: skip
         return 2
     old = json.loads(path.read_text())
+    if path == training and earlier.is_file():
+        before = json.loads(earlier.read_text())
+        if all(before.get(k) == old.get(k) for k in ("commit", "steps", "train_wall_minutes")):  # this run's
+            kept = (*EVALUATION_FIELDS, "previous_evaluation")
+            old = {**old, **{k: before[k] for k in kept if k in before}}
     out = {k: v for k, v in old.items() if k not in (*EVALUATION_FIELDS, "previous_evaluation")}
     if any(k in old for k in EVALUATION_FIELDS):
         out["previous_evaluation"] = {k: old[k] for k in EVALUATION_FIELDS if k in old}

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from reproduce import check_members, check_names  # noqa: E402
+from reproduce import check_members, check_names, command_line  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -169,7 +169,9 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
                      "cache_minutes": round(cache_s / 60, 2), "final_max_minutes": round(left, 2),
                      "r2l_share": args.r2l_share, "jackknife": args.jackknife, "members": members,
                      "r2l_overrides": list(getattr(args, "r2l", [])), "r2l_valid_bleu": r2l_bleu,
-                     "r2l_models": [str(d.relative_to(ROOT)) for d in dirs]}  # fmt: skip
+                     "r2l_models": [str(d.relative_to(ROOT)) for d in dirs],
+                     "final_command": out.get("command")}  # fmt: skip
+    out["command"] = command_line()  # the whole pipeline's
     out["total_minutes"] = round((r2l_s + cache_s) / 60 + out["train_wall_minutes"], 2)
     write_json(ROOT / "results" / f"{name}.json", out)
     return out

@@ -9,9 +9,9 @@ import torch
 from aiayn.atomic import check_figure_dir
 from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_model_argument, formatter
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import BidirectionalAdapter
 from aiayn.decoding.generator import Generator
+from aiayn.decoding.maps import decoder_read, token_labels
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
@@ -64,13 +64,6 @@ def check_length(option: str, n: int, limit: int, what: str) -> None:
         raise ConfigError(f"{option} has {n} tokens{what}; {why} at most {limit}: give a shorter one")
 
 
-def token_labels(tok: Tokenizer, ids: list[int], config) -> list[str]:
-    """A printable label per id: special ids by name, the others as the text they decode to."""
-    names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # bos wins if = pad
-    visible = {" ": "␣", "\n": "\\n", "\t": "\\t"}
-    return [names.get(i) or visible.get(s := tok.decode([i]), s) or f"<{i}>" for i in ids]
-
-
 def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     translator = Translator.from_dir(args.model, args.device)
     model, c, device = translator.model, translator.model.config, translator.device
@@ -95,15 +88,14 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
         # with the right-to-left search the model was trained with (r2l_beam), as aiayn translate
         greedy = SearchConfig(beam=1, r2l_beam=translator.r2l_beam)
         limit = greedy.output_limit(len(src) - 1)  # eos excluded, as Translator counts
+        limit = min(limit, translator.max_tgt_len or limit)  # learned positions: the decoder's table
         adapter = BidirectionalAdapter(model, greedy, limit)
         with torch.inference_mode():
             out = search(adapter, torch.tensor([src], device=device), greedy, limit)[0][0].tokens
         r2l_in = [c.bos_id] + [t for t in adapter.r2l_hypotheses[0][0].tokens if t != c.eos_id]
     else:
         out = translator.search([src[:-1]], SearchConfig(beam=1))[0][0].tokens
-    if args.tgt is None and (not out or out[-1] != c.eos_id):  # stopped at its length limit: the
-        out = out[:-1]  # decoder read <s> and every token but the last, which no position predicts from
-    tgt_in = [c.bos_id] + [t for t in out if t != c.eos_id]
+    tgt_in = [c.bos_id, *out] if args.tgt is not None else decoder_read(out, c.bos_id, c.eos_id)
     extra = {"r2l_tgt": torch.tensor([r2l_in], device=device)} if c.bidirectional else {}
     src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)
     with torch.inference_mode():

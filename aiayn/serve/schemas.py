@@ -197,6 +197,10 @@ class TranslationResult(BaseModel):
     r2l: str | None = Field(
         None, description="a bidirectional model's right-to-left translation, whose states the answer read"
     )
+    truncated: bool = Field(
+        False,
+        description="the text has more source tokens than the model reads: its first part is translated",
+    )
 
 
 class NativeTranslateResponse(BaseModel):

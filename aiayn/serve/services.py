@@ -26,6 +26,7 @@ import torch
 from aiayn.decoding.cancel import check_stop
 from aiayn.decoding.classifier import ClassifierEnsemble, MaskFiller, TextClassifier, objective
 from aiayn.decoding.generator import Generator
+from aiayn.decoding.maps import decoder_read, token_labels
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import draw, seeded
 from aiayn.decoding.scoring import Hypothesis
@@ -84,11 +85,12 @@ class TranslationService:
         meta = model_meta(self.directories[0])
         self.source, self.target = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's source ids (too long: truncated, as the CLI does); ``AiaynError`` naming the
-        text the tokenizer refuses."""
+    def encode(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Each text's source ids, and the indices of the texts cut to the source tokens the model
+        reads (``max_src_len``, as the CLI cuts them; the native answer says ``truncated``);
+        ``AiaynError`` naming the text the tokenizer refuses."""
         try:
-            return self.translator.encode(texts)[0]
+            return self.translator.encode(texts)
         except (UnicodeError, RuntimeError, TypeError, ValueError) as e:  # what tokenizers raise
             raise ConfigError(f"a text cannot be tokenized: {e}") from None
 
@@ -149,7 +151,7 @@ class TranslationService:
         total = 0
         for src, hyps in zip(sources, nbest):
             if hyps:
-                n_src, n_tgt = len(src) + 1, sum(i != c.eos_id for i in hyps[0].tokens) + 1
+                n_src, n_tgt = len(src) + 1, len(decoder_read(hyps[0].tokens, c.bos_id, c.eos_id))
                 n_r2l = sum(i != c.eos_id for i in hyps[0].r2l.tokens) + 1 if c.bidirectional else 0
                 total += c.n_heads * (
                     c.n_encoder_layers * n_src**2
@@ -170,22 +172,18 @@ class TranslationService:
         if isinstance(t.model, Ensemble):
             return {}  # each member attends in its own way; there is no one map to show
         c = t.model.config
-        src_ids, tgt_in = src + [c.eos_id], [c.bos_id, *(i for i in hyp.tokens if i != c.eos_id)]
+        src_ids, tgt_in = src + [c.eos_id], decoder_read(hyp.tokens, c.bos_id, c.eos_id)
         extra, pieces = {}, {}
         if c.bidirectional:
             r2l_in = [c.bos_id, *(i for i in hyp.r2l.tokens if i != c.eos_id)]
             extra["r2l_tgt"] = torch.tensor([r2l_in], device=t.device)
-            pieces["r2l_tokens"] = [_piece(t.tgt_tokenizer, i, c) for i in r2l_in]
+            pieces["r2l_tokens"] = token_labels(t.tgt_tokenizer, r2l_in, c)
         with torch.inference_mode():
             maps = t.model.attention_weights(torch.tensor([src_ids], device=t.device),
                                              torch.tensor([tgt_in], device=t.device), **extra)  # fmt: skip
-        pieces["src_tokens"] = [_piece(t.src_tokenizer, i, c) for i in src_ids]
-        pieces["tgt_tokens"] = [_piece(t.tgt_tokenizer, i, c) for i in tgt_in]
+        pieces["src_tokens"] = token_labels(t.src_tokenizer, src_ids, c)
+        pieces["tgt_tokens"] = token_labels(t.tgt_tokenizer, tgt_in, c)
         return {**pieces, **_weights(maps)}
-
-
-def _piece(tok, i: int, c) -> str:
-    return {c.eos_id: "</s>", c.bos_id: "<s>", c.pad_id: "<pad>"}.get(i) or tok.decode([i]) or f"<{i}>"
 
 
 class LMService:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -23,16 +24,20 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    lines = read_text(path, "is this a training run directory?", fix="not a metrics file").splitlines()
+    text = read_text(path, "is this a training run directory?", fix="not a metrics file")
+    lines = text.splitlines()
     records = []
     for i, line in enumerate(lines, 1):
         if line.strip():
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError):  # not JSON, a number of 4300+ digits, nested too deep
+                torn = i == len(lines) and not text.endswith("\n")  # a run killed mid-write (resume drops it)
+                if torn:
+                    print(f"aiayn: warning: {path}: line {i} is cut short: left out", file=sys.stderr)
+                    break
                 raise ModelDirError(
-                    f"{path}: line {i} is not valid JSON: give a run directory or its "
-                    "metrics.jsonl (a torn last line: delete it)"
+                    f"{path}: line {i} is not valid JSON: give a run directory or its metrics.jsonl"
                 ) from None
             if not isinstance(record, dict):
                 raise ModelDirError(

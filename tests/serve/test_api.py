@@ -873,3 +873,48 @@ def test_a_bidirectional_models_attention_is_what_its_decoders_read(tmp_path):
         assert client.post("/v1/translate", json={**body, "attention": False}).status_code == 200
     with TestClient(create_app([load_service("bidir", bidir)], Settings(max_attention_values=n))) as client:
         assert client.post("/v1/translate", json=body).status_code == 200
+
+
+def test_a_text_longer_than_the_model_reads_is_translated_in_part_and_says_so(tmp_path):
+    """The CLI warns when it cuts a line to the source tokens the model reads; the server cut it
+    silently, and the page showed the first part's translation as the whole text's."""
+    from tests.decoding.fixtures import translation_dir
+
+    learned = translation_dir(tmp_path / "short", eos_bias=2.0, positional="learned", max_len=12)
+    de_en_meta(learned)
+    with TestClient(create_app([load_service("short", learned)])) as client:
+        results = client.post("/v1/translate", json={"q": ["Ein Mann fährt Fahrrad.", "Zwei"]}).json()[
+            "results"
+        ]
+        libre = client.post(
+            "/translate", json={"q": "Ein Mann fährt Fahrrad.", "source": "de", "target": "en"}
+        )
+    assert [r["truncated"] for r in results] == [True, False]
+    expected = Translator.from_dir(learned).translate(["Ein Mann fährt Fahrrad."], SearchConfig(beam=4))[0]
+    assert results[0]["translation"] == expected == libre.json()["translatedText"]  # what the CLI writes
+
+
+def test_attention_of_a_translation_stopped_at_its_length_limit_is_of_what_the_decoder_read(tmp_path):
+    """A hypothesis without eos (stopped at max_len) was read as [bos] + every token: one position
+    past a learned table of max_len rows, answered 400; the decoder read [bos] + all but the last."""
+    from tests.decoding.fixtures import translation_dir
+
+    looping = translation_dir(tmp_path / "loop", eos_bias=-30.0, positional="learned", max_len=12)
+    with TestClient(create_app([load_service("loop", looping)])) as client:
+        r = client.post("/v1/translate", json={"q": ["Zwei Hunde"], "beam": 2, "attention": True})
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    tokens, att = result["hypotheses"][0]["tokens"], result["attention"]
+    assert len(tokens) == 12 and att["tgt_tokens"][0] == "<s>" and len(att["tgt_tokens"]) == 12
+    assert len(att["decoder_self"][0][0]) == 12  # rows: the 12 positions read
+
+
+def test_a_marian_style_bos_that_is_also_padding_is_labelled_bos():
+    from types import SimpleNamespace
+
+    from aiayn.decoding.maps import decoder_read, token_labels
+    from tests.decoding.fixtures import char_tokenizer
+
+    config = SimpleNamespace(pad_id=5, bos_id=5, eos_id=0)  # OPUS-MT: the decoder starts with <pad>'s id
+    assert token_labels(char_tokenizer(), [5, 0], config) == ["<s>", "</s>"]  # was "<pad>" on the page
+    assert decoder_read([7, 8, 0], 5, 0) == decoder_read([7, 8, 9], 5, 0) == [5, 7, 8]

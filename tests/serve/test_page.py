@@ -195,8 +195,10 @@ def test_keys_layers_per_kind_errors_and_an_encoder(browser, served, tmp_path):
     try:
         tab.goto(url)
         tab.wait_for_selector("#translator:not([hidden])")
+        assert not tab.is_visible("#key-box")  # before: shown by label's display rule, hidden or not
         tab.click("#t-go")
         tab.wait_for_selector("#key-box:not([hidden])")
+        assert tab.is_visible("#key-box")
         assert "enter the key above" in tab.text_content("#error") and tab.text_content("#t-out") == ""
         tab.fill("#api-key", "secret")
         tab.click("#t-go")

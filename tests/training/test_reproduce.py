@@ -37,6 +37,9 @@ def load_script(name: str = "reproduce"):
         (["multi30k-en-de", "--beam", "0"], "--beam 0"),
         (["multi30k-en-de", "--mbr-beam", "-1"], "--mbr-beam -1"),
         (["multi30k-en-de", "--rerank-with", "no/such/run"], "--rerank-with no/such/run: give a model"),
+        (["multi30k-en-de", "valid_dataset=corpora/dev"],  # before: refused after training, at writing
+         "the name made from the overrides, 'multi30k-en-de-valid_datasetcorpora/dev', cannot name a file: "
+         "give --name NAME"),
     ],
 )  # fmt: skip
 def test_arguments_are_checked_before_anything_runs(args, message):
@@ -163,8 +166,16 @@ def test_evaluate_only_finishes_a_run_whose_evaluation_failed(tmp_path, monkeypa
     out = json.loads((results / "x.json").read_text())
     assert (out["steps"], out["test"], out["end_to_end_minutes"]) == ([5, 6], {"bleu": 1.0}, 52.0)
     assert "previous_evaluation" not in out and out["evaluation_commit"] == "abc"
-    (run_dir / reproduce.TRAINING_FILE).unlink()  # results/x.json now holds an evaluation: it is kept
     assert reproduce.evaluate_again("x", run_dir, results, cfg, argparse.Namespace(), "def") == 0
+    again = json.loads((results / "x.json").read_text())  # results/x.json holds this run's evaluation: kept
+    assert again["previous_evaluation"]["test"] == {"bleu": 1.0} and again["steps"] == [5, 6]
+    other = {**again, "steps": [900, 900], "train_wall_minutes": 40.0, "commit": "0ld"}  # a committed figure
+    (results / "x.json").write_text(json.dumps(other))  # of another run, whose directory this run replaced
+    assert reproduce.evaluate_again("x", run_dir, results, cfg, argparse.Namespace(), "ghi") == 0
+    out = json.loads((results / "x.json").read_text())  # before: that run's steps and minutes, this BLEU
+    assert (out["steps"], out["end_to_end_minutes"]) == ([5, 6], 52.0) and "previous_evaluation" not in out
+    (run_dir / reproduce.TRAINING_FILE).unlink()  # a run from before training.json: results/x.json is read
+    assert reproduce.evaluate_again("x", run_dir, results, cfg, argparse.Namespace(), "jkl") == 0
     assert json.loads((results / "x.json").read_text())["previous_evaluation"]["test"] == {"bleu": 1.0}
 
 

@@ -263,6 +263,22 @@ def _replace_line(path, index: int, text: str) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def test_a_validation_pair_over_learned_positions_is_named_before_any_update(corpus, tmp_path, capsys):
+    """Training drops pairs longer than max_len; validation keeps every pair, and one longer than the
+    learned positions used to stop the run at its first evaluation (the embedding's DataError)."""
+    _replace_line(corpus / "valid.de", 2, " ".join(["hund katze"] * 40))
+    run = tmp_path / "run"
+    args = tiny_args(corpus, run, "max_steps=2", "eval_every=2", "max_len=19", "model.positional=learned",
+                     "model.max_len=20")  # fmt: skip
+    assert main(["train", *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn train: error:") and "\n" not in err, err
+    assert (
+        "validation line 3 needs" in err and "over model.max_len=20" in err and "raise model.max_len" in err
+    ), err
+    assert not (run / "metrics.jsonl").exists()
+
+
 def test_a_validation_pair_over_max_tokens_is_named_before_any_update(corpus, tmp_path, capsys):
     """Validation keeps every pair; one that cannot fit a batch used to end the run at its first
     evaluation, after eval_every updates, with a message about a pair index and CorpusFilter."""
@@ -562,3 +578,17 @@ def test_plot_of_odd_metrics_is_one_line_or_a_figure_without_the_odd_values(tmp_
         assert len(err) == 1 and "m.jsonl: line 1 is not valid JSON" in err[0], err
     else:
         assert (tmp_path / "figs" / "loss.png").stat().st_size > 1000
+
+
+def test_plot_leaves_out_a_last_line_cut_short_and_refuses_one_in_the_middle(tmp_path, capsys):
+    """A run killed mid-write ends its metrics in half a line (its resume drops it); plot refused the
+    whole file, just when its curves were wanted. Half a line before others is still refused."""
+    good = [json.dumps({"split": "train", "step": s, "loss": 5.0 - s, "lr": 0.001}) for s in (1, 2)]
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("\n".join(good) + '\n{"split": "tra')
+    assert main(["plot", str(metrics), "--out", str(tmp_path / "figs")]) == 0
+    assert capsys.readouterr().err.strip() == f"aiayn: warning: {metrics}: line 3 is cut short: left out"
+    assert (tmp_path / "figs" / "loss.png").stat().st_size > 1000
+    metrics.write_text(good[0] + '\n{"split": "tra\n' + good[1] + "\n")
+    assert main(["plot", str(metrics), "--out", str(tmp_path / "figs2")]) == 1
+    assert "line 2 is not valid JSON" in capsys.readouterr().err

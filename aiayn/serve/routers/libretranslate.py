@@ -94,7 +94,8 @@ async def translate(
 
 
 async def _submit(server: Server, service: TranslationService, config, texts: list[str], request: Request):
-    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    sources, _ = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch; a text
+    # cut to the tokens the model reads is translated in part (LibreTranslate's answer has no field to say it)
     return await server.submit(Translation(service.name, config, False), sources, len(texts), request)
 
 

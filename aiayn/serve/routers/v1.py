@@ -63,8 +63,10 @@ async def translate(
         raise invalid(f"r2l_beam: {service.name!r} is not a bidirectional model (model.bidirectional=true); "
                       "leave r2l_beam out")  # fmt: skip
     job = Translation(service.name, config, body.attention, limit)
-    sources = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    sources, cut = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
     results = await server.submit(job, sources, len(texts), request)
+    for i in cut:  # translated in part: said, as the CLI warns
+        results[i] = {**results[i], "truncated": True}
     return NativeTranslateResponse(
         model=service.name, source=service.source, target=service.target, results=results
     )

@@ -81,6 +81,11 @@ $("t-form").addEventListener("submit", async (event) => {
       $("t-note").hidden = false;
     }
     const result = (await answer.json()).results[0];
+    if (result.truncated) { // more source tokens than the model reads: only the first part was translated
+      const cut = "Only the first part of this text was translated: it is longer than the model reads.";
+      $("t-note").textContent = $("t-note").hidden ? cut : `${$("t-note").textContent} ${cut}`;
+      $("t-note").hidden = false;
+    }
     $("t-out").textContent = result.translation;
     $("t-r2l").hidden = result.r2l === undefined; // a bidirectional model: the memory it read
     $("t-r2l-text").textContent = result.r2l || "";

@@ -53,17 +53,21 @@ from aiayn.training.task import TOKENIZER_DIR, Task, check_learned_positions, re
 from aiayn.training.tasks.translation_options import TranslationOptions
 
 
-def check_fits(pairs: EncodedParallel, corpus: ParallelCorpus, max_tokens: int) -> None:
+def check_fits(
+    pairs: EncodedParallel, corpus: ParallelCorpus, max_tokens: int, positions: int | None = None
+) -> None:
     """Validation keeps every pair, so each must fit a batch of ``max_tokens`` (with its eos or
-    bos): checked before training, not at the first evaluation, with the line to look at."""
+    bos), and ``positions``, the rows of learned positions (None: sinusoidal, no limit): checked
+    before training, not at the first evaluation, with the line to look at."""
     sizes = np.maximum(pairs.src.lengths, pairs.tgt.lengths) + 1
-    over = np.flatnonzero(sizes > max_tokens)
-    if len(over):
-        raise DataError(
-            f"{corpus.src.path} and {corpus.tgt.path}: validation line {over[0] + 1} needs {sizes[over[0]]} "
-            f"ids on one side, over max_tokens={max_tokens} ({len(over)} such lines); raise max_tokens "
-            "or shorten those lines (validation keeps every pair)"
-        )
+    for name, limit in (("max_tokens", max_tokens), ("model.max_len", positions)):
+        over = np.flatnonzero(sizes > limit) if limit is not None else []
+        if len(over):
+            raise DataError(
+                f"{corpus.src.path} and {corpus.tgt.path}: validation line {over[0] + 1} needs "
+                f"{sizes[over[0]]} ids on one side, over {name}={limit} ({len(over)} such lines); raise "
+                f"{name} or shorten those lines (validation keeps every pair)"
+            )
 
 
 def target_pieces(targets: list[np.ndarray]) -> torch.Tensor:
@@ -139,7 +143,13 @@ class TranslationTask(Task):
 
         self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
-        check_fits(self.valid, valid, cfg.max_tokens)
+        learned = cfg.model.get("positional") == "learned"  # a table of model.max_len rows
+        check_fits(
+            self.valid,
+            valid,
+            cfg.max_tokens,
+            cfg.model.get("max_len", TransformerConfig.max_len) if learned else None,
+        )
         self.valid_refs = [tgt.lower() if self.tgt_tok.lowercase else tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split

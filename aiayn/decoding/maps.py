@@ -1,0 +1,29 @@
+"""What an attention map shows: the tokens a decoder read, and a label for each.
+
+``aiayn attention`` and the server's page draw the same maps, so both take their axes from here: a
+map of tokens the decoder never read (or labelled otherwise on the page than in the CLI) would pass
+for the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiayn.data.tokenizer import Tokenizer
+
+VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # pieces that would print as nothing
+
+
+def decoder_read(tokens: Sequence[int], bos_id: int, eos_id: int) -> list[int]:
+    """The decoder's inputs while it wrote ``tokens`` (a hypothesis, eos last if it ended): ``[bos]``
+    and every token but eos. A hypothesis stopped at its length limit has no eos; its last token was
+    written but never read, and one more position would pass a learned table's last row."""
+    read = list(tokens) if tokens and tokens[-1] == eos_id else list(tokens)[:-1]
+    return [bos_id, *(t for t in read if t != eos_id)]
+
+
+def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
+    """A printable label per id: special ids by name (bos before pad where the two are one id, as in
+    Marian models), the others as the text they decode to (a space, tab or line break shown)."""
+    names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win
+    return [names.get(i) or VISIBLE.get(s := tok.decode([i]), s) or f"<{i}>" for i in ids]
