@@ -95,7 +95,7 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
         r2l_in = [c.bos_id] + [t for t in adapter.r2l_hypotheses[0][0].tokens if t != c.eos_id]
     else:
         out = translator.search([src[:-1]], SearchConfig(beam=1))[0][0].tokens
-    tgt_in = [c.bos_id, *out] if args.tgt is not None else decoder_read(out, c.bos_id, c.eos_id)
+    tgt_in = [c.bos_id, *out] if args.tgt is not None else decoder_read(out, c.bos_id)
     extra = {"r2l_tgt": torch.tensor([r2l_in], device=device)} if c.bidirectional else {}
     src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)
     with torch.inference_mode():

@@ -14,12 +14,12 @@ from aiayn.data.tokenizer import Tokenizer
 VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # pieces that would print as nothing
 
 
-def decoder_read(tokens: Sequence[int], bos_id: int, eos_id: int) -> list[int]:
+def decoder_read(tokens: Sequence[int], bos_id: int) -> list[int]:
     """The decoder's inputs while it wrote ``tokens`` (a hypothesis, eos last if it ended): ``[bos]``
-    and every token but eos. A hypothesis stopped at its length limit has no eos; its last token was
-    written but never read, and one more position would pass a learned table's last row."""
-    read = list(tokens) if tokens and tokens[-1] == eos_id else list(tokens)[:-1]
-    return [bos_id, *(t for t in read if t != eos_id)]
+    and every token but the last, which no position read: its eos, or, where the hypothesis stopped
+    at its length limit, a token one position past what the decoder read (past a learned table's
+    last row, there)."""
+    return [bos_id, *list(tokens)[:-1]]
 
 
 def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:

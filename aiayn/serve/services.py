@@ -151,7 +151,7 @@ class TranslationService:
         total = 0
         for src, hyps in zip(sources, nbest):
             if hyps:
-                n_src, n_tgt = len(src) + 1, len(decoder_read(hyps[0].tokens, c.bos_id, c.eos_id))
+                n_src, n_tgt = len(src) + 1, len(decoder_read(hyps[0].tokens, c.bos_id))
                 n_r2l = sum(i != c.eos_id for i in hyps[0].r2l.tokens) + 1 if c.bidirectional else 0
                 total += c.n_heads * (
                     c.n_encoder_layers * n_src**2
@@ -172,7 +172,7 @@ class TranslationService:
         if isinstance(t.model, Ensemble):
             return {}  # each member attends in its own way; there is no one map to show
         c = t.model.config
-        src_ids, tgt_in = src + [c.eos_id], decoder_read(hyp.tokens, c.bos_id, c.eos_id)
+        src_ids, tgt_in = src + [c.eos_id], decoder_read(hyp.tokens, c.bos_id)
         extra, pieces = {}, {}
         if c.bidirectional:
             r2l_in = [c.bos_id, *(i for i in hyp.r2l.tokens if i != c.eos_id)]

@@ -39,12 +39,19 @@ BUILTIN = "aiayn.training.tasks"  # importing it registers the built-in tasks
 TOKENIZER_DIR = "tokenizer"  # where a run keeps the tokenizers trained for it
 
 
+def learned_rows(cfg: TrainConfig, default: int | None = None) -> int | None:
+    """The rows of learned positions ``cfg.model`` asks for (``model.max_len``, else ``default``), or
+    None where there is no such limit (sinusoidal positions grow; no max_len given nor defaulted)."""
+    rows = cfg.model.get("max_len", default)
+    return rows if cfg.model.get("positional") == "learned" and isinstance(rows, int) else None
+
+
 def check_learned_positions(cfg: TrainConfig, positions: int, limit: str) -> None:
     """Refuse learned positions (``model.max_len`` rows, a hard limit) too few for the ``positions``
     that the task's ``limit`` (e.g. ``"max_len=128"``) lets a sequence have: such a run would stop at
     its first long batch or evaluation, not before it starts."""
-    rows = cfg.model.get("max_len")
-    if cfg.model.get("positional") == "learned" and isinstance(rows, int) and rows < positions:
+    rows = learned_rows(cfg)
+    if rows is not None and rows < positions:
         raise ConfigError(f"model.max_len={rows}: learned positions cannot hold the {positions} positions "
                           f"that {limit} allows; raise model.max_len to {positions} or lower "
                           f"{limit.split('=')[0]}")  # fmt: skip

@@ -917,4 +917,4 @@ def test_a_marian_style_bos_that_is_also_padding_is_labelled_bos():
 
     config = SimpleNamespace(pad_id=5, bos_id=5, eos_id=0)  # OPUS-MT: the decoder starts with <pad>'s id
     assert token_labels(char_tokenizer(), [5, 0], config) == ["<s>", "</s>"]  # was "<pad>" on the page
-    assert decoder_read([7, 8, 0], 5, 0) == decoder_read([7, 8, 9], 5, 0) == [5, 7, 8]
+    assert decoder_read([7, 8, 0], 5) == decoder_read([7, 8, 9], 5) == [5, 7, 8]

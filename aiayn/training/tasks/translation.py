@@ -49,7 +49,7 @@ from aiayn.training import criteria
 from aiayn.training.config import TrainConfig
 from aiayn.training.distributed import DistInfo, main_first
 from aiayn.training.pseudo import init_from_r2l, pseudo_targets, r2l_tokenizers
-from aiayn.training.task import TOKENIZER_DIR, Task, check_learned_positions, register_task
+from aiayn.training.task import TOKENIZER_DIR, Task, check_learned_positions, learned_rows, register_task
 from aiayn.training.tasks.translation_options import TranslationOptions
 
 
@@ -143,13 +143,7 @@ class TranslationTask(Task):
 
         self.src_tok, self.tgt_tok = main_first(dist, tokenizers)
         self.train, self.valid = main_first(dist, lambda: self._encode(train, valid))
-        learned = cfg.model.get("positional") == "learned"  # a table of model.max_len rows
-        check_fits(
-            self.valid,
-            valid,
-            cfg.max_tokens,
-            cfg.model.get("max_len", TransformerConfig.max_len) if learned else None,
-        )
+        check_fits(self.valid, valid, cfg.max_tokens, learned_rows(cfg, TransformerConfig.max_len))
         self.valid_refs = [tgt.lower() if self.tgt_tok.lowercase else tgt for _, tgt in valid]
         self.bidirectional = bool(cfg.model.get("bidirectional", False))
         self._r2l = {"train": [0.0, 0], "valid": [0.0, 0]}  # r2l NLL sum and count, per split
