@@ -26,6 +26,7 @@ def test_defaults_are_the_paper_base_model():
         ({"d_model": 9, "n_heads": 3}, r"d_model=9 is odd; sinusoidal positions need an even d_model"),
         ({"src_vocab_size": 100}, r"share_embeddings=True needs src_vocab_size == tgt_vocab_size"),
         ({"pad_id": 2}, r"pad_id=2 equals eos_id=2; give padding its own id"),
+        ({"unk_id": 0}, r"pad_id=0 equals unk_id=0; give padding its own id"),
         ({"src_vocab_size": 3, "tgt_vocab_size": 3}, r"unk_id=3 is outside the vocabulary"),
         ({"n_decoder_layers": 0}, r"n_decoder_layers=0 must be a positive integer"),
         ({"ln_eps": 0.0}, r"ln_eps=0.0 must be a positive float"),
@@ -46,6 +47,9 @@ def test_other_configs_validate_their_own_fields():
         EncoderConfig(n_classes=-1)
     with pytest.raises(ValueError, match="LMConfig.n_layers=0"):
         LMConfig(n_layers=0)
+    with pytest.raises(ValueError, match=r"EncoderConfig.pad_id=0 equals bos_id=0: the padding mask"):
+        EncoderConfig(bos_id=0, unk_id=3)
+    TransformerConfig(bos_id=0)  # a decoder may start from pad (Marian's decoder_start_token_id)
 
 
 def test_round_trip_and_unknown_keys():

@@ -102,6 +102,9 @@ class EncoderConfig(StackConfig):
         if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
             self._fail("n_classes", "must be an integer ≥ 0", "use 0 for no classification head")
         self._choice("pooling", POOLINGS)
+        if self.pad_id == self.bos_id:  # a decoder may start from pad (Marian's); an encoder reads bos
+            self._fail("pad_id", f"equals bos_id={self.bos_id}: the padding mask would hide bos ([CLS])",
+                       "give padding its own id")  # fmt: skip
         self._flag("pooler", "embed_norm", "head_transform", "output_bias", "detector", "causal")
         if self.causal and self.n_classes and self.pooling == "first":
             self._fail("pooling", "reads the first token, which in a causal encoder sees only itself "

@@ -245,14 +245,16 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, h, T_cached + T_k, d)
         p = self.dropout if self.training else 0.0
-        n = q.size(0) // k.size(0)  # query rows per memory row: the beams of a sentence share its memory
+        # query rows per memory row: the beams of a sentence share its memory (an empty batch: 1)
+        n = q.size(0) // k.size(0) if k.size(0) else 1
         if n > 1:
             q = _grouped(q, k.size(0), n)  # (B, h, n·T_q, d_k): one attention per sentence
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)  # (B,h,T_q,d_v)
         if n > 1:
             out = _ungrouped(out, n)
             weights = None if weights is None else _ungrouped(weights, n)
-        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), -1)  # Concat(head_1..h)
+        # Concat(head_1..h), its width spelled out: an empty batch or sequence cannot infer it
+        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), self.n_heads * self.d_v)
         return self.w_o(out), weights
 
 

@@ -113,6 +113,8 @@ class LayerConfig:
         self._index("pad_id", "bos_id", "eos_id", "unk_id")
         if self.pad_id == self.eos_id:
             self._fail("pad_id", f"equals eos_id={self.eos_id}", "give padding its own id")
+        if self.pad_id == self.unk_id:  # the padding mask would hide every unknown token
+            self._fail("pad_id", f"equals unk_id={self.unk_id}", "give padding its own id")
 
     def _vocab_check(self, field: str) -> None:
         self._positive(field)

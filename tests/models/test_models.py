@@ -62,6 +62,14 @@ def test_appending_padding_changes_nothing_at_real_positions():
     assert_close("Transformer padding invariance", m(padded_src, padded_tgt)[:, :6], m(src, tgt))
 
 
+def test_an_empty_batch_gives_empty_outputs_as_torch_nn_does():
+    src, tgt = torch.randint(4, 50, (0, 7)), torch.randint(4, 40, (0, 6))
+    assert _transformer()(src, tgt).shape == (0, 6, 50)
+    assert _lm()(tgt).shape == (0, 6, 40)
+    encoder = EncoderModel(EncoderConfig(vocab_size=50, n_layers=2, n_classes=3, **SMALL)).eval()
+    assert encoder(src).shape == (0, 7, 50) and encoder.classify(src).shape == (0, 3)
+
+
 def test_cached_decoding_equals_full_decoding():
     m = _transformer(norm_first=True)
     src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))

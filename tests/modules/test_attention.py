@@ -186,6 +186,16 @@ def test_self_attention_matches_nn_multihead_attention(need_weights, kernel):
         assert_close("MultiHeadAttention weights vs nn.MultiheadAttention", w, ref_w)
 
 
+@pytest.mark.parametrize(("batch", "t_q"), [(0, 4), (2, 0)])
+def test_empty_batch_or_sequence_matches_nn_multihead_attention(batch, t_q, kernel):
+    ours, ref = _reference_mha()
+    x, memory = torch.randn(batch, t_q, 32), torch.randn(batch, 5, 32)
+    out, _ = ours(x, memory, memory)
+    ref_out, _ = ref(x, memory, memory)
+    assert out.shape == ref_out.shape == (batch, t_q, 32)
+    assert_close("MultiHeadAttention vs nn.MultiheadAttention (empty)", out, ref_out)
+
+
 def test_cross_attention_and_distinct_key_value_match_nn_multihead_attention(kernel):
     ours, ref = _reference_mha()
     x, memory, other = torch.randn(2, 5, 32), torch.randn(2, 9, 32), torch.randn(2, 9, 32)
