@@ -8,7 +8,7 @@ masking), each of its pieces then replaced independently. A sequence with no cho
 so that every sequence teaches something. ``bos``/``eos``/padding are never chosen; random
 replacements are drawn from the ordinary pieces (ids from ``first_normal`` on), never a special.
 
-Masks are drawn from the generator the caller passes: the tasks seed it with (seed, epoch, batch),
+Masks are drawn from the generator the caller passes: the tasks seed it with (seed, rank, epoch, batch),
 so each epoch sees new masks (RoBERTa's dynamic masking) and a resumed run the same ones.
 """
 
