@@ -97,19 +97,27 @@ def rerank_bleu(plain: Path, r2l: Path, direction: str) -> dict:
     src_lang, tgt_lang = direction.split("-")
     forward, backward = Translator.from_dir(plain), Translator.from_dir(r2l)
     srcs, refs = (list(side) for side in zip(*load_parallel("multi30k", "test", src_lang, tgt_lang)))
-    t0 = time.time()
+    t0 = time.perf_counter()
     sources, _ = forward.encode(srcs)
     config = SearchConfig(beam=5, lenpen=0.6)
     nbest = forward.search(sources, dataclasses.replace(config, nbest=5))
     best = [hyps[0] for hyps in rerank(forward, backward, sources, nbest, config)]
     scores, _ = score([forward.detokenize(h) for h in best], refs, tgt_lang)
     return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores.get("chrf"),
-            "decode_seconds": round(time.time() - t0, 1)}  # fmt: skip
+            "decode_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+
+
+def positive(text: str) -> float:
+    """A budget in minutes: a number above 0 (0 would be no clock for some arms, the recipe's for others)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of minutes above 0")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=10.0, help="every arm's total training budget")
+    ap.add_argument("--minutes", type=positive, default=10.0, help="every arm's total training budget")
     ap.add_argument("--directions", nargs="+", default=["de-en", "en-de"], choices=list(MAKE))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -130,20 +138,27 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, summary: dict, direction: str, seed: int):
         self.args, self.summary, self.direction = args, summary, direction
+        self.measured_now: set[str] = set()  # arms run by this invocation
         self.recipe, self.tag = f"multi30k-{direction}", f"bd-{direction}-s{seed}"
         self.common = [*MAKE[direction], *SHORT, f"seed={seed}"]
 
-    def record(self, arm: str, make, *how) -> dict:
-        """The arm's figures: from the summary where it was measured at this budget and what it
-        leaves for the arms after it (the right-to-left models in runs/) is still there; else run now."""
-        name = f"{self.tag}-{arm}"
+    def fresh(self, name: str, after: tuple[str, ...] = ()) -> bool:
+        """Whether the summary holds ``name`` as this invocation would measure it: on this machine, at
+        this budget, share and processes (``measured_on``), what it leaves for later arms (the
+        right-to-left models in runs/) still there, and none of the arms it was built on (``after``:
+        e.g. distillation reads the cached arm's right-to-left model) measured again by this invocation."""
         kept = self.summary["arms"].get(name)
-        models = (kept or {}).get("stages", {}).get("r2l_models", [])
-        if (
-            kept is None
-            or kept.get("budget_minutes") != self.args.minutes
-            or not all((ROOT / d).is_dir() for d in models)
-        ):
+        if kept is None or any(kept.get(k) != v for k, v in self.measured_on().items()):
+            return False
+        if any(f"{self.tag}-{arm}" in self.measured_now for arm in after):
+            return False
+        return all((ROOT / d).is_dir() for d in kept.get("stages", {}).get("r2l_models", []))
+
+    def record(self, arm: str, make, *how, after: tuple[str, ...] = ()) -> dict:
+        """The arm's figures: from the summary where they are ``fresh``; else run now."""
+        name = f"{self.tag}-{arm}"
+        if not self.fresh(name, after):
+            self.measured_now.add(name)
             result = make(name, *how)
             write_bytes(OUT / f"{name}.json", (ROOT / "results" / f"{name}.json").read_bytes())
             for f in (ROOT / "results").glob(f"{name}*"):
@@ -185,9 +200,10 @@ class Bench:
             build_cache(
                 ROOT / "recipes" / f"{self.recipe}.toml", [*self.common, "r2l_distill=true", *r2l]
             )  # a hit
-            self.record("distill", self.trained, ["r2l_distill=true", *r2l], left)
-        if "rerank" in a.arms and f"{self.tag}-rerank" not in self.summary["arms"]:
-            plain = self.record("plain-short", self.trained, [], round(a.minutes - stages["r2l_minutes"], 2))
+            self.record("distill", self.trained, ["r2l_distill=true", *r2l], left, after=("cached",))
+        if "rerank" in a.arms and not self.fresh(f"{self.tag}-rerank", after=("cached",)):
+            short = round(a.minutes - stages["r2l_minutes"], 2)
+            plain = self.record("plain-short", self.trained, [], short, after=("cached",))
             chosen = ROOT / "runs" / f"reproduce-{self.tag}-plain-short" / plain["chosen"]
             r2l_dir = ROOT / stages["r2l_models"][0]
             self.summary["arms"][f"{self.tag}-rerank"] = {
@@ -203,7 +219,7 @@ class Bench:
         if a.equal_updates and f"{self.tag}-plain" in self.summary["arms"]:
             steps = self.summary["arms"][f"{self.tag}-plain"]["updates"]
             fixed = [*cached_final, *r2l, f"max_steps={steps}", "horizon=steps"]
-            self.record(f"cached-{steps}-updates", self.trained, fixed, 0)
+            self.record(f"cached-{steps}-updates", self.trained, fixed, 0, after=("plain", "cached"))
 
     def ceiling(self, cached_final: list[str]) -> None:
         """The most the memory can give: a right-to-left model trained for the whole budget (as long as
@@ -217,7 +233,7 @@ class Bench:
                  f"max_minutes={self.args.minutes:g}", f"out_dir={r2l}"])  # fmt: skip
         reads = [*cached_final, f"r2l_model={r2l}", f"max_steps={steps}", "horizon=steps"]
         build_cache(ROOT / "recipes" / f"{self.recipe}.toml", [*self.common, *reads])
-        self.record(f"cached-full-r2l-{steps}-updates", self.trained, reads, 0)
+        self.record(f"cached-full-r2l-{steps}-updates", self.trained, reads, 0, after=("plain",))
 
 
 def main() -> int:

@@ -105,7 +105,10 @@ def main() -> None:
         print(json.dumps(measure(*args.child, max_tokens=args.max_tokens)))
         return
 
+    from aiayn.cli.demo import machine
     from aiayn.data import SentencePieceTokenizer, data_dir, load_parallel
+
+    print(machine())  # timings are this machine's
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -192,15 +192,22 @@ def prepare(model_dir: Path, work: Path, base: bool) -> tuple[Path, Path, Path]:
     return model_dir, work / f"ct2-{name}", work / f"hf-{name}"
 
 
-def variants(engine: str, ct2_env: list[str]) -> list[tuple[str, dict[str, str]]]:
+def ct2_env(spec: str) -> tuple[str, dict[str, str]]:
+    """One ``--ct2-env NAME=VAR=VALUE[,VAR=VALUE]`` as ``(NAME, {VAR: VALUE})``, checked when the
+    command line is read (not after the exports)."""
+    name, _, assignments = spec.partition("=")
+    pairs = [a.partition("=") for a in assignments.split(",")]
+    if not name or any(not var or not eq for var, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(f"{spec!r} is not NAME=VAR=VALUE[,VAR=VALUE] (dnnl=CT2_USE_MKL=0)")
+    return name, {var: value for var, _, value in pairs}
+
+
+def variants(engine: str, ct2_envs: list[tuple[str, dict[str, str]]]) -> list[tuple[str, dict[str, str]]]:
     """``(label, environment)`` runs of an engine: CTranslate2 once as it is and once per
-    ``--ct2-env NAME=VAR=VALUE[,VAR=VALUE]`` (its documented switches, e.g. CT2_USE_MKL=0)."""
+    ``--ct2-env`` (its documented switches, e.g. CT2_USE_MKL=0)."""
     runs = [(engine, {})]
     if engine.startswith("ct2"):
-        for spec in ct2_env:
-            name, _, assignments = spec.partition("=")
-            env = dict(a.split("=", 1) for a in assignments.split(","))
-            runs.append((f"{engine}[{name}]", env))
+        runs += [(f"{engine}[{name}]", env) for name, env in ct2_envs]
     return runs
 
 
@@ -395,6 +402,7 @@ def main() -> None:
     p.add_argument(
         "--ct2-env",
         nargs="*",
+        type=ct2_env,
         default=[],
         metavar="NAME=VAR=VALUE[,VAR=VALUE]",
         help="also run CTranslate2 with these environment switches, e.g. dnnl=CT2_USE_MKL=0",
@@ -407,8 +415,12 @@ def main() -> None:
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if min(args.latency_sentences, args.base_latency_sentences) < 1:
-        p.error("--latency-sentences and --base-latency-sentences must be at least 1")
+    counts = ("sentences", "base_sentences", "base_len", "latency_sentences", "base_latency_sentences",
+              "repeats", "rounds")  # fmt: skip
+    if small := [f"--{c.replace('_', '-')} {getattr(args, c)}" for c in counts if getattr(args, c) < 1]:
+        p.error(f"{', '.join(small)}: must be at least 1")
+    if min(args.threads) < 1:
+        p.error(f"--threads {' '.join(map(str, args.threads))}: each must be at least 1")
     if not args.worker and not args.verdict and "aiayn-fp32" not in args.engines:
         p.error(
             "--engines must include aiayn-fp32: the other engines' speeds, agreement and BLEU are given "
@@ -417,7 +429,11 @@ def main() -> None:
     if args.worker:
         return worker(args)
     if args.verdict:
-        return print_verdict(verdict(json.loads(Path(args.verdict).read_text())))
+        try:
+            earlier = json.loads(Path(args.verdict).read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--verdict {args.verdict}: {e}")
+        return print_verdict(verdict(earlier))
     if not args.model:
         p.error("--model DIR is required")
 

@@ -148,14 +148,15 @@ def main() -> None:
                    "hf_per_s": round(n / t_hf, 2), "aiayn_vs_hf": round(t_hf / t_ours, 3)}  # fmt: skip
             uncached = ""
             if args.uncached:
-                few = list(batches(sources[: args.uncached], args.batch))
+                k = len(sources[: args.uncached])  # --uncached may ask for more than there are
+                few = list(batches(sources[:k], args.batch))
                 t_few, t_few_cached = best_of(
                     args.repeats,
                     partial(time_ours, ours, few, beam, args.out_len, use_cache=False),
                     partial(time_ours, ours, few, beam, args.out_len),
                 )
-                uncached = f"{args.uncached / t_few:8.1f} ({t_few / t_few_cached:.1f}x slower)"
-                row["uncached_per_s"] = round(args.uncached / t_few, 2)
+                uncached = f"{k / t_few:8.1f} ({t_few / t_few_cached:.1f}x slower)"
+                row["uncached_per_s"] = round(k / t_few, 2)
             name = "greedy" if beam == 1 else f"beam {beam}"
             rate = f"{n / t_ours:10.1f} {n / t_hf:8.1f} {t_hf / t_ours:6.2f}"
             print(f"{size:5} {name:7} {n:5d} {rate} {uncached}", flush=True)

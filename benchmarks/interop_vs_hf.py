@@ -16,13 +16,13 @@ shared machine out of the ratio) is reported with the ratio HF / aiayn.
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 
 import torch
 from provenance import run_main, write_result
 
+from aiayn.cli.demo import machine
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.interop import from_pretrained
 
@@ -38,14 +38,15 @@ def load_pair(model_dir: str | None, device: str):
     """(HF model, aiayn model) with the same weights, both in eval mode on ``device``."""
     from transformers import MarianConfig, MarianMTModel
 
-    if model_dir is None:
+    if model_dir is None:  # saved only for aiayn to read it back: removed once loaded (≈ 300 MB)
         torch.manual_seed(0)
         hf = MarianMTModel(MarianConfig(**OPUS_MT_DE_EN))
-        model_dir = tempfile.mkdtemp()
-        hf.save_pretrained(model_dir)
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp)
+            ours = from_pretrained(tmp, device)
     else:
-        hf = MarianMTModel.from_pretrained(model_dir)
-    return hf.to(device).eval(), from_pretrained(model_dir, device)
+        hf, ours = MarianMTModel.from_pretrained(model_dir), from_pretrained(model_dir, device)
+    return hf.to(device).eval(), ours
 
 
 def source_batches(n: int, batch: int, vocab: int, pad: int, eos: int, seed: int = 0) -> list[torch.Tensor]:
@@ -115,8 +116,9 @@ def main() -> None:
     c = ours.config
     data = [b.to(args.device) for b in source_batches(args.sentences, args.batch, c.src_vocab_size, c.pad_id,
                                                       c.eos_id)]  # fmt: skip
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine()
-    print(f"{where}, torch {torch.__version__}, {args.threads} threads; {args.sentences} sentences, "
+    cuda = args.device.startswith("cuda")
+    where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if cuda else machine()
+    print(f"{where}, {args.threads} threads; {args.sentences} sentences, "
           f"batch {args.batch}, {args.out_len} output tokens each")  # fmt: skip
     print(f"{'search':8} {'aiayn s':>8} {'HF s':>8} {'HF/aiayn':>8}  outputs")
     results = []

@@ -80,7 +80,7 @@ def aiayn_encoder(vocab_size: int, positional: str) -> EncoderModel:
 def train(model: nn.Module, blocks: np.ndarray, probs: np.ndarray, length: int, steps: int, lr: float):
     """The training loss, averaged over each 50 updates."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    rng, losses, curve, t0 = np.random.default_rng(0), [], [], time.time()
+    rng, losses, curve, t0 = np.random.default_rng(0), [], [], time.perf_counter()
     for step in range(1, steps + 1):
         rows = [blocks[i] for i in rng.integers(0, len(blocks), BATCH_PIECES // length)]
         inputs, labels = replace_tokens(collate_sequences(rows, length, 0, 1, 2), 0.15, probs, rng)
@@ -95,7 +95,7 @@ def train(model: nn.Module, blocks: np.ndarray, probs: np.ndarray, length: int, 
         losses.append(loss.item())
         if step % 50 == 0:
             curve.append({"step": step, "loss": round(float(np.mean(losses[-50:])), 4),
-                          "seconds": round(time.time() - t0, 1)})  # fmt: skip
+                          "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
             print(curve[-1], flush=True)
     return curve
 
@@ -122,7 +122,8 @@ def main() -> int:
     ap.add_argument(
         "tokenizer", type=Path, help="a run's tokenizer directory (e.g. of recipes/imdb-rtd.toml)"
     )
-    ap.add_argument("--arms", nargs="+", default=["torch", "torch-alibi", "aiayn", "aiayn-sinusoidal"])
+    arms = ["torch", "torch-alibi", "aiayn", "aiayn-sinusoidal"]
+    ap.add_argument("--arms", nargs="+", default=arms, choices=arms)
     ap.add_argument("--reviews", type=int, default=6000)
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--steps", type=int, default=200)
@@ -131,6 +132,10 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if min(args.reviews, args.length - 2, args.steps) < 1:
+        ap.error("--reviews and --steps must be at least 1, --length at least 3")
+    if not (args.imdb / "unsup.txt.gz").is_file():
+        ap.error(f"{args.imdb / 'unsup.txt.gz'}: no such file (give the folder holding IMDb's unsup.txt.gz)")
     tok = load_tokenizer(args.tokenizer)
     with gzip.open(args.imdb / "unsup.txt.gz", "rt", encoding="utf-8") as f:
         docs = tok.encode_batch(list(itertools.islice(f, args.reviews)))

@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
+    if min(args.tokens, args.vocab, args.d_model, args.repeats, args.threads) < 1:
+        ap.error("--tokens, --vocab, --d-model, --repeats and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     h = torch.randn(2 * args.tokens, args.d_model, requires_grad=True)  # (2N, d_model): pass a, then b

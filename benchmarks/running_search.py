@@ -101,8 +101,8 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="also time the parts of a step (a little slower)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    if args.sentences < 1:
-        ap.error("--sentences must be at least 1")
+    if min(args.sentences, args.beam, args.repeats, args.threads, *args.in_flight) < 1:
+        ap.error("--sentences, --beam, --repeats, --threads and each --in-flight must be at least 1")
     torch.set_num_threads(args.threads)
     translator = Translator.from_dir(args.model)
     texts = [src for src, _ in load_parallel("multi30k", "test", "de", "en")][: args.sentences]

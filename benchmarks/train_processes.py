@@ -58,7 +58,8 @@ def run_layout(recipe: Path, procs: int, threads: int, max_tokens: int, steps: i
         shutil.rmtree(out.parent, ignore_errors=True)
     train = [r for r in lines if r.get("split") == "train" and r["step"] > skip]
     tok_s = statistics.median(r["tokens_per_s"] for r in train)
-    tokens = statistics.mean(r["tokens"] for r in train) * procs  # rank 0's batch × ranks
+    # rank 0's batch × ranks; the trainer logs one update per window, so this mean is of a sample
+    tokens = statistics.mean(r["tokens"] for r in train) * procs
     # the median window hides the few slow batches (long sentences); the whole span counts them
     seconds = train[-1]["elapsed"] - train[0]["elapsed"]
     span = (train[-1]["step"] - train[0]["step"]) / seconds if seconds > 0 else tok_s / tokens

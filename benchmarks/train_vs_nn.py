@@ -1,17 +1,19 @@
 r"""Training throughput: aiayn's training step against the plain recipe a user would write instead.
 
 The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions +
-an untied ``nn.Linear`` head + ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained
-with ``torch.optim.Adam`` as a user writes it; aiayn steps with the optimizer ``aiayn train`` builds
-(``make_optimizer``), same hyper-parameters. Both see the same batches (lengths drawn like
-Multi30k's, bucketed to a token budget, padding included), in the same precision, and alternate
-step by step in one process so that machine noise hits both alike. Reported: target tokens/s
-(median over steps, and over all steps together: batches of different lengths take different
-paths), the ratios, and peak memory of each implementation measured alone in a child process (RSS
-growth on the CPU, max allocated on CUDA). ``--profile`` (CPU) also measures, under the PyTorch profiler
-after the timed steps, the share of each step spent in matrix products, and from it the ceiling of
-the ratio: the plain step's time over aiayn's products alone, which no saving outside the products
-can pass (both sides do the same products, on the same machine).
+an untied ``nn.Linear`` head (``--plain-tied``: one embedding shared by source, target and head, as in
+aiayn's default and the paper's §3.4, so both have the same parameters) +
+``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained with ``torch.optim.Adam`` as a user
+writes it; aiayn steps with the optimizer ``aiayn train`` builds (``make_optimizer``), same
+hyper-parameters. Both see the same batches (lengths drawn like Multi30k's, bucketed to a token budget,
+padding included), in the same precision, and alternate step by step in one process so that machine
+noise hits both alike. Reported: target tokens/s (median over steps, and over all steps together:
+batches of different lengths take different paths), the ratios, the parameters, and peak memory of each
+implementation measured alone in a child process (RSS growth on the CPU, max allocated on CUDA, each
+above what models, optimizers and batches hold). ``--profile`` (CPU) also measures, under the PyTorch
+profiler after the timed steps, the share of each step spent in matrix products, and from it the
+ceiling of the ratio: the plain step's time over aiayn's products alone, which no saving outside the
+products can pass (both sides do the same products, on the same machine).
 
     python benchmarks/train_vs_nn.py --size tiny --precision fp32
     python benchmarks/train_vs_nn.py --size base --precision bf16 --steps 6
@@ -60,14 +62,17 @@ MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten
 class PlainRecipe(nn.Module):
     """What a user writes with torch.nn: embeddings, positions, nn.Transformer, a linear head."""
 
-    def __init__(self, d_model, n_heads, d_ff, layers, vocab):
+    def __init__(self, d_model, n_heads, d_ff, layers, vocab, tied=False):
         super().__init__()
-        self.src_emb, self.tgt_emb = nn.Embedding(vocab, d_model, PAD), nn.Embedding(vocab, d_model, PAD)
+        self.src_emb = nn.Embedding(vocab, d_model, PAD)
+        self.tgt_emb = self.src_emb if tied else nn.Embedding(vocab, d_model, PAD)
         self.register_buffer("pe", sinusoidal_table(1024, d_model))
         self.transformer = nn.Transformer(
             d_model, n_heads, layers, layers, d_ff, dropout=0.1, batch_first=True
         )
-        self.generator = nn.Linear(d_model, vocab)
+        self.generator = nn.Linear(d_model, vocab, bias=not tied)
+        if tied:
+            self.generator.weight = self.src_emb.weight
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(0.1)
 
@@ -124,7 +129,8 @@ def matmul_gflops(device: torch.device, n: int = 1024, repeat: int = 20) -> floa
 
 def child_peak(name: str) -> float:
     """Peak memory of 3 training steps of one implementation, measured in a fresh process: on the
-    CPU, max RSS above the RSS once model, optimizer and batches exist; on CUDA, max allocated."""
+    CPU, max RSS above the RSS once models, optimizers and batches exist; on CUDA, max allocated above
+    what is allocated then (the child builds both models, as the parent does)."""
     cmd = [sys.executable, *sys.argv, "--memory-of", name]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
@@ -170,10 +176,17 @@ def main() -> None:
         action="store_true",
         help="the plain recipe steps with the fused Adam too (separates model from optimizer)",
     )
+    ap.add_argument(
+        "--plain-tied",
+        action="store_true",
+        help="the plain recipe shares one embedding for source, target and head (as aiayn)",
+    )
     ap.add_argument("--profile", action="store_true", help="also the matrix products' share of a step (CPU)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--memory-of", choices=["aiayn", "nn.Transformer"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 1 or args.warmup < 0:
+        ap.error(f"--steps {args.steps} --warmup {args.warmup}: at least one step measured, warm-up ≥ 0")
     if args.profile and args.device != "cpu":
         ap.error(f"--profile measures CPU time; --device {args.device} runs on an accelerator (drop one)")
     if args.threads:
@@ -184,7 +197,8 @@ def main() -> None:
                             n_heads=s["n_heads"], d_ff=s["d_ff"], n_encoder_layers=s["layers"],
                             n_decoder_layers=s["layers"])  # fmt: skip
     ours = Transformer(cfg).to(device)
-    plain = PlainRecipe(s["d_model"], s["n_heads"], s["d_ff"], s["layers"], s["vocab"]).to(device)
+    plain = PlainRecipe(s["d_model"], s["n_heads"], s["d_ff"], s["layers"], s["vocab"], args.plain_tied)
+    plain = plain.to(device)
     train_cfg = TrainConfig(optimizer="adam", beta1=0.9, beta2=0.98, adam_eps=1e-9, weight_decay=0.0)
     opts = {
         "aiayn": make_optimizer(ours, train_cfg),  # what `aiayn train` steps with
@@ -223,9 +237,12 @@ def main() -> None:
 
     if args.memory_of:  # a child process: the peak memory of one implementation alone
         before = rss_mb("VmRSS")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() / 2**20
         for batch in data[:3]:
             update(args.memory_of, batch)
-        peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else rss_mb() - before
+        peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else rss_mb()) - before
         print(json.dumps({"peak_mb": round(peak, 1)}))
         return
     times: dict[str, list[float]] = {k: [] for k in steps}
@@ -240,7 +257,7 @@ def main() -> None:
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     peak = {name: child_peak(name) for name in steps}
-    tokens = statistics.median(int((b[2] != PAD).sum()) for b in data)
+    tokens = statistics.median(int((b[2] != PAD).sum()) for b in data[args.warmup :])  # the timed ones
     result = {"size": args.size, "precision": args.precision, "device": str(device), "steps": args.steps,
               "threads": torch.get_num_threads(), "target_tokens_per_step": tokens,
               "machine": f"{machine()}, {torch.get_num_threads()} threads",
@@ -248,7 +265,10 @@ def main() -> None:
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector kernels
               "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
               "torch": torch.__version__,
-              "plain_optimizer": "fused Adam" if args.fused_plain else "Adam"}  # fmt: skip
+              "plain_optimizer": "fused Adam" if args.fused_plain else "Adam",
+              "plain_embeddings": "shared and tied" if args.plain_tied else "separate, untied head",
+              "parameters": {"aiayn": sum(p.numel() for p in ours.parameters()),
+                             "nn.Transformer": sum(p.numel() for p in plain.parameters())}}  # fmt: skip
     all_tokens = sum(int((b[2] != PAD).sum()) for b in data[args.warmup :])
     for name, t in times.items():
         med = statistics.median(t)

@@ -38,13 +38,13 @@ def train(recipe: str, run_dir: Path, overrides: list[str], metric: str = "accur
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.toml", [*overrides, f"out_dir={run_dir}"])
     if run_dir.exists():  # an earlier run of it, replaced once the overrides are known to be good
         shutil.rmtree(run_dir)
-    t0 = time.time()
+    t0 = time.perf_counter()
     result = Trainer(cfg).fit()
     if result["reason"] in ("SIGINT", "SIGTERM"):
         raise SystemExit(f"interrupted ({result['reason']}): no results written")
     valid = [r for r in read_metrics(run_dir) if r.get("split") == "valid"]
     best = max(valid, key=lambda r: r[metric])
-    minutes = (time.time() - t0) / 60
+    minutes = (time.perf_counter() - t0) / 60
     keys = ("step", "elapsed", "accuracy", "macro_f1", "f1", "loss")
     return {"name": run_dir.name, "recipe": f"recipes/{recipe}.toml", "overrides": overrides,
             "seed": cfg.seed, "updates": result["step"], "stopped_by": result["reason"],

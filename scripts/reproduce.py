@@ -199,14 +199,14 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
     with each further ``--lenpen`` (``choose_on_validation``), and the test set is decoded once, with
     the best of these.
     """
-    t0 = time.time()
+    t0 = time.perf_counter()
     translators, paths, members = candidates(run_dir, args)
     decodings = {"beam": SearchConfig(beam=args.beam, lenpen=args.lenpen[0])}
     if args.mbr_beam:
         decodings["mbr"] = SearchConfig(beam=args.mbr_beam, lenpen=args.lenpen[0], mbr="bleu")
     srcs, refs = sources_and_references(cfg, "valid")
     choice, chosen, decoding, search = choose_on_validation(translators, decodings, args.lenpen, srcs, refs)
-    t1 = time.time()
+    t1 = time.perf_counter()
     srcs, refs = sources_and_references(cfg, "test")
     hyps = translators[chosen].translate(srcs, search)
     scores, signatures = score(hyps, refs, cfg.options.tgt_lang)  # with the tokenized BLEU of papers
@@ -214,9 +214,9 @@ def evaluate_translation(run_dir: Path, cfg, args: argparse.Namespace) -> dict:
             "averaged": [str(p.relative_to(run_dir)) for p in paths],
             "ensembled": [p.name for p in members], "beam": search.beam, "lenpen": search.lenpen,
             "mbr": search.mbr, "test": scores, "signatures": signatures,
-            "test_decode_seconds": round(time.time() - t1, 1),
+            "test_decode_seconds": round(time.perf_counter() - t1, 1),
             "examples": [{"src": s, "hyp": h} for s, h in zip(srcs[:5], hyps[:5])],
-            "evaluation_minutes": round((time.time() - t0) / 60, 2)}  # fmt: skip
+            "evaluation_minutes": round((time.perf_counter() - t0) / 60, 2)}  # fmt: skip
 
 
 COSMETIC = ("threads=", "progress=", "device=", "tensorboard=")  # change speed or display, not results
@@ -282,7 +282,7 @@ def main() -> int:
                  "and --beam ≥ 1 and --mbr-beam 0 (none) or ≥ 2, before any training")  # fmt: skip
     if args.rerank_with and (args.beam < 2 or not (args.rerank_with / "config.json").is_file()):
         ap.error(f"--rerank-with {args.rerank_with}: give a model directory (its config.json) and --beam ≥ 2")
-    started, commit = time.time(), git_commit()  # the code that runs, not HEAD when it ends
+    started, commit = time.perf_counter(), git_commit()  # the code that runs, not HEAD when it ends
     if args.name:
         name = args.name + (f"-{args.tag}" if args.tag else "")  # --tag keeps its word beside --name
     else:
@@ -302,14 +302,14 @@ def main() -> int:
     if dist.is_main and run_dir.exists():
         shutil.rmtree(run_dir)
     barrier(dist)
-    t0 = time.time()
+    t0 = time.perf_counter()
     if args.members:
         trained = train_members(recipe, args.overrides, run_dir, cfg, args.members)
         result = {"step": [m["steps"] for m in trained], "reason": "see members",
                   "max_tokens": [m["max_tokens"] for m in trained]}  # fmt: skip
     else:
         result = Trainer(cfg).fit()
-    wall = time.time() - t0
+    wall = time.perf_counter() - t0
     if not dist.is_main:
         return 0  # rank 0 evaluates and writes the results
     if result["reason"] in ("SIGINT", "SIGTERM"):
@@ -331,7 +331,7 @@ def main() -> int:
         out["best_valid_loss"] = round(min(r["loss"] for r in valid), 4)
     else:
         out.update(evaluate_translation(run_dir, cfg, args))
-    out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)  # tokenizer to test score
+    out["end_to_end_minutes"] = round((time.perf_counter() - started) / 60, 2)  # tokenizer to test score
     write_results(name, run_dir, results, out)
     return 0
 

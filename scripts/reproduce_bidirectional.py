@@ -66,11 +66,11 @@ def run(cmd: list[str]) -> float:
     """Run ``cmd`` in the repository root; its wall-clock seconds (a stage that fails ends the
     pipeline with one line: the stage has said why)."""
     print("$", " ".join(cmd), flush=True)
-    t0 = time.time()
+    t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"{Path(__file__).name}: a stage failed (exit status {done.returncode}): no results")
-    return time.time() - t0
+    return time.perf_counter() - t0
 
 
 def train_r2l(recipe: Path, overrides: list[str], minutes: float, out: Path, processes: int,
@@ -83,14 +83,14 @@ def train_r2l(recipe: Path, overrides: list[str], minutes: float, out: Path, pro
         cmd = [*launcher(processes), "-m", "aiayn", "train", str(recipe), *common, f"out_dir={out}"]
         return [out], run(cmd)
     dirs = [out.with_name(f"{out.name}-half{h}") for h in (1, 2)]
-    t0 = time.time()
+    t0 = time.perf_counter()
     train = [sys.executable, "-m", "aiayn", "train", str(recipe), *common, "threads=1"]
     procs = [
         subprocess.Popen([*train, f"train_half={h}", f"out_dir={d}"], cwd=ROOT) for h, d in zip((1, 2), dirs)
     ]
     if any(p.wait() for p in procs):
         raise SystemExit("a right-to-left half model failed to train: no results")
-    return dirs, time.time() - t0
+    return dirs, time.perf_counter() - t0
 
 
 # A right-to-left model whose best validation BLEU is under this did not learn to translate: its cache
@@ -126,11 +126,11 @@ def r2l_overrides(dirs: list[Path]) -> list[str]:
 def build_cache(recipe: Path, overrides: list[str]) -> float:
     """Stage 2: the final run's data, its cache of translations included, built as its training
     will read it (a later start is then a cache hit); the seconds it took."""
-    t0 = time.time()
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_recipe(recipe, [*overrides, f"out_dir={tmp}"])
         get_task(cfg.task)(cfg, Path(tmp), DistInfo())
-    return time.time() - t0
+    return time.perf_counter() - t0
 
 
 def train_final(recipe: str, overrides: list[str], minutes: float, name: str, processes: int,

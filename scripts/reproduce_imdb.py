@@ -83,7 +83,7 @@ def main() -> int:
     dev, test = args.imdb / "dev.tsv.gz", args.imdb / "test-unlabelled.tsv.gz"
     if not (args.imdb / "train.tsv.gz").is_file():
         ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
-    started = time.time()
+    started = time.perf_counter()
     out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
     suffix, reading = LONG_TEXT[args.long_text]
     prefix = encoder_runs.results_name("imdb", args.objective)
@@ -108,7 +108,7 @@ def main() -> int:
     if test.is_file():
         predictions = ROOT / "results" / f"{name}-test-predictions.txt.gz"
         out["test_predictions"] = publish_predictions(ROOT / run["run_dir"], test, predictions, "text")
-    out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
+    out["end_to_end_minutes"] = round((time.perf_counter() - started) / 60, 2)
     curves(RUNS / f"{name}-finetune", f"{name}-finetune")
     write_json(ROOT / "results" / f"{name}.json", out)
     print(json.dumps({"dev": run["dev"], "minutes": run["minutes"], "updates": run["updates"]}, indent=2))

@@ -129,7 +129,7 @@ def main() -> int:
         ap.error(f"--test {args.test}: no such file")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         ap.error(f"--dropout {args.dropout:g}: give a probability in [0, 1)")
-    started = time.time()
+    started = time.perf_counter()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
@@ -157,7 +157,7 @@ def main() -> int:
     if test.is_file():
         predictions = ROOT / "results" / f"{name}-test-predictions.txt"
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
-    out["end_to_end_minutes"] = round((time.time() - started) / 60, 2)
+    out["end_to_end_minutes"] = round((time.perf_counter() - started) / 60, 2)
     curves(ROOT / pre["run_dir"], Path(pre["run_dir"]).name)  # imdb-clm-sentiment-bf16 and so on
     for infix, _ in runs.values():
         curves(RUNS / f"{name}-{infix}-seed{args.seeds[0]}", f"{name}-{infix}-seed{args.seeds[0]}")

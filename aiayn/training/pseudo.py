@@ -108,7 +108,7 @@ def pseudo_targets(
     search = SearchConfig(beam=beam, max_len_b=R2L_MARGIN)
 
     def make() -> Iterator[list[list[int]]]:
-        t0, n = time.time(), len(corpus)
+        t0, n = time.perf_counter(), len(corpus)
         for start in range(0, n, CHUNK):
             rows = range(start, min(start + CHUNK, n))
             out: list[list[int]] = [[] for _ in rows]
@@ -118,7 +118,7 @@ def pseudo_targets(
                 eos = t.model.config.eos_id
                 for i, h in zip(mine, hyps):
                     out[i - start] = [tok for tok in h[0].tokens if tok != eos] if h else []
-            print(f"r2l cache: {rows.stop}/{n} sources translated ({time.time() - t0:.0f} s)",
+            print(f"r2l cache: {rows.stop}/{n} sources translated ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)  # fmt: skip
             yield out
 
