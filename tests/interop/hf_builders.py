@@ -7,24 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import randomise_  # noqa: F401  -- the HF builders' models are randomised alike
+
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
-
-
-def randomise_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """HF initialises LayerNorms to (1, 0) and Marian's final_logits_bias to 0, as aiayn does its
-    own LayerNorms: a mapping that mixed them up would still pass. Give every norm's gain and every
-    bias (that buffer included) random values instead, in HF's models and aiayn's alike."""
-    g = torch.Generator().manual_seed(seed)
-    gains = {f"{name}.weight" for name, m in model.named_modules() if "norm" in type(m).__name__.lower()}
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if name in gains:
-                t.copy_(1 + 0.2 * torch.randn(t.shape, generator=g))
-            elif name.endswith(("bias", "final_logits_bias")) and "embed_positions" not in name:
-                t.copy_(0.1 * torch.randn(t.shape, generator=g))
-    return model.eval()
 
 
 def marian(tmp: Path, fmt: str = "safetensors", seed: int = 0, **overrides):

@@ -26,6 +26,7 @@ TRAIN = [("pos", "a good film"), ("neg", "the plot is dull"), ("pos", "great act
          ("neg", "a boring movie"), ("pos", "the films is great"), ("neg", "not good , bad acting"),
          ("pos", "fine"), ("neg", "dull dull plot and bad films")]  # fmt: skip
 STEPS, LR, WEIGHT_DECAY, BETAS, EPS = 5, 3e-3, 0.01, (0.9, 0.999), 1e-8
+CLIP = 0.5  # a gradient-norm limit the first updates pass (asserted below), so that clipping acts
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,9 @@ def test_fine_tuning_an_imported_bert_equals_a_plain_loop_over_transformers(bert
     args = ["task=classify", f"dataset={data}", f"init_from={bert_dir}", f"max_steps={STEPS}",
             f"eval_every={STEPS}", "log_every=1", "max_tokens=4096", "max_len=32", "schedule=constant",
             "warmup=0", f"lr={LR}", "label_smoothing=0", "optimizer=adamw", f"weight_decay={WEIGHT_DECAY}",
-            f"beta1={BETAS[0]}", f"beta2={BETAS[1]}", f"adam_eps={EPS}", "clip_norm=0", "model.dropout=0",
-            "model.attn_dropout=0", "model.pooling=first", "progress=false", "threads=1"]  # fmt: skip
+            f"beta1={BETAS[0]}", f"beta2={BETAS[1]}", f"adam_eps={EPS}", f"clip_norm={CLIP}",
+            "model.dropout=0", "model.attn_dropout=0", "model.pooling=first", "progress=false",
+            "threads=1"]  # fmt: skip
 
     # aiayn's initial model: the imported encoder and the new (seeded) head
     trainer = Trainer(load_recipe(None, [*args, f"out_dir={tmp_path / 'init'}"]))
@@ -98,14 +100,15 @@ def test_fine_tuning_an_imported_bert_equals_a_plain_loop_over_transformers(bert
     enc = ref_tok(texts, padding=True, return_tensors="pt")
     y = torch.tensor([labels.index(label) for label, _ in TRAIN])
     hf.train()
-    theirs = []
+    theirs, norms = [], []
     for _ in range(STEPS):
         loss = hf(**enc, labels=y).loss  # the mean over the batch, as aiayn's summed loss / targets
         loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(params, CLIP).item())
         optimizer.step()
         optimizer.zero_grad()
         theirs.append(loss.item())
-    assert len(ours) == STEPS and ours[-1] < ours[0]
+    assert len(ours) == STEPS and ours[-1] < ours[0] and max(norms) > CLIP
     assert_close("losses, aiayn vs a plain loop", torch.tensor(ours), torch.tensor(theirs), atol=1e-4)
 
     # the export loads into transformers and computes aiayn's logits (and the plain loop's)

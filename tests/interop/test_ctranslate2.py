@@ -15,6 +15,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.device import cpu_flags  # noqa: E402
 from aiayn.errors import ModelDirError  # noqa: E402
 from aiayn.interop.ctranslate2 import export_ctranslate2  # noqa: E402
+from tests.helpers import randomise_  # noqa: E402
 
 CONFIGS = {
     "paper": {},
@@ -45,6 +46,7 @@ def test_greedy_and_beam_outputs_are_token_identical(name, data, tmp_path):
     m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
                                       n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=4, d_ff=64,
                                       dropout=0.0, **CONFIGS[name])).eval()  # fmt: skip
+    randomise_(m)  # every bias and norm gain random: a mapping that dropped or swapped one would show
     if m.head.bias is not None:
         with torch.no_grad():
             m.head.bias.normal_()  # a bias that matters

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from aiayn import (
     EncoderConfig,
@@ -11,9 +12,9 @@ from aiayn import (
     Transformer,
     TransformerConfig,
 )
-from aiayn.data.batching import TranslationBatch
-from aiayn.training.criteria import label_smoothed_loss
-from tests.helpers import assert_close
+from aiayn.data.batching import LMBatch, TranslationBatch
+from aiayn.training.criteria import label_smoothed_loss, next_token_loss
+from tests.helpers import assert_close, randomise_
 
 SMALL = dict(d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 
@@ -95,6 +96,19 @@ def test_lm_is_causal_and_cache_equals_full():
     assert m.head.proj.weight is m.embed.tokens.weight
 
 
+def test_next_token_loss_is_smoothed_cross_entropy_over_the_whole_vocabulary():
+    m = randomise_(_lm())
+    ids, targets = torch.randint(4, 40, (2, 9)), torch.randint(4, 40, (2, 9))
+    with torch.no_grad():
+        loss, nll, n = next_token_loss(m, LMBatch(ids, targets), 0.1)
+        logits = m(ids).flatten(0, 1)  # (B·T, V)
+    assert int(n) == 18
+    ref = F.cross_entropy(logits, targets.flatten(), reduction="sum", label_smoothing=0.1)
+    assert_close("LM next-token loss vs F.cross_entropy(label_smoothing=0.1)", loss, ref, atol=1e-4)
+    assert_close("LM next-token nll vs F.cross_entropy", nll, F.cross_entropy(logits, targets.flatten(),
+                 reduction="sum"), atol=1e-4)  # fmt: skip
+
+
 def test_tutorial_encoder_model_shapes():
     """Tutorial: 4 layers, d_model 128, d_ff 512, 8 heads, vocab 8,500: ids (32,100) -> (32,100,8500)."""
     cfg = EncoderConfig(vocab_size=8500, n_layers=4, d_model=128, d_ff=512, n_heads=8, n_classes=3)
@@ -139,7 +153,8 @@ def test_output_scale_and_bias_options():
 def test_xavier_init_and_embedding_init():
     m = _transformer()
     w = m.encoder.layers[0].ff.w_1.weight  # (64, 32): xavier bound sqrt(6 / (32 + 64))
-    assert w.abs().max() <= (6 / 96) ** 0.5 and w.std() > 0.1
+    bound = (6 / 96) ** 0.5  # U(−a, a): std a/√3 = √(2/96); PyTorch's default Linear init gives 0.102
+    assert 0.9 * bound < w.abs().max() <= bound and abs(w.std().item() - (2 / 96) ** 0.5) < 0.01
     e = m.src_embed.tokens.weight
     assert abs(e[1:].std().item() - 32**-0.5) < 0.03 and (e[0] == 0).all()
 

@@ -22,7 +22,7 @@ from aiayn.models import quantize as quantize_module
 from aiayn.models.quantize import Int8Linear, exact_8_bit_inputs, int8_qconfig, is_quantized, quantize
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_lm, tiny_transformer
-from tests.helpers import assert_close
+from tests.helpers import assert_close, randomise_
 
 QUANTIZED_LINEAR = torch.ao.nn.quantized.dynamic.Linear
 
@@ -39,11 +39,12 @@ def _models() -> dict[str, tuple[nn.Module, tuple]]:
     src, tgt = _inputs()
     torch.manual_seed(0)
     encoder = EncoderModel(EncoderConfig(vocab_size=50, n_layers=2, d_model=32, n_heads=4, d_ff=64)).eval()
+    # random biases and norm gains (init_weights zeroes biases): a bias sliced wrongly would show
     return {
-        "transformer": (tiny_transformer(50), (src, tgt)),
-        "transformer-pre-norm": (tiny_transformer(50, norm_first=True), (src, tgt)),
-        "lm": (tiny_lm(50), (tgt,)),
-        "encoder": (encoder, (src,)),
+        "transformer": (randomise_(tiny_transformer(50)), (src, tgt)),
+        "transformer-pre-norm": (randomise_(tiny_transformer(50, norm_first=True)), (src, tgt)),
+        "lm": (randomise_(tiny_lm(50)), (tgt,)),
+        "encoder": (randomise_(encoder), (src,)),
     }
 
 

@@ -15,6 +15,7 @@ from aiayn.modules import (
     TokenEmbedding,
     TransformerEmbedding,
 )
+from aiayn.modules import dropout as dropout_module
 from aiayn.modules.embedding import OutputProjection, sinusoidal_table
 from tests.helpers import assert_close
 
@@ -77,6 +78,16 @@ def test_transformer_embedding_is_scaled_tokens_plus_positions():
     ids = torch.tensor([[4, 5, 6]])
     expected = emb.tokens.weight[ids] * math.sqrt(8) + sinusoidal_table(3, 8)
     assert_close("TransformerEmbedding vs E·√d + PE by hand", emb(ids), expected)
+
+
+def test_embedding_dropout_applies_to_the_sum_of_tokens_and_positions(monkeypatch):
+    """§5.4: "we apply dropout to the sums of the embeddings and the positional encodings" (every
+    mask made a constant 0.5 here, so that where it applies shows)."""
+    monkeypatch.setattr(dropout_module, "_scaled_mask", lambda x, p: torch.full_like(x, 0.5))
+    emb = TransformerEmbedding(10, 8, dropout=0.1).train()
+    ids = torch.tensor([[4, 5, 6]])
+    expected = 0.5 * (emb.tokens.weight[ids] * math.sqrt(8) + sinusoidal_table(3, 8))
+    assert_close("TransformerEmbedding dropout vs 0.5·(E·√d + PE)", emb(ids), expected)
 
 
 def test_grown_table_keeps_the_module_dtype():

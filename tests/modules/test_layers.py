@@ -6,8 +6,9 @@ from torch import nn
 
 from aiayn.masks import causal_mask, padding_mask, window_mask
 from aiayn.modules import Decoder, DecoderContext, DecoderLayer, Encoder, EncoderLayer
+from aiayn.modules import dropout as dropout_module
 from aiayn.modules.config import LayerConfig
-from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm
+from tests.helpers import assert_close, copy_decoder_layer, copy_encoder_layer, copy_layer_norm, copy_mha
 
 D, H, FF = 32, 4, 64
 
@@ -70,6 +71,32 @@ def test_decoder_layer_matches_nn(norm_first):
     assert_close(name, out, ref_out)
 
 
+class _Half(nn.Module):
+    """A dropout whose every mask is 0.5: deterministic, and visible wherever it is applied."""
+
+    def forward(self, x):
+        return 0.5 * x
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_residual_and_feed_forward_dropout_sit_where_torch_nn_puts_them(norm_first, monkeypatch):
+    """§5.4: dropout on each sublayer's output before it is added to the residual stream (and, with
+    ``ff_dropout``, after the feed-forward's activation). In training mode every mask is made a constant
+    0.5, ours through the mask function, nn's by replacing its dropout modules, so a dropout moved onto
+    the residual stream, or one missing, would differ."""
+    monkeypatch.setattr(dropout_module, "_scaled_mask", lambda x, p: torch.full_like(x, 0.5))
+    ref = nn.TransformerDecoderLayer(D, H, **_ref_kwargs(norm_first))
+    for name in ("dropout1", "dropout2", "dropout3", "dropout"):  # the three sublayers', the FF's inner
+        setattr(ref, name, _Half())
+    cfg = LayerConfig(d_model=D, n_heads=H, d_ff=FF, dropout=0.1, ff_dropout=0.1, norm_first=norm_first)
+    ours = DecoderLayer(cfg).train()
+    copy_decoder_layer(ours, ref)
+    memory, src_ids, y, _ = _batch()
+    out, _ = ours(y, DecoderContext(memory, padding_mask(src_ids, 0)), causal_mask(5))
+    ref_out = ref(y, memory, tgt_mask=~causal_mask(5).reshape(5, 5), memory_key_padding_mask=src_ids == 0)
+    assert_close("DecoderLayer dropout placement vs nn.TransformerDecoderLayer", out, ref_out)
+
+
 # nn.Transformer cannot be told enable_nested_tensor=False, and warns that a pre-norm stack cannot use nested
 # tensors (a fast path for inference with padding, not what this test compares)
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True:UserWarning")
@@ -114,6 +141,34 @@ def test_stack_layers_are_independent_not_shallow_copies():
 def test_pre_norm_stack_has_final_norm_and_post_norm_does_not():
     assert Encoder(_cfg(True), 2).norm is not None and Decoder(_cfg(True), 2).norm is not None
     assert Encoder(_cfg(False), 2).norm is None and Decoder(_cfg(False), 2).norm is None
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_right_to_left_sublayer_matches_a_chain_of_torch_nn_parts(norm_first):
+    """The fourth sublayer (after cross-attention, before the feed-forward) against torch.nn's own
+    parts chained by hand: nn.TransformerDecoderLayer's three sublayers with one more
+    nn.MultiheadAttention + nn.LayerNorm over the right-to-left memory, every bias and gain random."""
+    ref = nn.TransformerDecoderLayer(D, H, **_ref_kwargs(norm_first))
+    ref_r2l, ref_norm = nn.MultiheadAttention(D, H, batch_first=True), nn.LayerNorm(D)
+    ours = DecoderLayer(_cfg(norm_first), r2l=True)
+    copy_decoder_layer(ours, ref)
+    copy_mha(ours.cross_attn_r2l, ref_r2l)
+    copy_layer_norm(ours.cross_attn_r2l_res.norm, ref_norm)
+    y, memory, r2l = torch.randn(2, 4, D), torch.randn(2, 6, D), torch.randn(2, 5, D)
+    r2l_ids = torch.tensor([[7] * 5, [7] * 3 + [0] * 2])
+    out, _ = ours(
+        y, DecoderContext(memory, r2l_memory=r2l, r2l_mask=padding_mask(r2l_ids, 0)), causal_mask(4)
+    )
+
+    def sublayer(x, norm, f):  # x + f(LN(x)) (pre-norm) or LN(x + f(x)) (post-norm, the paper's)
+        return x + f(norm(x)) if norm_first else norm(x + f(x))
+
+    look_ahead = ~causal_mask(4).reshape(4, 4)  # nn: True = blocked
+    x = sublayer(y, ref.norm1, lambda h: ref.self_attn(h, h, h, attn_mask=look_ahead)[0])
+    x = sublayer(x, ref.norm2, lambda h: ref.multihead_attn(h, memory, memory)[0])
+    x = sublayer(x, ref_norm, lambda h: ref_r2l(h, r2l, r2l, key_padding_mask=r2l_ids == 0)[0])
+    x = sublayer(x, ref.norm3, lambda h: ref.linear2(ref.activation(ref.linear1(h))))
+    assert_close("DecoderLayer(r2l=True) vs torch.nn parts chained by hand", out, x)
 
 
 def test_right_to_left_memory_is_attended():

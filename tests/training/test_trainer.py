@@ -324,8 +324,13 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     assert main(["average", str(run), "--last", "3"]) == 0
     averaged = load_model(run / "averaged")
     parts = [load_model(run / f"step-00000{i}") for i in (2, 4, 6)]
-    expected = sum(m.encoder.layers[0].ff.w_1.weight for m in parts) / 3
-    torch.testing.assert_close(averaged.encoder.layers[0].ff.w_1.weight, expected)
+    states = [m.state_dict() for m in parts]
+    for name, tensor in averaged.state_dict().items():  # every tensor, the mean of the three (float64)
+        expected = sum(state[name].double() for state in states) / 3
+        torch.testing.assert_close(tensor.double(), expected, msg=name, atol=1e-7, rtol=1e-6)
+    assert not torch.equal(
+        states[0]["encoder.layers.0.ff.w_1.weight"], states[2]["encoder.layers.0.ff.w_1.weight"]
+    )
     assert (run / "averaged" / "src").is_dir()
     (run / "accuracy.png").write_bytes(b"a classifier's curve from an earlier run")
     assert main(["plot", str(run), "--out", str(run)]) == 0  # the default, named
