@@ -1,10 +1,13 @@
-"""Top-k and top-p filtering on hand-computed distributions."""
+"""Top-k and top-p filtering on hand-computed distributions, and samples drawn with temperature,
+top-k and top-p against the distribution they should follow."""
 
 import math
 
+import pytest
 import torch
 
-from aiayn.decoding import filter_logits
+from aiayn.decoding import SearchConfig, filter_logits, sample
+from tests.decoding.fixtures import FakeDecoder
 
 PROBS = [0.05, 0.5, 0.15, 0.3]  # sorted: 0.5, 0.3, 0.15, 0.05
 
@@ -30,3 +33,41 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 def test_top_k_then_top_p():
     assert _kept(top_k=3, top_p=0.9) == [False, True, True, True]
     assert _kept(top_k=1, top_p=0.99) == [False, True, False, False]
+
+
+FIRST = {2: 0.1, 3: 0.6, 4: 0.3}  # eos, "a", "b"; then eos for certain
+
+
+def _first_tokens(n: int, **kw) -> tuple[dict[int, float], list]:
+    """The frequencies of the first token over ``n`` samples of ``sample`` (one input, nbest n)."""
+    decoder = FakeDecoder(lambda done: FIRST if not done else {2: 1.0})
+    hyps = sample(
+        decoder, torch.zeros(1, 1, dtype=torch.long), 3, SearchConfig(sample=True, nbest=n, seed=0, **kw)
+    )
+    firsts = [h.tokens[0] for h in hyps[0]]
+    return {t: firsts.count(t) / n for t in FIRST}, hyps[0]
+
+
+def _expected(temperature: float = 1.0, kept=(2, 3, 4)) -> dict[int, float]:
+    """p^(1/T) over the kept tokens, renormalised, by hand."""
+    w = {t: FIRST[t] ** (1 / temperature) if t in kept else 0.0 for t in FIRST}
+    return {t: v / sum(w.values()) for t, v in w.items()}
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({}, _expected()),
+        ({"temperature": 2.0}, _expected(2.0)),  # flatter: p^(1/2)
+        ({"temperature": 0.5}, _expected(0.5)),  # sharper: p^2
+        ({"top_p": 0.8}, _expected(kept=(3, 4))),  # 0.6 + 0.3 reaches 0.8: eos is left out
+        ({"top_k": 1, "temperature": 2.0}, _expected(kept=(3,))),
+    ],
+)
+def test_samples_follow_the_filtered_tempered_distribution(kw, expected):
+    n = 20000
+    freq, hyps = _first_tokens(n, **kw)
+    for t, p in expected.items():  # 5 standard deviations of a frequency over n draws
+        assert abs(freq[t] - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, freq[t], p)
+    h = next(h for h in hyps if h.tokens[0] == 3)  # "a" then eos: the model's own log-probability
+    assert h.tokens == [3, 2] and h.log_prob == pytest.approx(math.log(0.6), abs=1e-5)

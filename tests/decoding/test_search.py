@@ -202,6 +202,48 @@ def test_the_stopping_rule_stops_as_soon_as_no_live_beam_can_win():
     assert best.tokens == [2] and fake.steps == 1  # raw -0.92 (live) can never beat -0.51
 
 
+def _random_tree(seed: int):
+    """Next-token probabilities over eos, "a", "b" drawn at random for each prefix (fixed by the
+    prefix and the seed)."""
+
+    def dist(generated):
+        g = torch.Generator().manual_seed(seed * 1000003 + hash(tuple(generated)) % 1000003)
+        p = (2.0 * torch.randn(3, generator=g)).softmax(0).tolist()
+        return {2: p[0], 3: p[1], 4: p[2]}
+
+    return dist
+
+
+def _exhaustive_best(dist, max_len: int, alpha: float) -> tuple[list[int], float]:
+    """argmax over every output up to max_len (ending in eos, or cut at max_len) of
+    log p / lp(length), enumerated by hand."""
+    best, frontier = ([], -math.inf), [([], 0.0)]
+    for _ in range(max_len):
+        grown = []
+        for prefix, lp in frontier:
+            for token, p in dist(prefix).items():
+                y, total = [*prefix, token], lp + math.log(p)
+                if token == 2 or len(y) == max_len:
+                    score = total / ((5 + len(y)) / 6) ** alpha
+                    best = max(best, (y, score), key=lambda c: c[1])
+                else:
+                    grown.append((y, total))
+        frontier = grown
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+@pytest.mark.parametrize("seed", range(12))
+def test_a_beam_as_wide_as_the_tree_finds_the_exhaustive_best(alpha, seed):
+    """With as many beams as live prefixes can number (2² "a"/"b" prefixes before the last step,
+    beam 5 = the vocabulary, the most allowed), beam search with the length penalty and its stopping
+    rule must return what enumerating every output gives."""
+    tokens, score = _exhaustive_best(_random_tree(seed), 3, alpha)
+    config = SearchConfig(beam=5, lenpen=alpha)
+    got = beam_search(FakeDecoder(_random_tree(seed)), torch.zeros(1, 1), 3, config)[0][0]
+    assert got.tokens == tokens and got.score == pytest.approx(score, abs=1e-4)
+
+
 def _never_past(limit):
     def dist(generated):
         assert len(generated) < limit, "the search went past max_len"
