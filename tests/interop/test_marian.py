@@ -177,3 +177,24 @@ def test_a_config_far_larger_than_its_weights_is_refused_before_any_memory_is_sp
     refused = rf"has shape \({rows}, 32\), config\.json implies \(1099511627776, 32\)"
     with pytest.raises(ModelDirError, match=refused):
         from_pretrained(tmp_path)
+
+
+def test_attention_maps_match_transformers_output_attentions(tmp_path):
+    """What `aiayn attention` and the page draw: every layer's and head's weights, encoder, decoder
+    self-attention and cross-attention, against Marian's ``output_attentions`` (eager attention)."""
+    hf = marian(tmp_path, encoder_layers=3, decoder_layers=2)
+    hf.set_attn_implementation("eager")  # the fused kernels return no weights
+    ours = from_pretrained(tmp_path)
+    c = hf.config
+    src, src_mask = padded_ids([7, 4, 9], 1, c.pad_token_id, c.pad_token_id, 1)
+    tgt = torch.randint(1, c.decoder_vocab_size - 1, (3, 6), generator=torch.Generator().manual_seed(1))
+    tgt[:, 0] = c.decoder_start_token_id
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt, output_attentions=True)
+        got = ours.attention_weights(src, tgt)
+    for ours_key, ref_key in (("encoder", "encoder_attentions"), ("decoder_self", "decoder_attentions"),
+                              ("cross", "cross_attentions")):  # fmt: skip
+        theirs = getattr(ref, ref_key)
+        assert len(got[ours_key]) == len(theirs), ours_key
+        for i, (a, b) in enumerate(zip(got[ours_key], theirs)):  # (B, h, T_q, T_k), padding included
+            assert_close(f"Marian {ref_key}[{i}] vs aiayn", a, b, atol=1e-5)
