@@ -45,6 +45,23 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name[:64]}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, which threads would see)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def _usual_mode(path: Path) -> None:
+    """Give a file a writer made the mode a new file gets (0o666 less the umask): safetensors creates
+    its files 0o600, so a model's weights were unreadable where its config.json beside them was not."""
+    with contextlib.suppress(OSError):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o666 & ~_umask())
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -65,6 +82,11 @@ def _remove(p: Path) -> None:
             p.unlink()
 
 
+def _plain_name(name: object) -> bool:
+    """A file name in a folder: no separator, not empty, not "." or ".."."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
 def recover(folder: str | os.PathLike) -> None:
     """Finish what writers killed in ``folder`` left: a two-step replace interrupted between its
     renames is completed (its journal is written only once the new directory is whole), then every
@@ -78,10 +100,15 @@ def recover(folder: str | os.PathLike) -> None:
     for journal in (p for p in stale if p.name.endswith(JOURNAL)):
         try:
             plan = json.loads(journal.read_text(encoding="utf-8"))
-            target, new = folder / plan["target"], folder / plan["new"]
+            target, new = plan["target"], plan["new"]
         except (OSError, ValueError, KeyError, TypeError):  # torn before the first rename: nothing moved
             continue
-        if not os.path.lexists(target) and new.is_dir():
+        # only what replace_dir writes: the journal's own temporary and a name in this folder (a planted
+        # journal naming "../x" or an absolute path must not move anything from or to elsewhere)
+        if new != journal.name.removesuffix(JOURNAL) or not _plain_name(target):
+            continue
+        target, new = folder / target, folder / new
+        if not os.path.lexists(target) and new.is_dir() and not new.is_symlink():
             os.rename(new, target)
     for p in sorted(stale, key=lambda p: p.name.endswith(JOURNAL)):  # journals last
         _remove(p)
@@ -161,6 +188,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         with _writing(target):
             yield tmp
+            _usual_mode(tmp)
             os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -136,3 +136,37 @@ def test_dev_stdout_appended_to_a_file_is_written_into_not_replaced(tmp_path):
     with open(log, "a") as out:
         subprocess.run([sys.executable, "-c", code], stdout=out, check=True)
     assert log.read_text(encoding="utf-8") == "a\nb\n"  # renamed over, it held b alone
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"target": "../outside", "new": "{base}"},  # the target out of the folder
+        {"target": "out", "new": "../victim"},  # the new directory from out of it
+        {"target": "/tmp/aiayn-absolute-target", "new": "{base}"},
+        {"target": "out", "new": ".tmp-other-1-89abcdef"},  # not the journal's own temporary
+    ],
+)
+def test_a_planted_journal_moves_nothing_from_or_to_another_folder(tmp_path, dead_pid, plan):
+    folder, base = tmp_path / "run", f".tmp-out-{dead_pid}-0123abcd"
+    folder.mkdir()
+    victim = _dir(tmp_path / "victim", "precious")
+    _dir(folder / base, "new")
+    plan = {k: v.format(base=base) for k, v in plan.items()}
+    (folder / (base + ".replace")).write_text(json.dumps(plan))
+    atomic.recover(folder)
+    assert (victim / "f").read_text() == "precious"
+    assert not (tmp_path / "outside").exists() and not Path("/tmp/aiayn-absolute-target").exists()
+    assert not (folder / "out").exists()  # a journal that replace_dir could not have written: ignored
+
+
+def test_a_written_file_gets_the_mode_of_a_new_file_not_its_writers(tmp_path):
+    """safetensors creates its files 0o600: a model's weights were unreadable where its config was not."""
+    old = os.umask(0o022)
+    try:
+        with atomic.atomic_path(tmp_path / "w.bin") as tmp:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "w.bin").stat().st_mode & 0o777 == 0o644

@@ -253,8 +253,10 @@ class SentencePieceTokenizer(Tokenizer):
     @classmethod
     def _load(cls, directory: Path, meta: dict) -> SentencePieceTokenizer:
         name = meta.get("model_file", SPM_FILE)
-        if not isinstance(name, str):
-            raise DataError(f"{directory / META_FILE}: 'model_file' must be a file name, got {name!r}")
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):  # beside it only
+            raise DataError(
+                f"{directory / META_FILE}: 'model_file' must be a file name in {directory}, got {name!r}"
+            )
         path = directory / name
         if not path.is_file():
             raise DataError(f"{path}: missing; {directory / META_FILE} says the model is there")

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -91,7 +90,7 @@ def _load_one(path: Path) -> dict[str, Tensor]:
         raise ModelDirError(
             f"{path} is corrupt or not a plain tensor file (torch.load(weights_only=True) refuses it)"
         ) from None
-    except (SafetensorError, RuntimeError, EOFError, KeyError, ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 -- torch's safe unpickler fails in many ways on junk (IndexError, …)
         first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""  # one sentence
         why = f"{type(e).__name__}: {first}" if first else type(e).__name__
         raise ModelDirError(f"{path} is corrupt or not a plain tensor file ({why})") from None
@@ -112,6 +111,10 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, Tensor]:
                 raise ModelDirError(f"{directory / index} has no 'weight_map' of tensor names to shard files")
             state: dict[str, Tensor] = {}
             for shard in sorted(set(weight_map.values())):
+                if Path(shard).name != shard or shard in (".", ".."):  # a shard beside the index only
+                    raise ModelDirError(
+                        f"{directory / index} names shard {shard!r}: not a file name in {directory}"
+                    )
                 if not (directory / shard).is_file():
                     raise ModelDirError(f"{directory / shard} is missing: {directory / index} lists it")
                 state.update(_load_one(directory / shard))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -120,6 +121,28 @@ def read_config(directory: str | os.PathLike) -> dict:
     return meta
 
 
+LAYER_FIELDS = ("n_layers", "n_encoder_layers", "n_decoder_layers")
+
+
+def _check_layer_counts(weights: Path, config: dict) -> None:
+    """Refuse a config with more layers than the weights file holds before any model is built: a
+    ``config.json`` asking for a million layers would otherwise spend minutes and gigabytes building
+    them (even on the meta device) before the shapes are compared."""
+    try:
+        with safe_open(weights, framework="pt") as f:
+            names = list(f.keys())  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError) as e:
+        raise ModelDirError(
+            f"{weights} is corrupt or truncated ({e}); restore it or save the model again"
+        ) from None
+    indices = [int(m.group(1)) for name in names if (m := re.search(r"\.layers\.(\d+)\.", name))]
+    held = max(indices, default=-1) + 1
+    for field in LAYER_FIELDS:
+        if isinstance(config.get(field), int) and config[field] > held:
+            raise ModelDirError(f"{CONFIG_FILE}: {field}={config[field]} but {weights} holds {held} layers; "
+                                "the weights do not belong to this config")  # fmt: skip
+
+
 def _check_shapes(weights: Path, model: nn.Module) -> None:
     """Compare the tensor shapes in the safetensors header with the model's before loading, so a
     mismatch names the tensor and both shapes (torch's own message does not fit on one line)."""
@@ -164,6 +187,7 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ModelDirError(f"{weights} is missing: the model directory is incomplete")
+    _check_layer_counts(weights, meta["config"])
     with torch.device("meta"):  # shapes only: a config that does not fit its weights costs no memory
         _check_shapes(weights, build_model(meta["kind"], meta["config"]))
     model = build_model(meta["kind"], meta["config"])  # checked by read_config

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -107,7 +108,8 @@ class Observe:
 
         path = scope["path"]  # decoded: a %0a would start a forged log line, a %00 make the log binary
         shown = path if path.isprintable() else path.encode("unicode_escape").decode("ascii")
-        app = self.app if (refusal := self._refused_host(scope)) is None else refusal
+        refusal = self._refused_host(scope) or self._refused_origin(scope)
+        app = self.app if refusal is None else refusal
         try:
             await app(scope, receive, send_watched)
         except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
@@ -143,6 +145,25 @@ class Observe:
         return JSONResponse({"error": f"Host {shown!r} is not one this server answers to (it answers "
                                       f"{', '.join(sorted(allowed))}); to serve it, pass --allowed-hosts "
                                       "with its name (or '*')"}, 400)  # fmt: skip
+
+    def _refused_origin(self, scope) -> JSONResponse | None:
+        """403 for a browser's request sent by a page of another site to a server that answers only its
+        own names (the loopback default): a form or a no-cors fetch needs no CORS permission to be
+        *sent*, and would spend this server's CPU (cross-site request forgery). Clients that are not
+        browsers send neither header; pages of the server's own names (any port) are answered."""
+        allowed = self.server.settings.allowed_hosts
+        headers = dict(scope["headers"])
+        if not allowed:
+            return None
+        origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+        host = urllib.parse.urlsplit(origin).hostname if origin not in ("", "null") else None
+        if headers.get(b"sec-fetch-site", b"").lower() != b"cross-site" and (host is None or host in allowed):
+            return None
+        shown = ascii(origin or "another site")[1:-1]
+        names = ", ".join(sorted(allowed))
+        return JSONResponse({"error": f"a request from {shown!r} is refused: this server answers pages of "
+                                      f"{names} only; to serve others, pass --allowed-hosts with their "
+                                      "name (or '*')"}, 403)  # fmt: skip
 
 
 class HeadAsGet:

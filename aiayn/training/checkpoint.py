@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from aiayn.atomic import atomic_dir, atomic_path, temporary_name, write_json
+from aiayn.atomic import atomic_dir, temporary_name, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
 from aiayn.textfiles import read_json
@@ -195,10 +195,19 @@ def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.O
 
 
 def mark_best(run_dir: Path, checkpoint: Path) -> None:
-    """Point ``RUN/best`` at ``checkpoint`` (an atomic symlink swap)."""
-    with atomic_path(run_dir / "best") as tmp:
+    """Point ``RUN/best`` at ``checkpoint``: a new link renamed over the name ``best`` itself (an
+    atomic swap that never follows what ``best`` points to: a planted link to a file elsewhere is
+    replaced, not its target)."""
+    best = run_dir / "best"
+    if best.exists() and not best.is_symlink():
+        raise ModelDirError(f"{best} is not the link aiayn keeps to the best checkpoint; remove it")
+    tmp = temporary_name(best)
+    tmp.symlink_to(checkpoint.name)
+    try:
+        os.replace(tmp, best)
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        tmp.symlink_to(checkpoint.name)
+        raise
 
 
 def prune(run_dir: Path, keep_last: int) -> None:

@@ -11,10 +11,12 @@ While a run trains, rank 0 holds ``RunLock`` on its directory, so a second run o
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
 import sys
 import uuid
 from pathlib import Path
@@ -74,7 +76,15 @@ class RunLock:
 
     def _lock(self, run_dir: Path) -> int:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link: the lock is truncated and written (a planted link's target would be)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise OutputError(f"{self.path} is a symbolic link, not aiayn's lock; remove it") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OutputError(f"{self.path} is not a regular file (not aiayn's lock file); remove it")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

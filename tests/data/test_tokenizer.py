@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import sentencepiece as spm
@@ -186,8 +187,14 @@ def test_tokenizer_meta_fields_of_the_wrong_type_name_the_file(tmp_path):
     with pytest.raises(DataError, match="tokenizer.json: has no list of characters"):
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"kind": "sentencepiece", "model_file": 3}')
-    with pytest.raises(DataError, match="tokenizer.json: 'model_file' must be a file name, got 3"):
+    with pytest.raises(DataError, match="tokenizer.json: 'model_file' must be a file name in .*, got 3"):
         load_tokenizer(tmp_path)
+    for outside in ("../spm.model", "/etc/passwd", "sub/spm.model", ".."):  # beside tokenizer.json only
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"kind": "sentencepiece", "model_file": outside}))
+        with pytest.raises(
+            DataError, match=f"'model_file' must be a file name in .*, got {re.escape(repr(outside))}"
+        ):
+            load_tokenizer(tmp_path)
 
 
 @pytest.mark.parametrize("joint", [True, False])

@@ -1,6 +1,7 @@
 """OPUS-MT (MarianMT) checkpoints loaded into aiayn's Transformer give HF's logits."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -151,12 +152,24 @@ def test_config_json_fields_of_the_wrong_type_name_the_file(tmp_path, edit, mess
         from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("junk", [b"hello world", b"", b"PK\x03\x04 truncated zip"])
+@pytest.mark.parametrize(
+    "junk", [b"hello world", b"", b"PK\x03\x04 truncated zip", b"\x80\x02q\x05.", b"root:x:0:0"]
+)
 def test_corrupt_pytorch_model_bin_is_named(tmp_path, junk):
     marian(tmp_path, fmt="bin")
     (tmp_path / "pytorch_model.bin").write_bytes(junk)
     with pytest.raises(ModelDirError, match=r"pytorch_model\.bin is corrupt or not a plain tensor file"):
         from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/tmp/elsewhere.safetensors", "sub/x.bin"])
+def test_a_sharded_index_naming_a_file_outside_the_directory_is_refused(tmp_path, shard):
+    marian(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    index = {"weight_map": {"model.shared.weight": shard}}
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelDirError, match=f"names shard {re.escape(repr(shard))}: not a file name in"):
+        from_pretrained(tmp_path / "m")
 
 
 def test_corrupt_config_json_is_named(tmp_path):

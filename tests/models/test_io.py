@@ -133,10 +133,20 @@ def test_weights_of_another_shape_name_the_tensor_and_both_shapes(tmp_path):
     )
 
 
-def test_weights_of_another_depth_name_the_missing_tensors(tmp_path):
+def test_a_config_deeper_than_its_weights_is_refused_before_any_layer_is_built(tmp_path, monkeypatch):
+    """A 200-byte config.json asking for a million layers spent minutes and gigabytes building them
+    (on the meta device) before the shapes were compared."""
+    save_model(_small(), tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta["config"].update(n_encoder_layers=1_000_000))
+    monkeypatch.setattr("aiayn.models.io.build_model", lambda *a: pytest.fail("built before the check"))
+    with pytest.raises(ModelDirError, match=r"config\.json: n_encoder_layers=1000000 but .* holds 1 layers"):
+        load_model(tmp_path / "m")
+
+
+def test_weights_of_another_depth_name_the_layer_counts(tmp_path):
     save_model(_small(), tmp_path / "m")
     _edit_config(tmp_path / "m", lambda meta: meta["config"].update(n_encoder_layers=2))
-    with pytest.raises(ModelDirError, match=r"model\.safetensors lacks tensor\(s\) \['encoder\.layers\.1\."):
+    with pytest.raises(ModelDirError, match=r"n_encoder_layers=2 but .*safetensors holds 1 layers"):
         load_model(tmp_path / "m")
 
 

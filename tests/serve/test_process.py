@@ -94,6 +94,21 @@ def test_on_loopback_it_answers_its_own_names_only(server):
     assert r.status_code == 400 and "location" not in r.headers
 
 
+def test_on_loopback_a_page_of_another_site_is_refused_its_own_pages_and_other_clients_answered(server):
+    """A form or no-cors fetch from another site's page needs no CORS permission to be sent (it would
+    spend the server's CPU, its answer unread): refused 403 by its Origin or Sec-Fetch-Site."""
+    url, _, _ = server
+    port = url.rsplit(":", 1)[1].rstrip("/")
+    body = {"q": "Ein", "source": "de", "target": "en"}
+    for headers in ({"origin": "https://evil.example"}, {"sec-fetch-site": "cross-site"},
+                    {"origin": "null", "sec-fetch-site": "cross-site"}):  # fmt: skip
+        r = httpx.post(url + "translate", data=body, headers=headers)
+        assert r.status_code == 403 and "--allowed-hosts" in r.json()["error"], headers
+    for headers in ({}, {"origin": f"http://127.0.0.1:{port}", "sec-fetch-site": "same-origin"},
+                    {"origin": "http://localhost:3000", "sec-fetch-site": "same-site"}):  # fmt: skip
+        assert httpx.post(url + "translate", json=body, headers=headers).status_code == 200, headers
+
+
 def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     """A client closes its connection during a long search: the server notices at once (the ASGI
     disconnect message, not a poll), answers the request 499 in its metrics and log, and the search

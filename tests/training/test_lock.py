@@ -117,3 +117,14 @@ def test_under_torchrun_a_held_lock_stops_every_rank_without_a_hang(corpus, tmp_
     assert f"is in use by another training (PID {os.getpid()}" in err
     assert "rank 0 could not lock the run directory" in err
     assert not any(run.glob("step-*"))
+
+
+def test_a_lock_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path):
+    """The lock is truncated and written: through a planted link it overwrote any file."""
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run.mkdir()
+    victim.write_text("precious data")
+    (run / LOCK).symlink_to(victim)
+    with pytest.raises(OutputError, match="symbolic link"):
+        RunLock(run, str(run))
+    assert victim.read_text() == "precious data" and (run / LOCK).is_symlink()

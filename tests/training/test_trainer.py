@@ -15,6 +15,7 @@ import torch
 from aiayn.cli.main import main
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.options import SearchConfig
+from aiayn.errors import ModelDirError
 from aiayn.models.io import load_model
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import precision, trainer
@@ -368,6 +369,19 @@ def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
     (left,) = [p for p in tmp_path.iterdir() if not p.name.startswith("step-")]
     assert left.name.startswith(TMP_PREFIX + "step-000001-")  # what remove_temporaries deletes
+
+
+def test_marking_the_best_replaces_a_planted_link_not_the_file_it_points_to(tmp_path):
+    run, victim = tmp_path / "run", tmp_path / "bashrc"
+    (run / "step-000100").mkdir(parents=True)
+    victim.write_text("precious")
+    (run / "best").symlink_to(victim)
+    ckpt.mark_best(run, run / "step-000100")
+    assert victim.read_text() == "precious" and os.readlink(run / "best") == "step-000100"
+    (run / "best").unlink()
+    (run / "best").write_text("not a link")
+    with pytest.raises(ModelDirError, match="not the link aiayn keeps"):
+        ckpt.mark_best(run, run / "step-000100")
 
 
 def test_average_of_more_checkpoints_than_kept_warns_and_leaves_out_an_older_best(corpus, tmp_path, capsys):
