@@ -20,8 +20,6 @@ import errno
 import functools
 import json
 import os
-import re
-import secrets
 import shutil
 import stat
 import sys
@@ -32,95 +30,7 @@ from typing import BinaryIO
 from safetensors import SafetensorError
 
 from aiayn.errors import OutputError
-
-TMP_PREFIX = ".tmp-"
-JOURNAL = ".replace"  # suffix of the file that records a two-step directory replace in progress
-_OLD = ".old"  # suffix of the old directory during a two-step replace
-_TMP_NAME = re.compile(r"^\.tmp-.*-(\d+)-[0-9a-f]{8}(\.replace|\.old)?$")
-
-
-def temporary_name(path: Path) -> Path:
-    """A private name beside ``path`` (same folder, so the final rename stays on one file system),
-    short enough for any legal name, with this process's PID so a later start can tell if it died."""
-    return path.with_name(f"{TMP_PREFIX}{path.name[:64]}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` sets it, which threads would see)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    return 0o022
-
-
-def _usual_mode(path: Path) -> None:
-    """Give a file a writer made the mode a new file gets (0o666 less the umask): safetensors creates
-    its files 0o600, so a model's weights were unreadable where its config.json beside them was not."""
-    with contextlib.suppress(OSError):
-        if path.is_file() and not path.is_symlink():
-            os.chmod(path, 0o666 & ~_umask())
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's, and alive
-        return True
-    return True
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-
-
-def _plain_name(name: object) -> bool:
-    """A file name in a folder: no separator, not empty, not "." or ".."."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
-
-
-def recover(folder: str | os.PathLike) -> None:
-    """Finish what writers killed in ``folder`` left: a two-step replace interrupted between its
-    renames is completed (its journal is written only once the new directory is whole), then every
-    temporary of a dead process goes. Those of live processes are theirs and stay."""
-    folder = Path(folder)
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return
-    stale = [p for p in entries if (m := _TMP_NAME.match(p.name)) and not _alive(int(m.group(1)))]
-    for journal in (p for p in stale if p.name.endswith(JOURNAL)):
-        try:
-            plan = json.loads(journal.read_text(encoding="utf-8"))
-            target, new = plan["target"], plan["new"]
-        except (OSError, ValueError, KeyError, TypeError):  # torn before the first rename: nothing moved
-            continue
-        # only what replace_dir writes: the journal's own temporary and a name in this folder (a planted
-        # journal naming "../x" or an absolute path must not move anything from or to elsewhere)
-        if new != journal.name.removesuffix(JOURNAL) or not _plain_name(target):
-            continue
-        target, new = folder / target, folder / new
-        if not os.path.lexists(target) and new.is_dir() and not new.is_symlink():
-            os.rename(new, target)
-    for p in sorted(stale, key=lambda p: p.name.endswith(JOURNAL)):  # journals last
-        _remove(p)
-
-
-def remove_temporaries(folder: str | os.PathLike) -> None:
-    """Delete what interrupted atomic writes left in ``folder`` (``recover``), and temporaries
-    named as older versions named them."""
-    recover(folder)
-    for p in Path(folder).glob(TMP_PREFIX + "*"):
-        if not _TMP_NAME.match(p.name):
-            _remove(p)
+from aiayn.temporaries import JOURNAL, OLD, TMP_PREFIX, recover, temporary_name, usual_mode
 
 
 class WriteError(OutputError):
@@ -188,7 +98,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         with _writing(target):
             yield tmp
-            _usual_mode(tmp)
+            usual_mode(tmp)
             os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -264,7 +174,7 @@ def replace_dir(new: Path, path: Path) -> None:
     elif exchange(new, path):  # ``new`` now holds the old directory
         shutil.rmtree(new, ignore_errors=True)
     else:
-        journal, old = new.with_name(new.name + JOURNAL), new.with_name(new.name + _OLD)
+        journal, old = new.with_name(new.name + JOURNAL), new.with_name(new.name + OLD)
         journal.write_text(json.dumps({"target": path.name, "new": new.name}), encoding="utf-8")
         os.rename(path, old)
         os.rename(new, path)

@@ -1,5 +1,5 @@
-"""aiayn.atomic: short temporary names, directory replace that is whole at every instant, and the
-recovery of what a killed writer left (its PID is in the temporary's name)."""
+"""aiayn.atomic and aiayn.temporaries: short temporary names, directory replace that is whole at
+every instant, and the recovery of what a killed writer left (its PID is in the temporary's name)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn import atomic
+from aiayn import atomic, temporaries
 from aiayn.errors import OutputError
 
 
@@ -29,7 +29,7 @@ def _dir(path: Path, content: str) -> Path:
 
 
 def test_temporary_names_fit_any_legal_name(tmp_path):
-    tmp = atomic.temporary_name(tmp_path / ("n" * 255))
+    tmp = temporaries.temporary_name(tmp_path / ("n" * 255))
     assert len(tmp.name) <= 255 and f"-{os.getpid()}-" in tmp.name and tmp.parent == tmp_path
     atomic.write_text(tmp_path / ("n" * 255), "ok")
     assert (tmp_path / ("n" * 255)).read_text() == "ok"
@@ -40,7 +40,7 @@ def test_recover_removes_the_temporaries_of_dead_writers_only(tmp_path, dead_pid
     mine = _dir(tmp_path / f".tmp-x-{os.getpid()}-0123abcd", "mine")
     parent = _dir(tmp_path / f".tmp-x-{os.getppid()}-0123abcd", "alive")
     (tmp_path / f".tmp-y-{dead_pid}-89abcdef").write_text("a torn file")
-    atomic.recover(tmp_path)
+    temporaries.recover(tmp_path)
     assert not dead.exists() and mine.exists() and parent.exists()
     assert not (tmp_path / f".tmp-y-{dead_pid}-89abcdef").exists()
 
@@ -50,7 +50,7 @@ def test_recover_completes_a_two_step_replace_killed_between_its_renames(tmp_pat
     _dir(tmp_path / base, "new")
     _dir(tmp_path / (base + ".old"), "old")
     (tmp_path / (base + ".replace")).write_text(json.dumps({"target": "out", "new": base}))
-    atomic.recover(tmp_path)
+    temporaries.recover(tmp_path)
     assert (tmp_path / "out" / "f").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -60,7 +60,7 @@ def test_recover_leaves_the_target_when_the_journal_is_torn(tmp_path, dead_pid):
     _dir(tmp_path / "out", "old")
     _dir(tmp_path / base, "new")
     (tmp_path / (base + ".replace")).write_text('{"target": "ou')
-    atomic.recover(tmp_path)
+    temporaries.recover(tmp_path)
     assert (tmp_path / "out" / "f").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -143,7 +143,7 @@ def test_dev_stdout_appended_to_a_file_is_written_into_not_replaced(tmp_path):
     [
         {"target": "../outside", "new": "{base}"},  # the target out of the folder
         {"target": "out", "new": "../victim"},  # the new directory from out of it
-        {"target": "/tmp/aiayn-absolute-target", "new": "{base}"},
+        {"target": "{tmp}/absolute-target", "new": "{base}"},  # an absolute path
         {"target": "out", "new": ".tmp-other-1-89abcdef"},  # not the journal's own temporary
     ],
 )
@@ -152,11 +152,11 @@ def test_a_planted_journal_moves_nothing_from_or_to_another_folder(tmp_path, dea
     folder.mkdir()
     victim = _dir(tmp_path / "victim", "precious")
     _dir(folder / base, "new")
-    plan = {k: v.format(base=base) for k, v in plan.items()}
+    plan = {k: v.format(base=base, tmp=tmp_path) for k, v in plan.items()}
     (folder / (base + ".replace")).write_text(json.dumps(plan))
-    atomic.recover(folder)
+    temporaries.recover(folder)
     assert (victim / "f").read_text() == "precious"
-    assert not (tmp_path / "outside").exists() and not Path("/tmp/aiayn-absolute-target").exists()
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "absolute-target").exists()
     assert not (folder / "out").exists()  # a journal that replace_dir could not have written: ignored
 
 

@@ -27,9 +27,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from aiayn.atomic import atomic_dir, temporary_name, write_json
+from aiayn.atomic import atomic_dir, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
+from aiayn.temporaries import temporary_name
 from aiayn.textfiles import read_json
 
 STATE_JSON = "trainer_state.json"

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from aiayn.atomic import remove_temporaries, write_json, write_text
+from aiayn.atomic import write_json, write_text
 from aiayn.data.subword import SAMPLES_DIR
 from aiayn.errors import ConfigError, ModelDirError, OutputError
+from aiayn.temporaries import remove_temporaries
 from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, default_dict, to_dict

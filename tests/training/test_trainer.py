@@ -351,7 +351,7 @@ def test_average_and_plot(corpus, tmp_path, capsys):
 def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_path, monkeypatch):
     """rmtree deletes file by file; killed after trainer_state.json went, it left step-000001 with
     its weights and no state: no longer a checkpoint, so never pruned or cleaned up again."""
-    from aiayn.atomic import TMP_PREFIX
+    from aiayn.temporaries import TMP_PREFIX
 
     for step in (1, 2, 3):
         folder = tmp_path / f"step-{step:06d}"
