@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +219,21 @@ class NameMap:
                     raise ValueError(f"{name} would get two different values (a tie the config lacks)")
                 out[name] = part
         return out
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers?|h)\.(\d+)\.")  # Marian's layers.N, BERT's layer.N, GPT-2's h.N
+
+
+def check_depth(cfg: object, state: dict[str, Tensor], source: str | os.PathLike) -> None:
+    """A ``ModelDirError`` for a config.json with more layers than its weights hold, before the name
+    map and the model are built: both grow with the layer count, and a million layers would spend
+    minutes and gigabytes to fail."""
+    held = max((int(m.group(1)) for name in state if (m := _LAYER_INDEX.search(name))), default=-1) + 1
+    for name in ("n_layers", "n_encoder_layers", "n_decoder_layers"):
+        n = getattr(cfg, name, None)
+        if isinstance(n, int) and n > held:
+            raise ModelDirError(f"{source}: {n} layers ({name}) but the weights hold {held}; the weights "
+                                "do not belong to this config")  # fmt: skip
 
 
 def check_architectures(hf_config: dict, readable: tuple[str, ...], source: str | os.PathLike) -> None:

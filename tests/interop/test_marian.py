@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -211,3 +212,21 @@ def test_attention_maps_match_transformers_output_attentions(tmp_path):
         assert len(got[ours_key]) == len(theirs), ours_key
         for i, (a, b) in enumerate(zip(got[ours_key], theirs)):  # (B, h, T_q, T_k), padding included
             assert_close(f"Marian {ref_key}[{i}] vs aiayn", a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [(marian, "encoder_layers"), (marian, "decoder_layers"), (gpt2, "n_layer")],
+)
+def test_a_config_deeper_than_its_weights_is_refused_before_anything_is_built(tmp_path, build, field):
+    """A million layers in config.json spent minutes and gigabytes building the name map and the model
+    before the weights were compared."""
+    build(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, field: 1_000_000}))
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ModelDirError, match=r"config\.json: 1000000 layers \(n_\w*layers\) but the weights hold 2"
+    ):
+        from_pretrained(tmp_path)
+    assert time.perf_counter() - t0 < 10

@@ -262,6 +262,7 @@ def load_bert(directory: str | os.PathLike, tok: Tokenizer | None = None) -> Enc
         cfg = config_from_bert(hf_config, classifier, tok)
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
+    hf.check_depth(cfg, state, directory / hf.HF_CONFIG)
     state = _canonical(state, cfg, str(directory))
     return name_map(cfg).load(lambda: EncoderModel(cfg), state, str(directory))
 

@@ -124,7 +124,9 @@ def load_gpt2(directory: str | os.PathLike, pad_id: int | None = None) -> Langua
         cfg = config_from_gpt2(hf_config, pad_id)
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
-    state = _canonical(hf.read_hf_weights(directory), cfg, str(directory))
+    state = hf.read_hf_weights(directory)
+    hf.check_depth(cfg, state, directory / hf.HF_CONFIG)
+    state = _canonical(state, cfg, str(directory))
     return name_map(cfg).load(lambda: LanguageModel(cfg), state, str(directory))
 
 

@@ -205,6 +205,7 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
         )
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
+    hf.check_depth(cfg, state, directory / hf.HF_CONFIG)
     state = _canonical(state, cfg, str(directory))
     return name_map(cfg).load(lambda: Transformer(cfg), state, str(directory))
 
