@@ -132,7 +132,8 @@ class Beams:
         self.scores = torch.full((n, self.k), NEG_INF, device=device)  # raw log-probs; -inf = none
         self.scores[:, 0] = 0.0  # the K rows start identical: expand one of them only
         self.lp_max = length_penalty(self.limit, config.lenpen, config.lenpen_kind)  # (A,)
-        self.finished = _Finished(n, self.k, int(self.limit.max()), decoder.pad_id, device)
+        longest = int(self.limit.max()) if n else 1  # an empty batch: nothing to decode
+        self.finished = _Finished(n, self.k, longest, decoder.pad_id, device)
 
     def __len__(self) -> int:
         return len(self.tags)

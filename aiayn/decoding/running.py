@@ -30,7 +30,8 @@ class RunningSearch:
     sentences that arrive while it runs. ``len()`` is the number of sentences in it."""
 
     def __init__(self, model: Transformer, config: SearchConfig):
-        if config.sample or config.mbr or config.r2l_beam is not None or model.config.bidirectional:
+        plain = isinstance(model, Transformer) and not model.config.bidirectional  # not an Ensemble
+        if config.sample or config.mbr or config.r2l_beam is not None or not plain:
             raise ValueError("a running search decodes a plain model with beam search or greedy only")
         self.model, self.config = model, config
         self.beams: Beams | None = None

@@ -74,7 +74,7 @@ def decode_rows(
     prefix = decoder.start(inputs, n)  # (N, t0)
     n_rows = prefix.size(0)
     limit = max_lengths(max_len, n_rows // n).repeat_interleave(n).to(prefix.device)  # (N,)
-    longest = int(limit.max())
+    longest = int(limit.max()) if n_rows else 1  # an empty batch: nothing to decode
     tokens = torch.full(
         (n_rows, min(longest, FIRST_WIDTH)), decoder.pad_id, dtype=torch.long, device=prefix.device
     )

@@ -56,8 +56,10 @@ class Translator:
         max_src_len: int | None = None,
         reverse: bool = False,
         r2l_beam: int | None = None,
+        tgt_lang: str = "",
     ):
         self.model = model.eval()
+        self.tgt_lang = tgt_lang  # how minimum Bayes risk's BLEU tokenizes (sacreBLEU's, "": 13a)
         self.reverse = reverse  # the model writes the target right to left (trained with reverse_target)
         # a bidirectional model trained on cached translations: the right-to-left search that made them,
         # which decoding uses for the memory unless a SearchConfig says r2l_beam
@@ -85,7 +87,8 @@ class Translator:
         meta = model_meta(directory)
         b = meta.get("r2l_beam")
         r2l_beam = b if type(b) is int and b >= 1 else None
-        return cls(model, src_tok, tgt_tok, max_src_len, meta.get("reverse_target") is True, r2l_beam)
+        lang = meta.get("tgt_lang") if isinstance(meta.get("tgt_lang"), str) else ""
+        return cls(model, src_tok, tgt_tok, max_src_len, meta.get("reverse_target") is True, r2l_beam, lang)
 
     @classmethod
     def from_dirs(
@@ -113,7 +116,7 @@ class Translator:
                                     "(reverse_target); ensemble models of one direction")  # fmt: skip
             members.append(other.model)
         return cls(Ensemble(members), first.src_tokenizer, first.tgt_tokenizer, max_src_len, first.reverse,
-                   first.r2l_beam)  # fmt: skip
+                   first.r2l_beam, first.tgt_lang)  # fmt: skip
 
     @property
     def device(self) -> torch.device:
@@ -162,7 +165,8 @@ class Translator:
             raise ConfigError(f"max_tokens={max_tokens!r} must be ≥ 1 (source tokens per batch)")
         if config.mbr:
             beam = self.search(sources, dataclasses.replace(config, mbr=None, nbest=config.beam), max_tokens)
-            order = [mbr_order([self.detokenize(h) for h in hyps], config.mbr) for hyps in beam]
+            texts = [[self.detokenize(h) for h in hyps] for hyps in beam]
+            order = [mbr_order(t, config.mbr, self.tgt_lang) for t in texts]
             return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
         if config.r2l_beam is None and self.r2l_beam is not None:
             config = dataclasses.replace(config, r2l_beam=self.r2l_beam)

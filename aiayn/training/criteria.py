@@ -135,8 +135,9 @@ def cached_memory_input(batch: TranslationBatch, config) -> Tensor:
 def greedy_memory_input(model: BidirectionalTransformer, src: Tensor) -> Tensor:
     """``[bos] +`` the right-to-left decoder's greedy translation of ``src`` (no dropout, no gradient,
     at most source length + R2L_MARGIN tokens, and no more than learned positions allow): the sequence
-    whose states the left-to-right decoder reads at decoding time (exactly so for decoding with
-    ``r2l_beam=1``; a wider backward beam reads a better translation than training did).
+    whose states the left-to-right decoder reads at decoding time (so for decoding with ``r2l_beam=1``
+    wherever the translation ends within the margin; decoding allows source + ``max_len_b`` tokens, so a
+    translation that runs on is read longer there; a wider backward beam reads a better translation).
 
     Shape: src (B, S) -> (B, 1 + longest translation)
     """

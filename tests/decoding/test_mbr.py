@@ -24,6 +24,18 @@ def test_expected_utility_is_the_mean_sentence_score_against_the_others(utility,
     assert len(set(expected)) == len(expected)  # the candidates are told apart
 
 
+def test_bleu_is_tokenized_for_the_target_language():
+    """13a splits on spaces: Chinese candidates, written without them, all scored 0 and MBR kept the
+    beam's order; sacreBLEU's zh tokenizer (what `aiayn evaluate` scores zh with) tells them apart."""
+    zh = ["一个男人在骑红色的自行车。", "两只狗在玩耍", "一个男人在骑自行车。", "一个男人正在骑自行车。"]
+    expected = [
+        sum(sacrebleu.sentence_bleu(c, [r], tokenize="zh").score for j, r in enumerate(zh) if j != i) / 3
+        for i, c in enumerate(zh)
+    ]
+    assert expected_utilities(zh, "bleu", "zh") == pytest.approx(expected) and max(expected) > 20
+    assert mbr_order(zh, "bleu", "zh")[-1] == 1  # the outlier last
+
+
 def test_the_consensus_wins_and_the_outlier_comes_last():
     # "two dogs play" shares nothing with the rest: utility 0, last; the beam's first is not the consensus
     assert mbr_order(CANDIDATES) == [2, 0, 3, 1]

@@ -6,6 +6,7 @@ import torch
 
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
 from aiayn.decoding.running import RunningSearch
+from aiayn.models.ensemble import Ensemble
 from tests.decoding.fixtures import tiny_transformer
 from tests.helpers import assert_close
 
@@ -100,6 +101,8 @@ def test_dropped_sentences_leave_and_the_others_go_on():
 def test_only_plain_searches_run():
     with pytest.raises(ValueError, match="plain model"):
         RunningSearch(tiny_transformer(), SearchConfig(sample=True))
+    with pytest.raises(ValueError, match="plain model"):  # an ensemble failed later, on a missing method
+        RunningSearch(Ensemble([tiny_transformer(), tiny_transformer()]), SearchConfig())
 
 
 def test_prime_caches_what_the_first_step_would():

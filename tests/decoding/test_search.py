@@ -269,6 +269,10 @@ def test_the_search_ends_at_max_len_whatever_the_length_penalty(lenpen):
 @pytest.mark.parametrize("config", [SearchConfig(beam=1), SearchConfig(), SearchConfig(sample=True, seed=0)])
 def test_an_empty_batch_has_no_hypotheses(config):
     assert search(LMAdapter(tiny_lm()), torch.zeros(0, 3, dtype=torch.long), config, 5) == []
+    strategy = (
+        sample if config.sample else greedy_search if config.beam == 1 else beam_search
+    )  # called directly
+    assert strategy(LMAdapter(tiny_lm()), torch.zeros(0, 3, dtype=torch.long), 5, config) == []
 
 
 @pytest.mark.parametrize("max_len", [1, 3])
