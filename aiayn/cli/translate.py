@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from aiayn.atomic import open_output
 from aiayn.cli.commands import summary
@@ -21,7 +22,7 @@ from aiayn.cli.decode_options import (
     warn,
 )
 from aiayn.decoding.rerank import check_rerank_search, check_rerankable, reranked_search
-from aiayn.decoding.sampling import seeded
+from aiayn.decoding.sampling import occurrences
 from aiayn.decoding.translator import DEFAULT_MAX_SRC_LEN, Translator
 from aiayn.errors import DataError
 
@@ -103,18 +104,19 @@ def run(args: argparse.Namespace) -> int:
     if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
-    generator = seeded(config, translator.device)  # one stream of draws for every chunk: --seed fixes all
+    seen: Counter = Counter()  # a line repeated anywhere in the file gets new samples (--seed)
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for start, lines in read_chunks(args):
-            nbest = translate(args, config, translator, scorer, start, lines, generator)
+            nbest = translate(args, config, translator, scorer, start, lines, seen)
             out.write(format_output(nbest, translator, config.nbest, start, args.show_r2l).encode("utf-8"))
     return 0
 
 
 def translate(args, config, translator: Translator, scorer: Translator | None, start: int, lines: list[str],
-              generator=None):  # fmt: skip
-    """The hypotheses of one chunk of input lines, the first of which is line ``start + 1``
-    (``generator``: the run's sampling draws, ``Translator.search``)."""
+              seen: Counter | None = None):  # fmt: skip
+    """The hypotheses of one chunk of input lines, the first of which is line ``start + 1`` (with
+    ``--seed``, each line's samples are its own and its earlier copies', counted in ``seen``:
+    ``Translator.search``)."""
     sources, cut = translator.encode(lines)
     for i in cut:
         if args.strict:
@@ -126,5 +128,5 @@ def translate(args, config, translator: Translator, scorer: Translator | None, s
         limit = translator.max_src_len
         warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")
     if scorer is None:
-        return translator.search(sources, config, args.max_tokens, generator)
+        return translator.search(sources, config, args.max_tokens, occurrences(sources, seen))
     return reranked_search(translator, scorer, sources, config, args.max_tokens)

@@ -32,6 +32,6 @@ def greedy_search(
     ``beam_search``, so the two are comparable).
     """
     tokens, lengths, log_probs = decode_rows(
-        decoder, inputs, 1, lambda lp: topk(lp, 1)[1][:, 0], max_len, config.min_len
+        decoder, inputs, 1, lambda lp, rows: topk(lp, 1)[1][:, 0], max_len, config.min_len
     )
     return to_hypotheses(tokens, lengths, log_probs, 1, config.lenpen, config.lenpen_kind, sort=False)

@@ -23,13 +23,15 @@ def search(
     config: SearchConfig,
     max_len: int | Tensor,
     generator: torch.Generator | None = None,
+    streams: list[torch.Generator] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode ``inputs`` with the strategy ``config`` selects; one list of hypotheses per input
-    (``generator``: where samples are drawn from, ``sampling.sample``); no inputs, no hypotheses."""
+    (``generator``, ``streams``: where samples are drawn from, ``sampling.sample``); no inputs, no
+    hypotheses."""
     if not inputs.size(0):
         return []
     if config.sample:
-        return sample(decoder, inputs, max_len, config, generator)
+        return sample(decoder, inputs, max_len, config, generator, streams)
     if config.beam == 1:
         return greedy_search(decoder, inputs, max_len, config)
     return beam_search(decoder, inputs, max_len, config)

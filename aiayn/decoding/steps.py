@@ -17,7 +17,7 @@ from torch import Tensor
 from aiayn.decoding.adapters import IncrementalDecoder
 from aiayn.decoding.cancel import check_stop
 
-Pick = Callable[[Tensor], Tensor]  # log-probs (A, V) -> chosen ids (A,)
+Pick = Callable[[Tensor, Tensor], Tensor]  # log-probs (A, V), the live rows' output rows (A,) -> ids (A,)
 
 
 def max_lengths(max_len: int | Tensor, n_inputs: int) -> Tensor:
@@ -84,7 +84,7 @@ def decode_rows(
     for t in range(longest):
         check_stop()
         lp = restrict(decoder.step(prefix), decoder, t, min_len)  # (A, V)
-        choice = pick(lp)  # (A,)
+        choice = pick(lp, rows)  # (A,)
         tokens = widen(tokens, t + 1, decoder.pad_id, longest)
         tokens[rows, t] = choice
         log_probs[rows] += lp.gather(1, choice[:, None]).squeeze(1)

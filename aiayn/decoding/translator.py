@@ -22,7 +22,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import adapter_for_translation
 from aiayn.decoding.mbr import mbr_order
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.sampling import seeded
+from aiayn.decoding.sampling import occurrences, sentence_streams
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError, DataError, ModelDirError
@@ -149,12 +149,13 @@ class Translator:
         sources: Sequence[list[int]],
         config: SearchConfig,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        generator: torch.Generator | None = None,
+        repeats: Sequence[int] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for encoded sources (``encode``), batched by source tokens; [] for blank ones.
-        Samples are drawn from ``generator`` (give one to calls that go on from each other, as
-        ``aiayn translate`` does chunk after chunk), else from one seeded once for this call with
-        ``config.seed``: the draws go on from batch to batch.
+        With ``config.seed`` each sentence's samples are drawn from streams of its own, seeded by the seed,
+        its ids and ``repeats`` (how many times they came before it: ``sampling.occurrences`` of
+        ``sources``, or a caller's count over a whole file or request), so that a text gives the same
+        samples in any batch (``sampling.sentence_streams``); without a seed, from torch's global RNG.
 
         Sentences are sorted by length so that a batch has little padding; each batch holds at
         most ``max_tokens`` source tokens, padding included (more for a single longer sentence).
@@ -170,18 +171,19 @@ class Translator:
             return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
         if config.r2l_beam is None and self.r2l_beam is not None:
             config = dataclasses.replace(config, r2l_beam=self.r2l_beam)
+        repeats = occurrences(sources) if repeats is None else repeats
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if s]
         if not todo:
             return results
-        generator = generator or seeded(config, self.device)
         lengths = [len(sources[i]) for i in todo]  # the sampler adds eos
         sampler = TokenBatchSampler(lengths, lengths, max(max_tokens, max(lengths) + 1), shuffle=False)
         for batch in sampler.global_batches(0):
             index = [todo[j] for j in batch]
             src, limits = self.batch([sources[i] for i in index], config)
             adapter = adapter_for_translation(self.model, config, limits)
-            hyps = search(adapter, src, config, limits, generator)
+            streams = sentence_streams(config, [sources[i] for i in index], [repeats[i] for i in index])
+            hyps = search(adapter, src, config, limits, streams=streams)
             backward = getattr(adapter, "r2l_hypotheses", None)  # a bidirectional model's memory
             for row, (i, h) in enumerate(zip(index, hyps)):
                 if backward is not None:

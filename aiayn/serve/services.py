@@ -28,7 +28,7 @@ from aiayn.decoding.classifier import ClassifierEnsemble, MaskFiller, TextClassi
 from aiayn.decoding.generator import Generator
 from aiayn.decoding.maps import decoder_read, token_labels
 from aiayn.decoding.options import SearchConfig
-from aiayn.decoding.sampling import draw, seeded
+from aiayn.decoding.sampling import draw, occurrences, seeded
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.steps import restrict
 from aiayn.decoding.translator import Translator
@@ -104,7 +104,8 @@ class TranslationService:
         """One result list per request (its ``encode``d texts), one dict per text: translation,
         alternatives, scores, tokens; with ``attention``, up to ``max_attention_values`` weights per
         request (``OverLimit`` past it: the batcher then runs each request on its own)."""
-        nbest = self.translator.search([src for r in requests for src in r], config)
+        repeats = [n for r in requests for n in occurrences(r)]  # each request's own: others change nothing
+        nbest = self.translator.search([src for r in requests for src in r], config, repeats=repeats)
         return [self.answer(r, hyps, attention, max_attention_values)
                 for r, hyps in zip(requests, per_request(nbest, requests))]  # fmt: skip
 

@@ -88,6 +88,25 @@ def test_a_bidirectional_model_samples_with_its_right_to_left_pass_searched(tmp_
     assert all(len(hs) == 2 for hs in first)
 
 
+def test_a_seeded_sample_of_a_sentence_depends_on_nothing_else_in_its_batch(tmp_path):
+    """One shared stream of draws made a sentence's samples depend on the rows before it in its batch:
+    a request's seed did not fix its output once the server batched it with another's. Each sentence now
+    draws from streams of its own (its ids, the seed, its repeats); a repeated line still gets new ones."""
+    translator = Translator.from_dir(translation_dir(tmp_path / "m"))
+    (a, b, c), _ = translator.encode(["Ein Mann", "Zwei Hunde spielen im Park", "Eine Frau"])
+    config = SearchConfig(sample=True, beam=1, nbest=2, seed=3, min_len=8, max_len=8)
+    tokens = lambda hyps: [h.tokens for h in hyps]  # noqa: E731
+    alone = tokens(translator.search([a], config)[0])
+    assert tokens(translator.search([b, a, c], config)[1]) == alone
+    assert tokens(translator.search([b, a, c], config, max_tokens=1)[1]) == alone  # one sentence a batch
+    assert alone[0] != alone[1]  # the two samples of a sentence differ
+    twice = [tokens(h) for h in translator.search([a, a], config)]
+    assert twice[0] == alone and twice[1] != alone  # the line's second copy: new samples
+    other_seed = tokens(translator.search([a], SearchConfig(sample=True, beam=1, nbest=2, seed=4, min_len=8,
+                                                            max_len=8))[0])  # fmt: skip
+    assert other_seed != alone
+
+
 def test_generator_samples_reproducibly(model_dirs):
     gen = Generator.from_dir(model_dirs["lm"])
     cfg = SearchConfig(beam=1, sample=True, nbest=2, seed=5, top_k=10, min_len=15)

@@ -920,3 +920,17 @@ def test_a_marian_style_bos_that_is_also_padding_is_labelled_bos():
     config = SimpleNamespace(pad_id=5, bos_id=5, eos_id=0)  # OPUS-MT: the decoder starts with <pad>'s id
     assert token_labels(char_tokenizer(), [5, 0], config) == ["<s>", "</s>"]  # was "<pad>" on the page
     assert decoder_read([7, 8, 0], 5) == decoder_read([7, 8, 9], 5) == [5, 7, 8]
+
+
+def test_a_seeded_sample_is_the_same_alone_and_batched_with_another_request(tmp_path):
+    """Requests with the same options are decoded together: a shared stream of draws made one request's
+    samples depend on the other's texts, so its seed did not fix them."""
+    from tests.decoding.fixtures import translation_dir
+
+    service = load_service("m", translation_dir(tmp_path / "m"))
+    (a, b), _ = service.encode(["Ein Mann", "Zwei Hunde spielen im Park"])
+    config = SearchConfig(sample=True, beam=1, seed=7, min_len=8, max_len=8)
+    alone = service.run(config, [[a]], attention=False)[0]
+    after_another = service.run(config, [[b], [a, a]], attention=False)[1]
+    tokens = lambda answer: answer["hypotheses"][0]["tokens"]  # noqa: E731
+    assert tokens(after_another[0]) == tokens(alone[0]) != tokens(after_another[1])  # a repeat: new samples
