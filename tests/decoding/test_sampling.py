@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from aiayn.decoding import SearchConfig, filter_logits, sample
+from aiayn.decoding.sampling import draw
 from tests.decoding.fixtures import FakeDecoder
 
 PROBS = [0.05, 0.5, 0.15, 0.3]  # sorted: 0.5, 0.3, 0.15, 0.05
@@ -71,3 +72,21 @@ def test_samples_follow_the_filtered_tempered_distribution(kw, expected):
         assert abs(freq[t] - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, freq[t], p)
     h = next(h for h in hyps if h.tokens[0] == 3)  # "a" then eos: the model's own log-probability
     assert h.tokens == [3, 2] and h.log_prob == pytest.approx(math.log(0.6), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"), [({"temperature": 2.0}, _expected(2.0)), ({"top_p": 0.8}, _expected(kept=(3, 4)))]
+)
+def test_per_sentence_streams_draw_the_same_distribution(kw, expected):
+    """A seeded translation draws by inverse transform from one generator per row (``sentence_streams``):
+    the same filtered, tempered distribution as the batch's multinomial."""
+    n = 20000
+    log_probs = torch.full((n, 5), math.log(1e-9))
+    for t, p in FIRST.items():
+        log_probs[:, t] = math.log(p)
+    streams = [torch.Generator().manual_seed(i) for i in range(n)]
+    chosen = draw(log_probs, SearchConfig(sample=True, **kw), streams=streams).tolist()
+    for t, p in expected.items():
+        freq = chosen.count(t) / n
+        assert abs(freq - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, freq, p)
+    assert set(chosen) <= {t for t, p in expected.items() if p > 0}  # never a filtered token
