@@ -30,21 +30,23 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name[:64]}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def _umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` sets it, which threads would see)."""
+def _umask() -> int | None:
+    """This process's umask, read without changing it (``os.umask`` sets it, which threads would
+    see); None where /proc does not say."""
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    return 0o022
+    return None
 
 
 def usual_mode(path: Path) -> None:
     """Give a file a writer made the mode a new file gets (0o666 less the umask): safetensors creates
     its files 0o600, so a model's weights were unreadable where its config.json beside them was not."""
+    umask = _umask()
     with contextlib.suppress(OSError):
-        if path.is_file() and not path.is_symlink():
-            os.chmod(path, 0o666 & ~_umask())
+        if umask is not None and path.is_file() and not path.is_symlink():  # unknown: left as written
+            os.chmod(path, 0o666 & ~umask)
 
 
 def _alive(pid: int) -> bool:

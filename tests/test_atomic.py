@@ -144,7 +144,7 @@ def test_dev_stdout_appended_to_a_file_is_written_into_not_replaced(tmp_path):
         {"target": "../outside", "new": "{base}"},  # the target out of the folder
         {"target": "out", "new": "../victim"},  # the new directory from out of it
         {"target": "{tmp}/absolute-target", "new": "{base}"},  # an absolute path
-        {"target": "out", "new": ".tmp-other-1-89abcdef"},  # not the journal's own temporary
+        {"target": "out", "new": ".tmp-other-{dead}-89abcdef"},  # not the journal's own temporary
     ],
 )
 def test_a_planted_journal_moves_nothing_from_or_to_another_folder(tmp_path, dead_pid, plan):
@@ -152,7 +152,8 @@ def test_a_planted_journal_moves_nothing_from_or_to_another_folder(tmp_path, dea
     folder.mkdir()
     victim = _dir(tmp_path / "victim", "precious")
     _dir(folder / base, "new")
-    plan = {k: v.format(base=base, tmp=tmp_path) for k, v in plan.items()}
+    _dir(folder / f".tmp-other-{dead_pid}-89abcdef", "another's")  # a temporary a journal could name
+    plan = {k: v.format(base=base, tmp=tmp_path, dead=dead_pid) for k, v in plan.items()}
     (folder / (base + ".replace")).write_text(json.dumps(plan))
     temporaries.recover(folder)
     assert (victim / "f").read_text() == "precious"

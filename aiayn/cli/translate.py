@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rerank_with:
         scorer = quantized(args, Translator.from_dir(args.rerank_with, args.device, args.max_src_len))
         check_rerankable(translator, scorer)
-    seen: Counter = Counter()  # a line repeated anywhere in the file gets new samples (--seed)
+    seeded = config.sample and config.seed is not None
+    seen = Counter() if seeded else None  # with --seed, a line repeated anywhere in the file: new samples
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for start, lines in read_chunks(args):
             nbest = translate(args, config, translator, scorer, start, lines, seen)
@@ -128,5 +129,6 @@ def translate(args, config, translator: Translator, scorer: Translator | None, s
         limit = translator.max_src_len
         warn(f"line {start + i + 1} is over {limit} source tokens; truncated (see --max-src-len)")
     if scorer is None:
-        return translator.search(sources, config, args.max_tokens, occurrences(sources, seen))
+        repeats = occurrences(sources, seen) if seen is not None else None
+        return translator.search(sources, config, args.max_tokens, repeats)
     return reranked_search(translator, scorer, sources, config, args.max_tokens)

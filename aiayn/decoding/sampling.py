@@ -107,11 +107,11 @@ def draw(
 
 def occurrences(sources: Sequence[Sequence[int]], seen: Counter | None = None) -> list[int]:
     """How many times each source's ids came before it (in ``sources``, and in ``seen``, which counts
-    on: a caller reading a file chunk by chunk passes one)."""
+    on: a caller reading a file chunk by chunk passes one; it holds 8 bytes a distinct line)."""
     seen = Counter() if seen is None else seen
     out = []
     for ids in sources:
-        key = tuple(ids)
+        key = hashlib.blake2b(repr(list(ids)).encode(), digest_size=8).digest()
         out.append(seen[key])
         seen[key] += 1
     return out

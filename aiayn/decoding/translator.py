@@ -20,6 +20,7 @@ from torch import nn
 from aiayn.data.batching import TokenBatchSampler, pad_rows
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.bidirectional import adapter_for_translation
+from aiayn.decoding.bleu import bleu
 from aiayn.decoding.mbr import mbr_order
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.sampling import occurrences, sentence_streams
@@ -164,6 +165,8 @@ class Translator:
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens={max_tokens!r} must be ≥ 1 (source tokens per batch)")
+        if config.mbr == "bleu":
+            bleu(self.tgt_lang)  # a tokenizer it lacks (MeCab's) is an error now, not after the search
         if config.mbr:
             beam = self.search(sources, dataclasses.replace(config, mbr=None, nbest=config.beam), max_tokens)
             texts = [[self.detokenize(h) for h in hyps] for hyps in beam]
@@ -171,7 +174,9 @@ class Translator:
             return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
         if config.r2l_beam is None and self.r2l_beam is not None:
             config = dataclasses.replace(config, r2l_beam=self.r2l_beam)
-        repeats = occurrences(sources) if repeats is None else repeats
+        if repeats is None:  # only seeded sampling reads them
+            seeded = config.sample and config.seed is not None
+            repeats = occurrences(sources) if seeded else [0] * len(sources)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if s]
         if not todo:

@@ -91,6 +91,10 @@ def _load_one(path: Path) -> dict[str, Tensor]:
         raise ModelDirError(
             f"{path} is corrupt or not a plain tensor file (torch.load(weights_only=True) refuses it)"
         ) from None
+    except OSError as e:  # a file that cannot be read is not a corrupt one
+        raise ModelDirError(f"{path} cannot be read ({e.strerror or e})") from None
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 -- torch's safe unpickler fails in many ways on junk (IndexError, …)
         first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""  # one sentence
         why = f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -147,17 +147,21 @@ class Observe:
                                       "with its name (or '*')"}, 400)  # fmt: skip
 
     def _refused_origin(self, scope) -> JSONResponse | None:
-        """403 for a browser's request sent by a page of another site to a server that answers only its
+        """403 for a browser's POST sent by a page of another site to a server that answers only its
         own names (the loopback default): a form or a no-cors fetch needs no CORS permission to be
-        *sent*, and would spend this server's CPU (cross-site request forgery). Clients that are not
-        browsers send neither header; pages of the server's own names (any port) are answered."""
+        *sent*, and would spend this server's CPU (cross-site request forgery). Answered: reading
+        (GET, HEAD: opening the page from a link costs nothing), clients that are not browsers (no
+        ``Origin``, no ``Sec-Fetch-Site``), a page of one of the server's names (any port), and what
+        the browser itself calls ``same-origin``, ``same-site`` or ``none`` (the page behind a reverse
+        proxy that rewrites Host; browsers without the header then need ``--allowed-hosts``)."""
         allowed = self.server.settings.allowed_hosts
-        headers = dict(scope["headers"])
-        if not allowed:
+        if not allowed or scope["method"] in ("GET", "HEAD"):
             return None
+        headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+        site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
         host = urllib.parse.urlsplit(origin).hostname if origin not in ("", "null") else None
-        if headers.get(b"sec-fetch-site", b"").lower() != b"cross-site" and (host is None or host in allowed):
+        if host in allowed or site in ("same-origin", "same-site", "none") or not (origin or site):
             return None
         shown = ascii(origin or "another site")[1:-1]
         names = ", ".join(sorted(allowed))

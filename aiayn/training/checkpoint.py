@@ -30,7 +30,7 @@ from torch import nn
 from aiayn.atomic import atomic_dir, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
-from aiayn.temporaries import temporary_name
+from aiayn.temporaries import temporary_name, usual_mode
 from aiayn.textfiles import read_json
 
 STATE_JSON = "trainer_state.json"
@@ -145,6 +145,7 @@ def save_checkpoint(
         rng_meta, rng_tensors = _rng_state()
         rng_tensors.update({f"{RANK_RNG}{r}": t for r, t in enumerate(rank_rngs or [])})
         save_file({**tensors, **rng_tensors}, str(tmp / STATE_TENSORS))
+        usual_mode(tmp / STATE_TENSORS)  # safetensors makes it 0o600, its directory's other files not
         write_json(tmp / STATE_JSON, {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta})
     return final
 

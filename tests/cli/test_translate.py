@@ -52,12 +52,12 @@ def test_a_byte_order_mark_before_the_first_line_is_not_text():
     assert list(lines) == ["Ein Hund", "\ufeffx"]  # only the file's first line can start with one
 
 
-def test_a_seed_draws_one_stream_of_samples_across_batches_and_chunks(
+def test_a_seed_gives_a_repeated_line_new_samples_across_batches_and_chunks(
     model_dirs, tmp_path, monkeypatch, capsys
 ):
     """The same line six times, one sentence per batch (--max-tokens 1) and two lines per chunk: the
-    samples differ (the draws go on from batch to batch and chunk to chunk instead of starting again
-    at the seed), and the same seed gives the same output again."""
+    samples differ (each copy draws from streams of its own, keyed by how many copies came before it,
+    counted across chunks), and the same seed gives the same output again."""
     import aiayn.cli.decode_options
 
     monkeypatch.setattr(aiayn.cli.decode_options, "CHUNK_LINES", 2)

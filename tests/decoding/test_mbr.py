@@ -45,6 +45,23 @@ def test_the_consensus_wins_and_the_outlier_comes_last():
         expected_utilities(CANDIDATES, "ter")
 
 
+def test_a_target_language_whose_bleu_needs_an_extra_is_refused_before_the_search(tmp_path, monkeypatch):
+    """Japanese BLEU needs sacreBLEU's MeCab extra: without it the error came after the beam search
+    had run (in the server, on every request); now before any decoding."""
+    sacrebleu_ja = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")
+    try:
+        sacrebleu_ja.TokenizerJaMecab()
+        pytest.skip("sacreBLEU's Japanese tokenizer is installed here")
+    except (RuntimeError, ImportError):
+        pass
+    translator = Translator.from_dir(translation_dir(tmp_path / "m"))
+    translator.tgt_lang = "ja"
+    monkeypatch.setattr("aiayn.decoding.translator.search", lambda *a, **k: pytest.fail("searched first"))
+    sources, _ = translator.encode(["Ein Mann"])
+    with pytest.raises(ConfigError, match=r"sacrebleu\[ja\]"):
+        translator.search(sources, SearchConfig(beam=4, mbr="bleu"))
+
+
 def test_translator_returns_the_beam_reordered_by_expected_utility(tmp_path):
     # a character model whose beam holds outputs of different lengths, which chrF tells apart
     translator = Translator.from_dir(translation_dir(tmp_path / "m", eos_bias=1.0))

@@ -81,7 +81,7 @@ def test_per_sentence_streams_draw_the_same_distribution(kw, expected):
     """A seeded translation draws by inverse transform from one generator per row (``sentence_streams``):
     the same filtered, tempered distribution as the batch's multinomial."""
     n = 20000
-    log_probs = torch.full((n, 5), math.log(1e-9))
+    log_probs = torch.full((n, 5), float("-inf"))  # pad and bos never: only the three tokens
     for t, p in FIRST.items():
         log_probs[:, t] = math.log(p)
     streams = [torch.Generator().manual_seed(i) for i in range(n)]

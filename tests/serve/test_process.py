@@ -104,9 +104,15 @@ def test_on_loopback_a_page_of_another_site_is_refused_its_own_pages_and_other_c
                     {"origin": "null", "sec-fetch-site": "cross-site"}):  # fmt: skip
         r = httpx.post(url + "translate", data=body, headers=headers)
         assert r.status_code == 403 and "--allowed-hosts" in r.json()["error"], headers
-    for headers in ({}, {"origin": f"http://127.0.0.1:{port}", "sec-fetch-site": "same-origin"},
-                    {"origin": "http://localhost:3000", "sec-fetch-site": "same-site"}):  # fmt: skip
+    for headers in (
+        {},
+        {"origin": f"http://127.0.0.1:{port}", "sec-fetch-site": "same-origin"},
+        {"origin": "http://localhost:3000", "sec-fetch-site": "cross-site"},  # its own name
+        {"origin": "https://translate.example", "sec-fetch-site": "same-origin"},
+    ):  # a proxy
         assert httpx.post(url + "translate", json=body, headers=headers).status_code == 200, headers
+    page = httpx.get(url, headers={"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"})
+    assert page.status_code == 200  # a link from elsewhere opens the page: reading costs nothing
 
 
 def test_a_client_that_hangs_up_frees_the_search_at_once(server):
