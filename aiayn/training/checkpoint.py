@@ -222,3 +222,16 @@ def prune(run_dir: Path, keep_last: int) -> None:
             doomed = temporary_name(path)  # renamed first: a kill mid-delete leaves a temporary that the
             path.rename(doomed)  # next start removes, not a step directory without its trainer state
             shutil.rmtree(doomed)
+
+
+def after_resume(run_dir: Path, loaded: Path, skipped: list[Path], is_best: bool) -> None:
+    """Put a resumed run's directory in order: checkpoints newer than the one it resumes from that did
+    not load are renamed ``step-N.unloaded-PID`` (kept to inspect, but no longer counted by ``prune`` or
+    resumed from), and ``best`` points at ``loaded`` where its state says it was the best (a kill came
+    between writing it and marking it) or where ``best`` pointed at one set aside or at nothing."""
+    for path in skipped:
+        if path.is_dir():
+            path.rename(path.with_name(f"{path.name}.unloaded-{os.getpid()}"))
+    best = run_dir / "best"  # a link to a checkpoint renamed aside resolves to nothing
+    if not best.exists() or (is_best and best.resolve() != loaded.resolve()):
+        mark_best(run_dir, loaded)

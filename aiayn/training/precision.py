@@ -51,8 +51,9 @@ def resolve_precision(
             )
         return kept
     speedup = torch.zeros((), device=device)
-    if dist.is_main:
-        speedup += bf16_speedup(device, tokens, model_config.d_model, model_config.d_ff)
+    if dist.is_main:  # its random matrices drawn aside: the dropout masks' stream goes on untouched
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            speedup += bf16_speedup(device, tokens, model_config.d_model, model_config.d_ff)
     speedup = float(all_reduce_sum(speedup, dist))
     chosen = "bf16" if speedup >= AUTO_BF16_MIN_SPEEDUP else "fp32"
     if dist.is_main:

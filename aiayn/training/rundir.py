@@ -26,6 +26,7 @@ import torch
 from aiayn.atomic import write_json, write_text
 from aiayn.data.subword import SAMPLES_DIR
 from aiayn.errors import ConfigError, ModelDirError, OutputError
+from aiayn.models.io import read_config
 from aiayn.temporaries import remove_temporaries
 from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
@@ -256,3 +257,30 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = [ln for ln in lines if (r := _record(ln)) is not None and r.get("step", 0) <= step]
         write_text(path, "".join(ln + "\n" for ln in kept))
+
+
+def check_resumed_data(run_dir: Path, path: Path, meta_now: dict, data_files: list) -> None:
+    """What the checkpoint ``path`` recorded of the data (``task.model_meta``: a classifier's labels;
+    its files' digests) is what the data gives now (``meta_now``, ``data_files``); a change (a label new
+    in the training data, a file edited) is named, not loaded. The dataset may be spelt otherwise where
+    the files are the same."""
+    saved = read_config(path)
+    files = read_json(path / ckpt.STATE_JSON, "the checkpoint is incomplete").get("data_files")
+    for key, now in meta_now.items():
+        was = saved.get(key, now)
+        if was == now or (key == "dataset" and files is not None):  # the files' digests say
+            continue
+        if isinstance(was, list) and isinstance(now, list):
+            change = [f"{x!r} is new" for x in now if x not in was] + [
+                f"{x!r} is gone" for x in was if x not in now
+            ]
+            change_text = ", ".join(change) or "their order changed"
+            detail = f"{key}: {change_text} (the run was trained on {', '.join(map(repr, was))})"
+        else:
+            detail = f"{key} is {now!r}, the run's is {was!r}"
+        raise ConfigError(
+            f"cannot resume {run_dir}: in the training data now, {detail}; restore the data the "
+            "run was trained on, or train a new run in another out_dir"
+        )
+    if files is not None:
+        check_data_files(run_dir, files, data_files)

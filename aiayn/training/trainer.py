@@ -32,8 +32,6 @@ from aiayn.data.files import checked_files
 from aiayn.device import resolve_device
 from aiayn.errors import AiaynError, ConfigError, ModelDirError
 from aiayn.models.common import count_parameters
-from aiayn.models.io import read_config
-from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import rundir
 from aiayn.training.budget import BudgetWatch, ShortBudget, budget_used
@@ -151,20 +149,21 @@ class Trainer:
     def _resume(self, checkpoints: list[Path]) -> None:
         """Continue from the newest checkpoint that loads, newest first; one that does not (a
         truncated file, another run's) is skipped with a warning naming it and why."""
-        skipped = []
+        skipped: list[tuple[Path, str]] = []
         for path in checkpoints:
             try:
-                self._check_meta(path)
+                rundir.check_resumed_data(self.run_dir, path, self.task.model_meta(), self.data_files)
                 state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.dist.rank, self.device)
                 if state.get("run_id", self.run_id) != self.run_id:
                     raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")
                 break
             except ModelDirError as e:
-                skipped.append(str(e))
+                skipped.append((path, str(e)))
                 if self.dist.is_main:
                     print(f"aiayn train: warning: skipping checkpoint {path.name}: {e}", file=sys.stderr)
         else:
-            raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({'; '.join(skipped)})")
+            why = "; ".join(e for _, e in skipped)
+            raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({why})")
         # each rank trains on its shard of the data: other shards would repeat and skip examples
         world, now = state.get("world_size", self.dist.world_size), self.dist.world_size  # older: as now
         if world != now:
@@ -182,33 +181,9 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         if not state["rank_rng"]:  # a checkpoint without this rank's random state (older, or fewer ranks)
             torch.manual_seed(self.cfg.seed + 1000 * self.dist.rank + self.step)
-        if self.dist.is_main:
+        if self.dist.is_main:  # newer ones that did not load set aside; best where the state says
+            ckpt.after_resume(self.run_dir, path, [p for p, _ in skipped], state.get("is_best", False))
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
-
-    def _check_meta(self, path: Path) -> None:
-        """What the checkpoint recorded of the data (``task.model_meta``: a classifier's labels; its
-        files' digests) is what the data gives now; a change (a label new in the training data, a file
-        edited) is named, not loaded. The dataset may be spelt otherwise where the files are the same."""
-        saved = read_config(path)
-        files = read_json(path / ckpt.STATE_JSON, "the checkpoint is incomplete").get("data_files")
-        for key, now in self.task.model_meta().items():
-            was = saved.get(key, now)
-            if was == now or (key == "dataset" and files is not None):  # the files' digests say
-                continue
-            if isinstance(was, list) and isinstance(now, list):
-                change = [f"{x!r} is new" for x in now if x not in was] + [
-                    f"{x!r} is gone" for x in was if x not in now
-                ]
-                change_text = ", ".join(change) or "their order changed"
-                detail = f"{key}: {change_text} (the run was trained on {', '.join(map(repr, was))})"
-            else:
-                detail = f"{key} is {now!r}, the run's is {was!r}"
-            raise ConfigError(
-                f"cannot resume {self.run_dir}: in the training data now, {detail}; restore the data the "
-                "run was trained on, or train a new run in another out_dir"
-            )
-        if files is not None:
-            rundir.check_data_files(self.run_dir, files, self.data_files)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def log(self, record: dict) -> None:
@@ -298,6 +273,7 @@ class Trainer:
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
                  "data_files": self.data_files, "evaluated": self.evaluated, "precision": self.precision,
+                 "is_best": improved,
                  **self.short_budget.state_dict()}  # fmt: skip
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, state,
                                     self.task.save_tokenizers, self.task.model_meta(),

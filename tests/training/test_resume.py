@@ -3,6 +3,7 @@ warning naming the ones skipped), from a run directory that was moved, and a run
 before its first checkpoint starts again instead of blocking its directory."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -52,6 +53,40 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(corpus, tmp_path,
     err = capsys.readouterr().err
     assert "warning: skipping checkpoint step-000006" in err and "resuming" in err and "step-000004" in err
     assert _losses(run) == reference  # continued exactly from step 4
+
+
+def test_a_checkpoint_skipped_on_resume_is_set_aside_not_counted_by_pruning(corpus, tmp_path, capsys):
+    """A newer checkpoint that did not load stayed in place: keep_last pruning counted it (and deleted the
+    good ones), and best still pointed at it, so the next --resume found nothing that loads."""
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", "eval_every=2", "keep_last=2")]) == 0
+    (run / "step-000006" / "model.safetensors").unlink()
+    args = tiny_args(corpus, run, "max_steps=8", "eval_every=2", "keep_last=1")
+    assert main(["train", *args, "--resume"]) == 0
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-000006.unloaded-" + str(os.getpid()),
+                                                           "step-000008"]  # fmt: skip
+    assert (run / "best").resolve().name.startswith("step-0000")  # a checkpoint that loads
+    assert (
+        main(["train", *tiny_args(corpus, run, "max_steps=10", "eval_every=2", "keep_last=1"), "--resume"])
+        == 0
+    )
+
+
+def test_best_marked_after_a_kill_between_the_checkpoint_and_its_link(corpus, tmp_path, monkeypatch):
+    """The best checkpoint is written, then linked: a kill between the two left best on a worse one for
+    good (and keep_last could then delete the real best)."""
+    from aiayn.training import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2")]) == 0
+    real = ckpt.mark_best
+    monkeypatch.setattr(ckpt, "mark_best", lambda run_dir, path: None)  # as if killed before the link
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=2"), "--resume"]) == 0
+    state = json.loads((run / "step-000004" / "trainer_state.json").read_text())
+    assert state["is_best"] and (run / "best").resolve().name == "step-000002"
+    monkeypatch.setattr(ckpt, "mark_best", real)
+    assert main(["train", *tiny_args(corpus, run, "max_steps=4", "eval_every=2"), "--resume"]) == 0
+    assert (run / "best").resolve().name == "step-000004"
 
 
 def test_resume_with_no_loadable_checkpoint_is_one_line(corpus, tmp_path, capsys):

@@ -85,6 +85,23 @@ def test_precision_auto_trains_in_bf16_only_where_bf16_products_are_faster(
     assert used and set(used) == {chosen}  # every training and evaluation step
 
 
+def test_precision_auto_choosing_fp32_trains_as_precision_fp32_does(corpus, tmp_path, monkeypatch):
+    """The measurement drew its matrices from the dropout masks' random stream, so a run where auto
+    chose fp32 differed from one given fp32."""
+    real = precision.bf16_speedup
+    monkeypatch.setattr(precision, "bf16_speedup", lambda *a: real(*a) * 0 + 1.0)  # draws, then says fp32
+    runs = {}
+    for p in ("fp32", "auto"):
+        run = tmp_path / p
+        assert (
+            main(["train", *tiny_args(corpus, run, "max_steps=3", "model.dropout=0.3", f"precision={p}")])
+            == 0
+        )
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        runs[p] = [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+    assert runs["auto"] == runs["fp32"]
+
+
 def test_a_resumed_run_keeps_the_precision_auto_chose_when_it_started(corpus, tmp_path, capsys, monkeypatch):
     """Before, "auto" measured again on resume, and a run resumed on another (or a busier) machine
     changed its arithmetic halfway."""
