@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -92,7 +93,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     (out / DEMO_MARK).write_text("a run of aiayn demo: the next demo replaces it\n", encoding="utf-8")
-    updates = trainer.fit()["step"]
+    result = trainer.fit()
+    updates = result["step"]
+    if result["reason"] in ("SIGINT", "SIGTERM"):  # the user stopped it: no decoding, as aiayn train
+        print(f"aiayn demo: stopped by {result['reason']} after {updates} updates; the run is in {out}",
+              file=sys.stderr)  # fmt: skip
+        return 128 + getattr(signal, result["reason"])
     # the speed in updates of the recipe's size, which the README's figures count: where the budget was
     # too short for them (short_budget), it is what the run measured before it went on in smaller ones
     train_s, speed = time.perf_counter() - t0, updates / max(trainer.elapsed, 1e-9)

@@ -165,6 +165,9 @@ class Translator:
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens={max_tokens!r} must be ≥ 1 (source tokens per batch)")
+        vocab = self.model.config.tgt_vocab_size
+        if not config.sample and config.beam > vocab:  # before a (beam · vocabulary) step is allocated
+            raise ConfigError(f"beam={config.beam} exceeds the vocabulary ({vocab} tokens); use less")
         if config.mbr == "bleu":
             bleu(self.tgt_lang)  # a tokenizer it lacks (MeCab's) is an error now, not after the search
         if config.mbr:

@@ -269,3 +269,17 @@ def test_a_translation_is_one_line_whatever_pieces_the_model_writes(tmp_path, mo
     assert main(["translate", "--model", str(tmp_path / "m"), "--beam", "2", "--max-len", "2"]) == 0
     assert capsys.readouterr().out.count("\n") == 2
     assert one_line("a\nb\r\nc\rd\u2028e\x85f\tg\n") == "a b c d e f g"
+
+
+def test_a_demo_stopped_by_a_signal_decodes_nothing_and_exits_as_the_signal(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the demo's training stopped the training, then the demo decoded the test set,
+    printed its advice and exited 0."""
+    import signal
+
+    from aiayn.decoding.translator import Translator
+    from aiayn.training import trainer
+
+    monkeypatch.setattr(trainer.Trainer, "fit", lambda self: {"step": 3, "reason": "SIGINT"})
+    monkeypatch.setattr(Translator, "from_dir", lambda *a, **k: pytest.fail("decoded after the signal"))
+    assert main(["demo", "--out", str(tmp_path / "d"), "--minutes", "1"]) == 128 + signal.SIGINT
+    assert "stopped by SIGINT after 3 updates" in capsys.readouterr().err

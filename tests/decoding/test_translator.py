@@ -153,3 +153,13 @@ def test_beam_reorder_leaves_cross_attention_caches_alone():
     adapter.select(torch.tensor([1]))  # one beam of a sentence alone (a sample): rows get their own copy
     torch.testing.assert_close(cache.layers[0]["cross"].k, cross[[1]])
     assert adapter.group == 1 and adapter.context.memory.size(0) == 1
+
+
+def test_a_beam_wider_than_the_vocabulary_is_refused_before_any_step(tmp_path, monkeypatch):
+    """The check came after the first step had allocated beam × vocabulary log-probs: --beam 1000000
+    was a traceback out of memory, not one line."""
+    translator = Translator.from_dir(translation_dir(tmp_path / "m"))
+    monkeypatch.setattr("aiayn.decoding.translator.search", lambda *a, **k: pytest.fail("searched first"))
+    sources, _ = translator.encode(["Ein Mann"])
+    with pytest.raises(ConfigError, match=r"beam=1000000 exceeds the vocabulary \(\d+ tokens\)"):
+        translator.search(sources, SearchConfig(beam=1_000_000))
