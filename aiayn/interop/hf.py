@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 from aiayn import textfiles
 from aiayn.atomic import atomic_path, write_json
 from aiayn.errors import ModelDirError
+from aiayn.models.io import LAYER_FIELDS, layers_held
 
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"  # what transformers' generate reads first
@@ -225,15 +225,12 @@ class NameMap:
         return out
 
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers?|h)\.(\d+)\.")  # Marian's layers.N, BERT's layer.N, GPT-2's h.N
-
-
 def check_depth(cfg: object, state: dict[str, Tensor], source: str | os.PathLike) -> None:
     """A ``ModelDirError`` for a config.json with more layers than its weights hold, before the name
     map and the model are built: both grow with the layer count, and a million layers would spend
     minutes and gigabytes to fail."""
-    held = max((int(m.group(1)) for name in state if (m := _LAYER_INDEX.search(name))), default=-1) + 1
-    for name in ("n_layers", "n_encoder_layers", "n_decoder_layers"):
+    held = layers_held(state)
+    for name in LAYER_FIELDS:
         n = getattr(cfg, name, None)
         if isinstance(n, int) and n > held:
             raise ModelDirError(f"{source}: {n} layers ({name}) but the weights hold {held}; the weights "

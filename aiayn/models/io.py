@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -122,37 +123,41 @@ def read_config(directory: str | os.PathLike) -> dict:
 
 
 LAYER_FIELDS = ("n_layers", "n_encoder_layers", "n_decoder_layers")
+# a layer's index in a tensor name: aiayn's and Marian's layers.N, BERT's layer.N, GPT-2's h.N
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers?|h)\.(\d+)\.")
 
 
-def _check_layer_counts(weights: Path, config: dict) -> None:
-    """Refuse a config with more layers than the weights file holds before any model is built: a
-    ``config.json`` asking for a million layers would otherwise spend minutes and gigabytes building
-    them (even on the meta device) before the shapes are compared."""
+def layers_held(names: Iterable[str]) -> int:
+    """How many layers the deepest stack among tensors ``names`` has (0: none)."""
+    return max((int(m.group(1)) for name in names if (m := LAYER_INDEX.search(name))), default=-1) + 1
+
+
+def _stored_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes in the safetensors header, read once, before any model is built."""
     try:
         with safe_open(weights, framework="pt") as f:
-            names = list(f.keys())  # noqa: SIM118 (not a dict)
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError) as e:
         raise ModelDirError(
             f"{weights} is corrupt or truncated ({e}); restore it or save the model again"
         ) from None
-    indices = [int(m.group(1)) for name in names if (m := re.search(r"\.layers\.(\d+)\.", name))]
-    held = max(indices, default=-1) + 1
+
+
+def _check_layer_counts(weights: Path, stored: dict, config: dict) -> None:
+    """Refuse a config with more layers than the weights file holds before any model is built: a
+    ``config.json`` asking for a million layers would otherwise spend minutes and gigabytes building
+    them (even on the meta device) before the shapes are compared."""
+    held = layers_held(stored)
     for field in LAYER_FIELDS:
         if isinstance(config.get(field), int) and config[field] > held:
             raise ModelDirError(f"{CONFIG_FILE}: {field}={config[field]} but {weights} holds {held} layers; "
                                 "the weights do not belong to this config")  # fmt: skip
 
 
-def _check_shapes(weights: Path, model: nn.Module) -> None:
-    """Compare the tensor shapes in the safetensors header with the model's before loading, so a
-    mismatch names the tensor and both shapes (torch's own message does not fit on one line)."""
-    try:
-        with safe_open(weights, framework="pt") as f:
-            stored = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (not a dict)
-    except (SafetensorError, OSError) as e:
-        raise ModelDirError(
-            f"{weights} is corrupt or truncated ({e}); restore it or save the model again"
-        ) from None
+def _check_shapes(weights: Path, stored: dict, model: nn.Module) -> None:
+    """Compare the tensor shapes in the safetensors header (``stored``) with the model's before
+    loading, so a mismatch names the tensor and both shapes (torch's own message does not fit on one
+    line)."""
     for name, tensor in model.state_dict().items():
         want = tuple(tensor.shape)
         if name in stored and stored[name] != want:
@@ -187,9 +192,10 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ModelDirError(f"{weights} is missing: the model directory is incomplete")
-    _check_layer_counts(weights, meta["config"])
+    stored = _stored_shapes(weights)
+    _check_layer_counts(weights, stored, meta["config"])
     with torch.device("meta"):  # shapes only: a config that does not fit its weights costs no memory
-        _check_shapes(weights, build_model(meta["kind"], meta["config"]))
+        _check_shapes(weights, stored, build_model(meta["kind"], meta["config"]))
     model = build_model(meta["kind"], meta["config"])  # checked by read_config
     try:
         _load_weights(model, weights, strict=True)
