@@ -138,9 +138,12 @@ def test_input_is_decoded_in_chunks_with_its_line_numbers(ws, capsys, monkeypatc
 
 
 # the child's address space: 2 GiB over what it maps once torch is loaded (a CUDA build maps far more
-# than the CPU one), so that reading without a bound fails while a bounded read does not
+# than the CPU one; the CLI imports torch only when it runs, so it is imported here first), so that
+# reading without a bound fails while a bounded read does not. The CPU only: a CUDA context maps more.
 LIMITED = """
-import resource, sys
+import os, resource, sys
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import torch
 from aiayn.cli.main import main
 vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize:")).split()[1]) << 10
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))

@@ -6,6 +6,7 @@ map is refused by name, and the WordPiece tokenizer gives ``BertTokenizer``'s id
 import json
 import random
 import sys
+import warnings
 
 import pytest
 import torch
@@ -423,7 +424,19 @@ def sentencepiece():
     )
 
 
-def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsys, sentencepiece):
+@pytest.fixture(scope="module")
+def converter(sentencepiece, tmp_path_factory):
+    """Skips where the installed transformers' sentencepiece converter splits unlike sentencepiece
+    (5.17 does): the export writes no tokenizer.json there, and says so."""
+    from aiayn.interop.bert.fast_tokenizer import save_fast_tokenizer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not save_fast_tokenizer(sentencepiece, tmp_path_factory.mktemp("converter"), 64):
+            pytest.skip(f"transformers {transformers.__version__}: {caught[0].message if caught else ''}")
+
+
+def test_export_from_the_command_line_keeps_labels_and_tokenizer(tmp_path, capsys, sentencepiece, converter):
     tok = sentencepiece
     torch.manual_seed(0)
     m = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=2, pooling="first", pooler=True,
@@ -539,7 +552,7 @@ TEXTS = [
 @pytest.mark.parametrize("lowercase", [False, True])
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])
 def test_exported_sentencepiece_vocabulary_loads_in_autotokenizer_and_encodes_as_aiayn(
-    tmp_path, lowercase, model_type
+    tmp_path, lowercase, model_type, converter
 ):
     """``AutoTokenizer.from_pretrained(export)`` reads the sentencepiece vocabulary's HF files and gives,
     for every text, ``[bos] + aiayn's ids + [eos]`` — what aiayn's batches feed the model — and
@@ -596,20 +609,14 @@ def test_exported_sentencepiece_vocabulary_loads_in_autotokenizer_and_encodes_as
     assert_close("exported sentencepiece BERT via AutoTokenizer", theirs, ours, atol=1e-4)
 
 
-def test_a_converter_that_splits_unlike_sentencepiece_writes_no_tokenizer_json(tmp_path, monkeypatch):
+def test_a_converter_that_splits_unlike_sentencepiece_writes_no_tokenizer_json(
+    tmp_path, monkeypatch, sentencepiece
+):
     """Some transformers 5.x converters leave out the dummy prefix (the first word's "▁"): simulated by
-    dropping the built tokenizer's pre-tokenizer, the export writes no tokenizer files and warns."""
+    dropping the built tokenizer's pre-tokenizer, the export writes no tokenizer.json and warns, and
+    AutoTokenizer refuses the export (it read every word as [UNK] with a vocabulary-less BertTokenizer)."""
     from transformers.convert_slow_tokenizer import SpmConverter
 
-    from aiayn.interop.bert.fast_tokenizer import save_fast_tokenizer
-
-    rng = random.Random(0)
-    words = ["a", "good", "film", "is", "dull", "the", "plot"]
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(500)]
-    tok = SentencePieceTokenizer.train(lines, 300, "bpe", mask=True)
-    for name in ("now", "old"):
-        (tmp_path / name).mkdir()
-    assert save_fast_tokenizer(tok, tmp_path / "now", 64) and (tmp_path / "now" / "tokenizer.json").is_file()
     build = SpmConverter.build_tokenizer_from_spm_proto
 
     def without_prefix(proto, vocab, merges=None):
@@ -618,6 +625,12 @@ def test_a_converter_that_splits_unlike_sentencepiece_writes_no_tokenizer_json(t
         return fast
 
     monkeypatch.setattr(SpmConverter, "build_tokenizer_from_spm_proto", staticmethod(without_prefix))
+    m = EncoderModel(EncoderConfig(vocab_size=sentencepiece.vocab_size, n_classes=2, pooling="first",
+                                   pooler=True, **{**BERT, "max_len": 64}))  # fmt: skip
     with pytest.warns(UserWarning, match=r"no tokenizer.json written: transformers .* splits 'a film'"):
-        assert not save_fast_tokenizer(tok, tmp_path / "old", 64)
-    assert not any((tmp_path / "old").iterdir())
+        export_bert(m, tmp_path / "hf", ["neg", "pos"], sentencepiece)
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    with pytest.raises(ValueError, match="backend tokenizer"):
+        transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    exported = TextClassifier.from_dir(tmp_path / "hf")  # aiayn still reads its own tokenizer there
+    assert exported.tokenizer.encode("a good film") == sentencepiece.encode("a good film")

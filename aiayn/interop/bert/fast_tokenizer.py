@@ -10,10 +10,13 @@ sentencepiece does; a template adds ``bos … eos`` around each text, as aiayn's
 ``[CLS] … [SEP]``). ``<mask>`` is a special token matched in the normalised text, where sentencepiece
 finds its user-defined piece; one difference remains, in a text that starts with it: sentencepiece
 writes a lone ``▁`` before the mask, HF's tokenizer does not. transformers is an optional dependency:
-without it nothing is written here, and the export still carries aiayn's own tokenizer. Nor is anything
-written when the converter of the installed transformers splits differently from sentencepiece (some
-5.x releases leave out the dummy-prefix ``▁`` of a text's first word): the built tokenizer is checked
-on ``PROBES`` first, and a mismatch is a warning that says to upgrade, never a silently wrong file.
+without it no ``tokenizer.json`` is written, and the export still carries aiayn's own tokenizer. Nor is
+one written when the converter of the installed transformers splits differently from sentencepiece
+(5.17 leaves out the dummy-prefix ``▁`` of a text's first word and the BPE merges): the built tokenizer
+is checked on ``PROBES`` first, and a mismatch is a warning that says to upgrade, never a silently
+wrong file. Either way ``tokenizer_config.json`` still names ``PreTrainedTokenizerFast``, so that
+``AutoTokenizer.from_pretrained`` fails for want of ``tokenizer.json`` instead of falling back to a
+``BertTokenizer`` with no vocabulary, which reads every word as ``[UNK]``.
 """
 
 from __future__ import annotations
@@ -31,16 +34,43 @@ PROBES = ("a film", "  two  spaces ", "tab\tand\nnewline", "Naïve café ÉTÉ",
 
 def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: int) -> bool:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` for ``tok`` into ``directory``; False
-    (nothing written) without transformers (5 or later) or when its converter splits ``PROBES``
-    differently from ``tok`` (a warning names the first such text)."""
+    (``tokenizer_config.json`` alone) without transformers (5 or later) or when its converter splits
+    ``PROBES`` differently from ``tok`` (a warning names the first such text)."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
+    fast = _converted(tok)
+    if fast is None:
+        write_json(directory / "tokenizer_config.json", config)
+        return False
+    from tokenizers import AddedToken, processors
+
+    name = tok.sp.id_to_piece
+    bos, eos = name(BOS_ID), name(EOS_ID)
+    fast.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}",
+        pair=f"{bos} $A {eos} $B {eos}",
+        special_tokens=[(bos, BOS_ID), (eos, EOS_ID)],
+    )
+    if tok.mask_id is not None:  # matched in the normalised text, where sentencepiece finds it
+        fast.add_special_tokens([AddedToken(name(tok.mask_id), normalized=True, special=True)])
+    write_text(directory / "tokenizer.json", fast.to_str(pretty=True))
+    specials = {"bos_token": bos, "eos_token": eos, "cls_token": bos, "sep_token": eos,
+                "unk_token": name(UNK_ID), "pad_token": name(PAD_ID)}  # fmt: skip
+    if tok.mask_id is not None:
+        specials["mask_token"] = name(tok.mask_id)
+    write_json(directory / "tokenizer_config.json", {**config, **specials})
+    return True
+
+
+def _converted(tok: SentencePieceTokenizer):
+    """transformers' converter's ``tokenizers.Tokenizer`` for ``tok``; None without transformers 5 or
+    later, or when it splits one of ``PROBES`` unlike ``tok`` (warned)."""
     try:
-        from tokenizers import AddedToken, processors
         from transformers import __version__ as transformers_version
         from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
     except ImportError:
-        return False
+        return None
     if not hasattr(SpmConverter, "build_tokenizer_from_spm_proto"):  # transformers before 5
-        return False
+        return None
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(tok.model_bytes())
     unigram = proto.trainer_spec.model_type == 1  # the converter takes (piece, score) pairs, BPE piece ids
@@ -56,23 +86,7 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
                 f"no tokenizer.json written: transformers {transformers_version}'s sentencepiece "
                 f"converter splits {text!r} unlike sentencepiece; upgrade transformers (the export keeps "
                 "aiayn's own tokenizer)",
-                stacklevel=2,
+                stacklevel=3,
             )
-            return False
-    name = tok.sp.id_to_piece
-    bos, eos = name(BOS_ID), name(EOS_ID)
-    fast.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A {eos}",
-        pair=f"{bos} $A {eos} $B {eos}",
-        special_tokens=[(bos, BOS_ID), (eos, EOS_ID)],
-    )
-    if tok.mask_id is not None:  # matched in the normalised text, where sentencepiece finds it
-        fast.add_special_tokens([AddedToken(name(tok.mask_id), normalized=True, special=True)])
-    write_text(directory / "tokenizer.json", fast.to_str(pretty=True))
-    specials = {"bos_token": bos, "eos_token": eos, "cls_token": bos, "sep_token": eos,
-                "unk_token": name(UNK_ID), "pad_token": name(PAD_ID)}  # fmt: skip
-    if tok.mask_id is not None:
-        specials["mask_token"] = name(tok.mask_id)
-    write_json(directory / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                     "model_max_length": max_len, **specials})  # fmt: skip
-    return True
+            return None
+    return fast
