@@ -54,6 +54,11 @@ class TaskOptions:
         fields, for checks across both)."""
         check_numbers(self)
 
+    def inert(self, cfg: TrainConfig) -> dict[str, str]:
+        """The fields, this task's or shared, that ``cfg`` leaves without effect, each with why
+        (``inert_fields``)."""
+        return {}
+
 
 @dataclass
 class TrainConfig:
@@ -162,6 +167,20 @@ class TrainConfig:
         if not self.out_dir:
             fail(self, "out_dir", "is empty: name the run directory")
         self.options.validate(self)
+
+
+def inert_fields(cfg: TrainConfig) -> dict[str, str]:
+    """The fields that do nothing in ``cfg`` (``min_lr`` without the cosine schedule, say), each
+    with why: an override that sets one off its default is an error (``recipe.config_from_dict``),
+    while a recipe's value that an override leaves without effect (``schedule=noam`` on a cosine
+    recipe) is not."""
+    inert = {}
+    if cfg.schedule != "cosine":
+        for name in ("min_lr", "decay_steps"):
+            inert[name] = f"schedule={cfg.schedule!r} does not read it (the cosine schedule does)"
+    if not cfg.max_minutes:
+        inert["short_budget"] = "it acts on a time budget, and max_minutes=0 sets none"
+    return {**inert, **cfg.options.inert(cfg)}
 
 
 def shared_fields() -> dict[str, Any]:

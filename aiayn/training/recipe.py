@@ -9,7 +9,8 @@ naming the key (and where it came from) before any work starts. Another task's f
 here and is dropped (so one set of overrides serves several tasks, and a ``train_config.json``
 written when every task's fields were one flat list still reads), unless it would change what that
 task learns (``TaskOptions.ABOUT``) and is set off its default: then it is an error that says whose
-it is.
+it is. So is an override that sets a field the rest of the config leaves without effect
+(``config.inert_fields``: ``min_lr=1e-5`` with ``schedule=noam``), which would otherwise be ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from aiayn.errors import ConfigError
 from aiayn.textfiles import read_text
-from aiayn.training.config import TaskOptions, TrainConfig, shared_fields
+from aiayn.training.config import TaskOptions, TrainConfig, default_dict, inert_fields, shared_fields, to_dict
 from aiayn.training.task import TASKS, Task, get_task, task_names
 
 if sys.version_info >= (3, 11):
@@ -109,6 +110,10 @@ def config_from_dict(
                 raise ConfigError(f"{where(key)}: unknown key {key!r} (known keys: {known})") from None
     cfg = TrainConfig(**common, options=task.options(**options))
     task.check_config(cfg)
+    values, defaults = to_dict(cfg), default_dict(cfg)
+    for key, why in inert_fields(cfg).items():
+        if key in (sources or {}) and values[key] != defaults[key]:
+            raise ConfigError(f"{where(key)}: {key}={values[key]!r} does nothing: {why}; remove it")
     return cfg
 
 

@@ -53,6 +53,39 @@ def test_each_task_owns_its_fields():
         load_recipe(None, ["task=mlm", "r_drop=1"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["min_lr=1e-5"], r"'min_lr=1e-5': min_lr=1e-05 does nothing: schedule='noam' does not read it"),
+        (["schedule=constant", "decay_steps=500"], "decay_steps=500 does nothing: schedule='constant'"),
+        (["short_budget=halve_max_tokens"], "does nothing: it acts on a time budget, and max_minutes=0"),
+        (["r2l_weight=0.5"], "r2l_weight=0.5 does nothing: it is for model.bidirectional=true"),
+        (["r2l_detach=true"], "r2l_detach=True does nothing: it is for model.bidirectional=true"),
+        (["r2l_memory_from=reference"], "r2l_memory_from='reference' does nothing: it is for model.bidir"),
+        (["r2l_cache_beam=4"], "r2l_cache_beam=4 does nothing: .* r2l_model, which is not given"),
+        (["eval_bleu=false", "eval_max_sentences=100"], "eval_max_sentences=100 does nothing: eval_bleu=f"),
+        (["task=lm", "max_len=100"], "max_len=100 does nothing: task='lm' trains on windows of block_size"),
+        (["task=lm", "max_tokens=100"], "max_tokens=100 does nothing: task='lm' batches batch_size windows"),
+        (["task=lm", "tokenizer=char", "vocab_size=100"], "vocab_size=100 does nothing: tokenizer='char'"),
+    ],
+)
+def test_an_override_that_would_do_nothing_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, overrides)
+
+
+def test_a_recipes_field_that_an_override_turns_off_is_left_alone():
+    """The recipe's min_lr and short_budget are inert under these overrides: the user changed the
+    schedule and the budget, not them; and a field set to its default does nothing either way."""
+    cfg = load_recipe(RECIPE, ["schedule=inverse_sqrt", "horizon=steps", "max_minutes=0", "min_lr=0"])
+    assert cfg.min_lr == 0 and cfg.short_budget == "halve_max_tokens"
+    assert load_recipe(RECIPE, ["schedule=inverse_sqrt", "horizon=steps"]).min_lr == 1e-4
+    with pytest.raises(ConfigError, match="min_lr=0.001 does nothing"):
+        load_recipe(RECIPE, ["schedule=inverse_sqrt", "horizon=steps", "min_lr=0.001"])
+    load_recipe(None, ["model.bidirectional=true", "r2l_weight=0.5", "r2l_detach=true"])
+    load_recipe(None, ["task=lm", "tokenizer=char", "block_size=32", "max_len=256", "eval_bleu=false"])
+
+
 def test_a_task_needs_its_own_options():
     from aiayn.training.distributed import DistInfo
     from aiayn.training.tasks.translation import TranslationTask

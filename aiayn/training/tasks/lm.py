@@ -55,6 +55,15 @@ class LMOptions(TaskOptions):
         if self.eval_iters < 0:
             fail(self, "eval_iters", "must be ≥ 0")
 
+    def inert(self, cfg: TrainConfig) -> dict[str, str]:
+        inert = {
+            "max_len": "task='lm' trains on windows of block_size tokens",
+            "max_tokens": "task='lm' batches batch_size windows",
+        }
+        if cfg.tokenizer == "char":
+            inert["vocab_size"] = "tokenizer='char' takes every character it sees"
+        return inert
+
 
 @register_task("lm")
 class LMTask(Task):

@@ -93,6 +93,17 @@ class TranslationOptions(TaskOptions):
             fail(self, "lowercase", f"is for a translation model's subword vocabulary; tokenizer="
                  f"{cfg.tokenizer!r} does not take it (set false)")  # fmt: skip
 
+    def inert(self, cfg: TrainConfig) -> dict[str, str]:
+        inert = {}
+        if not cfg.model.get("bidirectional"):
+            for name in ("r2l_weight", "r2l_detach", "r2l_memory_from"):
+                inert[name] = "it is for model.bidirectional=true"
+        if not self.r2l_model:
+            inert["r2l_cache_beam"] = "it is the search that translates with r2l_model, which is not given"
+        if not self.eval_bleu:
+            inert["eval_max_sentences"] = "eval_bleu=false turns off the validation BLEU it limits"
+        return inert
+
     def _validate_r2l(self, cfg: TrainConfig) -> None:
         bidirectional = bool(cfg.model.get("bidirectional"))
         cache = self.r2l_memory_from == "cache"
