@@ -298,6 +298,10 @@ def check_output(
         if not runs and any(p.name.startswith("step-") or p.name == "metrics.jsonl" for p in out.iterdir()):
             raise OutputError(f"{option} {given} is a training run: its checkpoints would be lost; choose "
                               "another directory")  # fmt: skip
+        run_files = ("metrics.jsonl", "train_config.json")
+        if not runs and out.name.startswith("step-") and any((out.parent / n).exists() for n in run_files):
+            raise OutputError(f"{option} {given} is a checkpoint of the training run {given.parent}: it "
+                              "would be lost; choose another directory")  # fmt: skip
         if not force:
             raise OutputError(f"{option} {given} already holds a model; pass --force to replace it")
     if out.parent.is_dir():  # a missing parent is atomic_dir's to make

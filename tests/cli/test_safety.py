@@ -141,6 +141,12 @@ CASES = [
         "an input of this command",
     ),
     (
+        "average-over-an-older-checkpoint-forced",
+        None,
+        ["average", "run", "--last", "1", "--out", "run/step-000002", "--force"],
+        "is a checkpoint of the training run run: it would be lost",
+    ),
+    (
         "average-into-the-run",
         None,
         ["average", "run", "--last", "2", "--out", "run"],
