@@ -308,6 +308,17 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float, 
     return z if bias is None else z.add_(bias.float())
 
 
+# the float32 logits a chunk of linear_label_smoothed_nll_loss holds, per device type
+CHUNK_BYTES = {"cpu": 8 << 20, "accelerator": 256 << 20}
+
+
+def chunk_rows(device: str, vocab: int, chunk_bytes: int | None = None) -> int:
+    """Rows per chunk of ``linear_label_smoothed_nll_loss`` on a ``device`` type: ``chunk_bytes`` of
+    float32 logits (``CHUNK_BYTES`` of the device by default), at least 16."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES.get(device, CHUNK_BYTES["accelerator"])
+    return max(16, chunk_bytes // (4 * vocab))
+
+
 def _autocast_dtype(device: str) -> torch.dtype:
     """The dtype autocast gives matrix products on ``device`` now; float32 where it is off. PyTorch
     asks per device from 2.4 on; before (the package accepts 2.1), for the CPU and CUDA apart."""
@@ -327,11 +338,15 @@ def linear_label_smoothed_nll_loss(
     scale: float = 1.0,
     ignore_index: int | None = None,
     smoothing_exclude: int | None = None,
-    chunk_bytes: int = 8 << 20,
+    chunk_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``label_smoothed_nll_loss((h Wᵀ)·scale + b, target, …)`` without materialising the logits.
 
-    ``chunk_bytes`` bounds the float32 logits held at once. The three matrix products follow
+    ``chunk_bytes`` bounds the float32 logits held at once; by default ``CHUNK_BYTES`` of ``h``'s
+    device: a few MiB on the CPU, where a chunk that stays in cache is the point, and far more on a
+    GPU, where each chunk costs a dozen kernel launches from Python (at the CPU's size a base model's
+    loss took ~265 chunks and ~8,800 launches per step, and its training step half the plain
+    recipe's speed; docs/results.md, "On a GPU"). The three matrix products follow
     autocast, as an ``nn.Linear`` would: under bfloat16 autocast (``precision=bf16``) they take
     bfloat16 inputs, so each logit is rounded to within 2⁻⁸ of its size, as the logits of an autocast
     output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
@@ -343,7 +358,7 @@ def linear_label_smoothed_nll_loss(
         h: (N, d_model), weight: (V, d_model), target: (N,) -> three scalars
     """
     keep = None if ignore_index is None else target != ignore_index
-    chunk = max(16, chunk_bytes // (4 * weight.size(0)))
+    chunk = chunk_rows(h.device.type, weight.size(0), chunk_bytes)
     tensors = (h, weight) if bias is None else (h, weight, bias)
     want_grads = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)  # not in evaluation
     device = h.device.type
