@@ -113,9 +113,12 @@ def _lm_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     if args.tgt is not None:
         raise ConfigError("--tgt is for translation models; a language model plots --src only")
     generator = Generator.from_dir(args.model, args.device)
-    ids = generator.tokenizer.encode(args.src)
-    if not ids:
+    if not generator.tokenizer.encode(args.src):
         raise ConfigError("--src is empty; give some text")
+    try:  # characters the vocabulary lacks are refused, as generate refuses them
+        ids = generator.encode(args.src)
+    except ConfigError as e:
+        raise ConfigError(f"--src: {e}") from None
     check_length("--src", len(ids), min(MAX_MAP_TOKENS, generator.context or MAX_MAP_TOKENS), "")
     with torch.inference_mode():
         maps = generator.model.attention_weights(torch.tensor([ids], device=generator.device))

@@ -110,10 +110,13 @@ def config_from_dict(
                 raise ConfigError(f"{where(key)}: unknown key {key!r} (known keys: {known})") from None
     cfg = TrainConfig(**common, options=task.options(**options))
     task.check_config(cfg)
-    values, defaults = to_dict(cfg), default_dict(cfg)
-    for key, why in inert_fields(cfg).items():
-        if key in (sources or {}) and values[key] != defaults[key]:
-            raise ConfigError(f"{where(key)}: {key}={values[key]!r} does nothing: {why}; remove it")
+    inert = {key: why for key, why in inert_fields(cfg).items() if key in (sources or {})}
+    if inert:
+        values, defaults = to_dict(cfg), default_dict(cfg)
+        for key, why in inert.items():
+            if values[key] != defaults[key]:
+                value = texts.get(key, repr(values[key]))  # as typed: 1e-5, not 1e-05
+                raise ConfigError(f"{where(key)}: {key}={value} does nothing: {why}; remove it")
     return cfg
 
 

@@ -30,7 +30,7 @@ from aiayn.models.io import read_config
 from aiayn.temporaries import remove_temporaries
 from aiayn.textfiles import read_json
 from aiayn.training import checkpoint as ckpt
-from aiayn.training.config import TrainConfig, default_dict, to_dict
+from aiayn.training.config import TrainConfig, default_dict, inert_fields, to_dict
 from aiayn.training.distributed import DistInfo, all_reduce_max
 from aiayn.training.task import TOKENIZER_DIR, get_task
 
@@ -39,7 +39,8 @@ METRICS = "metrics.jsonl"
 # fields that may change when a run is resumed: they do not change what is computed (max_steps and
 # max_minutes unless they set where a cosine ends, which check_resume_compatible refuses to move;
 # dataset, another spelling of the same data, which the digests of its files in a checkpoint check;
-# not eval_max_sentences: it sets the validation set that best and patience compare scores on)
+# not eval_max_sentences: it sets the validation set that best and patience compare scores on, unless
+# eval_bleu=false; check_resume_compatible also lets pass any field inert_fields finds without effect)
 # (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
 # hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
@@ -152,16 +153,18 @@ def model_fields(cfg: TrainConfig, model: dict) -> dict:
 
 
 def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
-    """Only the fields in ``RESUMABLE_CHANGES`` may differ from the run's: the others change what
-    is computed. The run is known by its ``run_id``, not its path, so a moved run resumes. A cosine
-    keeps its end: ``max_steps`` moves it when ``decay_steps=0`` (which may then name the old end
-    instead), and ``max_minutes`` under ``horizon="budget"``."""
+    """Only the fields in ``RESUMABLE_CHANGES``, and those the config leaves without effect
+    (``inert_fields``), may differ from the run's: the others change what is computed. The run is known
+    by its ``run_id``, not its path, so a moved run resumes. A cosine keeps its end: ``max_steps``
+    moves it when ``decay_steps=0`` (which may then name the old end instead), and ``max_minutes``
+    under ``horizon="budget"``."""
     now, default = to_dict(cfg), default_dict(cfg)  # a field added since the run: its default
     was = {k: saved.get(k, default[k]) for k in now}
     models = [model_fields(cfg, fields.pop("model")) for fields in (was, now)]  # compared field by field
     for f in sorted(models[0].keys() | models[1].keys()):
         was[f"model.{f}"], now[f"model.{f}"] = (model.get(f, "unset") for model in models)
-    changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k])
+    free = RESUMABLE_CHANGES | inert_fields(cfg).keys()  # inert: its switch, if changed, is named instead
+    changed = sorted(k for k in now if k not in free and was[k] != now[k])
     if now["schedule"] == was["schedule"] == "cosine":
         end = was["decay_steps"] or was["max_steps"]
         if end == (now["decay_steps"] or now["max_steps"]):

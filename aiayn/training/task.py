@@ -132,6 +132,10 @@ class Task:
         ``DistributedDataParallel`` is told to look for the unused ones (or it would wait for them)."""
         return True
 
+    def batch_tokens(self) -> int:
+        """The tokens of one training batch, about: what ``precision="auto"`` times its products on."""
+        return self.cfg.max_tokens
+
     def lr_scale(self, model: nn.Module) -> Callable[[str], float] | None:
         """The learning rate's factor for each parameter name of ``model`` (``make_optimizer``), e.g.
         layer-wise decay when fine-tuning; ``None``: one rate for all."""

@@ -120,7 +120,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
             self._resume(checkpoints)
-        self.precision = resolve_precision(cfg.precision, self.device, self.dist, cfg.max_tokens,
+        self.precision = resolve_precision(cfg.precision, self.device, self.dist, self.task.batch_tokens(),
                                            self.model.config, kept=self.precision)  # fmt: skip
         self.train_model = self.task.objective(self.model)  # the model and its loss, which the wrappers wrap
         if cfg.compile:

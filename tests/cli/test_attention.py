@@ -54,6 +54,14 @@ def test_errors(model_dirs, tmp_path, capsys):
     assert "--tgt is for translation models" in capsys.readouterr().err
     assert main(["attention", "--model", str(model_dirs["joint"]), "--src", " ", "--out", str(tmp_path)]) == 1
     assert "--src is blank" in capsys.readouterr().err
+    lm = ["attention", "--model", str(model_dirs["lm"]), "--out", str(tmp_path / "o")]
+    assert main([*lm, "--src", "Ein \u2713"]) == 1  # drawn as an unknown id the model never read
+    assert (
+        "--src: the prompt has characters this model's vocabulary lacks (\u2713)" in capsys.readouterr().err
+    )
+    assert main([*lm, "--src", ""]) == 1
+    assert "--src is empty" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_right_to_left_model_reads_the_given_target_backwards(model_dirs, tmp_path):

@@ -56,12 +56,23 @@ def test_each_task_owns_its_fields():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["min_lr=1e-5"], r"'min_lr=1e-5': min_lr=1e-05 does nothing: schedule='noam' does not read it"),
+        (["min_lr=1e-5"], r"'min_lr=1e-5': min_lr=1e-5 does nothing: schedule='noam' does not read it"),
         (["schedule=constant", "decay_steps=500"], "decay_steps=500 does nothing: schedule='constant'"),
         (["short_budget=halve_max_tokens"], "does nothing: it acts on a time budget, and max_minutes=0"),
         (["r2l_weight=0.5"], "r2l_weight=0.5 does nothing: it is for model.bidirectional=true"),
-        (["r2l_detach=true"], "r2l_detach=True does nothing: it is for model.bidirectional=true"),
-        (["r2l_memory_from=reference"], "r2l_memory_from='reference' does nothing: it is for model.bidir"),
+        (["r2l_detach=true"], "r2l_detach=true does nothing: it is for model.bidirectional=true"),
+        (["r2l_memory_from=reference"], "r2l_memory_from=reference does nothing: it is for model.bidir"),
+        (
+            [
+                "model.bidirectional=true",
+                "r2l_memory_from=cache",
+                "r2l_model=m",
+                "r2l_init=true",
+                "r2l_freeze=true",
+                "r2l_weight=0.5",
+            ],
+            "r2l_weight=0.5 does nothing: r2l_freeze=true keeps r2l_model's decoder",
+        ),
         (["r2l_cache_beam=4"], "r2l_cache_beam=4 does nothing: .* r2l_model, which is not given"),
         (["eval_bleu=false", "eval_max_sentences=100"], "eval_max_sentences=100 does nothing: eval_bleu=f"),
         (["task=lm", "max_len=100"], "max_len=100 does nothing: task='lm' trains on windows of block_size"),
@@ -151,3 +162,15 @@ def test_learned_positions_too_few_for_the_data_are_refused_before_training(over
 )  # fmt: skip
 def test_learned_positions_that_fit_are_accepted(overrides):
     load_recipe(None, overrides)
+
+
+def test_a_run_started_with_a_field_that_does_nothing_resumes(tmp_path):
+    """A run started before such overrides were refused may carry one in its train_config.json: it
+    resumes without it (it computed nothing), where it was refused as a changed field."""
+    cfg = load_recipe(None, ["out_dir=runs/old"])
+    saved = {**to_dict(cfg), "min_lr": 1e-5, "eval_max_sentences": 100, "r2l_weight": 0.5}
+    check_resume_compatible({**saved, "eval_bleu": False}, load_recipe(None, ["eval_bleu=false"]), tmp_path)
+    with pytest.raises(ConfigError, match="eval_max_sentences was 100, now 0"):  # it sets what best compares
+        check_resume_compatible(saved, cfg, tmp_path)
+    with pytest.raises(ConfigError, match="schedule was 'cosine', now 'noam' .*: schedule\\)"):  # the switch
+        check_resume_compatible({**saved, "schedule": "cosine", "eval_max_sentences": 0}, cfg, tmp_path)

@@ -497,6 +497,20 @@ def test_a_run_directory_translates_and_evaluates(corpus, tmp_path, capsys):
     assert (meta["src_lang"], meta["tgt_lang"], meta["task"]) == ("de", "en", "translation")
 
 
+def test_precision_auto_times_a_language_models_own_batch(tmp_path, monkeypatch):
+    """An LM batches batch_size windows of block_size tokens; auto timed max_tokens rows (4,096 by
+    default, unrelated to the run), so max_tokens, which nothing else reads there, picked its precision."""
+    measured = []
+    monkeypatch.setattr(precision, "bf16_speedup", lambda *a: measured.append(a) or 1.0)
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 40, encoding="utf-8")
+    args = ["task=lm", f"dataset={text}", "tokenizer=char", f"out_dir={tmp_path / 'lm'}", "max_steps=1",
+            "batch_size=3", "block_size=16", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+            "model.n_layers=1", "progress=false", "threads=1", "precision=auto"]  # fmt: skip
+    assert main(["train", *args]) == 0
+    assert len(measured) == 1 and measured[0][1:] == (48, 32, 64)  # 3 windows × 16, d_model, d_ff
+
+
 def test_a_language_model_run_generates(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be, that is the question.\n" * 40, encoding="utf-8")

@@ -72,6 +72,9 @@ class LMTask(Task):
     model_config = LMConfig
     options = LMOptions
 
+    def batch_tokens(self) -> int:
+        return self.opts.batch_size * self.opts.block_size
+
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
         check_learned_positions(cfg, cfg.options.block_size, f"block_size={cfg.options.block_size}")

@@ -98,6 +98,9 @@ class TranslationOptions(TaskOptions):
         if not cfg.model.get("bidirectional"):
             for name in ("r2l_weight", "r2l_detach", "r2l_memory_from"):
                 inert[name] = "it is for model.bidirectional=true"
+        elif self.r2l_freeze:
+            for name in ("r2l_weight", "r2l_detach"):
+                inert[name] = "r2l_freeze=true keeps r2l_model's decoder: no r2l loss, no gradient"
         if not self.r2l_model:
             inert["r2l_cache_beam"] = "it is the search that translates with r2l_model, which is not given"
         if not self.eval_bleu:
