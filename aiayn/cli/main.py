@@ -54,6 +54,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             import_module(f"aiayn.cli.{module}").add_parser(sub)
         else:
             sub.add_parser(command, help=help_line)
+    parser.commands = sub.choices  # each command's parser, by name: the one that refuses its stray words
     return parser
 
 
@@ -70,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     args = None
     try:
-        args = build_parser(argv).parse_args(argv)
+        parser = build_parser(argv)
+        args, stray = parser.parse_known_args(argv)
+        if stray:  # refused by the command that was given them, not by aiayn
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(stray)}")
         if isinstance(getattr(args, "device", None), str):
             from aiayn.device import resolve_device
 

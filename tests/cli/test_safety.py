@@ -464,3 +464,12 @@ def test_a_command_line_argparse_refuses_is_one_line_with_status_2(argv, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("aiayn") and ": error: " in err[0] and "--help)" in err[0]
+
+
+def test_a_stray_word_is_refused_by_the_command_it_was_given_to(capsys):
+    """argparse's top-level parser refused it, as if ``aiayn`` had been given it."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "--model", "m", "stray"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err == ["aiayn translate: error: unrecognized arguments: stray (see aiayn translate --help)"]
