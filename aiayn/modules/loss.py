@@ -344,9 +344,8 @@ def linear_label_smoothed_nll_loss(
 
     ``chunk_bytes`` bounds the float32 logits held at once; by default ``CHUNK_BYTES`` of ``h``'s
     device: a few MiB on the CPU, where a chunk that stays in cache is the point, and far more on a
-    GPU, where each chunk costs a dozen kernel launches from Python (at the CPU's size a base model's
-    loss took ~265 chunks and ~8,800 launches per step, and its training step half the plain
-    recipe's speed; docs/results.md, "On a GPU"). The three matrix products follow
+    GPU, where each chunk costs a dozen kernel launches from Python and chunks of the CPU's size made
+    the loss most of a step (docs/results.md, "Training speed on a GPU"). The three matrix products follow
     autocast, as an ``nn.Linear`` would: under bfloat16 autocast (``precision=bf16``) they take
     bfloat16 inputs, so each logit is rounded to within 2⁻⁸ of its size, as the logits of an autocast
     output layer are; the softmax, the loss and ∂logits stay float32. Outside autocast everything is
