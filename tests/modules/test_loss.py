@@ -181,9 +181,9 @@ def test_fused_r_drop_loss_equals_the_formula_and_its_autograd_gradient(exclude)
 
 
 def test_a_gpu_takes_few_large_chunks_and_the_cpu_cache_sized_ones():
-    """Each chunk is a dozen kernel launches from Python: on a GPU the base model's 15k target tokens
-    over 37k classes took ~265 chunks per step at the CPU's size (half nn.Transformer's training speed
-    on an H200); now a handful. The CPU keeps chunks that stay in its cache."""
+    """Each chunk is a dozen kernel launches from Python: on a GPU a base model's batch took hundreds
+    of chunks at the CPU's size (docs/results.md, "Training speed on a GPU"); now a handful. The CPU
+    keeps chunks that stay in its cache."""
     from aiayn.modules.loss import chunk_rows
 
     tokens, vocab = 15_000, 37_000
