@@ -203,6 +203,9 @@ def add_search_arguments(p: argparse.ArgumentParser, classifier_max_tokens: int 
     s.add_argument("--seed", type=int, default=None, help="random seed for sampling")
 
 
+MAX_SAMPLES = 1024  # --nbest with --sample: a million rows ran out of memory
+
+
 def search_config(args: argparse.Namespace) -> SearchConfig:
     """The ``SearchConfig`` of the options ``add_search_arguments`` added (same names)."""
     names = [f.name for f in dataclasses.fields(SearchConfig)]
@@ -212,6 +215,10 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     elif options.get("sample"):
         raise ConfigError(f"--beam {options['beam']} sizes a beam search, which --sample does not run "
                           "(it draws --nbest samples); leave one of them out")  # fmt: skip
+    if options.get("sample") and options.get("nbest", 1) > MAX_SAMPLES:
+        raise ConfigError(f"--nbest {options['nbest']}: --sample draws at most {MAX_SAMPLES} samples per "
+                          "input (each a row decoded beside the others); run again with another --seed "
+                          "for more")  # fmt: skip
     return SearchConfig(**options, use_cache=not args.no_cache)
 
 

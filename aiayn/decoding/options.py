@@ -17,7 +17,6 @@ from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
 MAX_TEMPERATURE = 1e4  # and its highest: far below float32's range (-inf / inf is NaN), already uniform
-MAX_SAMPLES = 1024  # nbest when sampling: each sample is a row of the batch, decoded side by side
 MAX_LENPEN = 5.0  # |α| at most: |Y|^α stays far inside float32 for any output length a search reaches
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # read by sampling only
 
@@ -81,9 +80,6 @@ class SearchConfig:
             fail("r2l_beam", "must be at least 1 (or None: the same as beam)")
         if self.nbest < 1 or (not self.sample and self.nbest > self.beam):
             fail("nbest", f"must be between 1 and the beam size {self.beam}")
-        if self.sample and self.nbest > MAX_SAMPLES:
-            fail("nbest", f"draws at most {MAX_SAMPLES} samples per input (each is a row decoded beside the "
-                 "others); run the command again with another seed for more")  # fmt: skip
         if self.mbr is not None and self.mbr not in UTILITIES:
             fail("mbr", f"is not one of {UTILITIES} (or None: the beam's own order)")
         if self.mbr is not None and (self.sample or self.beam < 2):

@@ -113,6 +113,8 @@ def test_truncation_warns_and_strict_refuses(model_dirs, tmp_path, capsys):
         ("bad-utf8", "<stdin>: line 2 is not valid UTF-8"),
         ("sample-beam", "--beam 7 sizes a beam search, which --sample does not run"),
         ("sample-beam-4", "--beam 4 sizes a beam search, which --sample does not run"),  # the default, given
+        # each sample is a row decoded beside the others: a million ran out of memory with a traceback
+        ("samples", "--nbest 1025: --sample draws at most 1024 samples per input"),
     ],
 )
 def test_errors_are_one_line(case, message, model_dirs, tmp_path, monkeypatch, capsys):
@@ -124,9 +126,8 @@ def test_errors_are_one_line(case, message, model_dirs, tmp_path, monkeypatch, c
             (model / f.name).write_bytes(f.read_bytes())
         (model / "model.safetensors").write_bytes(b"\x00garbage")
     _stdin(monkeypatch, b"Ein Mann\nfa\xe4hrt\n")
-    extra = {"sample-beam": ["--sample", "--beam", "7"], "sample-beam-4": ["--sample", "--beam", "4"]}.get(
-        case, []
-    )
+    extra = {"sample-beam": ["--sample", "--beam", "7"], "sample-beam-4": ["--sample", "--beam", "4"],
+             "samples": ["--sample", "--nbest", "1025"]}.get(case, [])  # fmt: skip
     assert main(["translate", "--model", str(model), *extra]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("aiayn translate: error:")
