@@ -287,7 +287,11 @@ class Batcher:
                 running.remove(entry)
                 made = 0  # a failed step made no tokens
             self.on_batch(len(search), texts, time.perf_counter() - t0, made)
+            self._count_flight(running)  # before the answers: a caller's next look at the gauges sees it
             self._settle_all(outcomes, jobs)
+        self._count_flight(running)
+
+    def _count_flight(self, running: list[tuple[Any, Any]]) -> None:
         self.flight[threading.current_thread().name] = sum(search.texts for _, search in running)
 
     def _timed(self, call: Callable[[], Any]) -> Any:

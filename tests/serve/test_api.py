@@ -21,6 +21,7 @@ from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.errors import ConfigError  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
+from aiayn.serve.batcher import Batcher  # noqa: E402
 from aiayn.serve.html_text import HtmlText  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
@@ -659,10 +660,18 @@ def metric(text: str, name: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
-def test_a_full_queue_answers_429_with_retry_after_and_the_gauges_say_so(served):
+def test_a_full_queue_answers_429_with_retry_after_and_the_gauges_say_so(served, monkeypatch):
     """With the worker on one job and ``queue_size`` jobs waiting, a request is answered 429 at once
     (LibreTranslate's "Slowdown"), the queue-depth gauge reads the waiting jobs, and once the worker
-    is free the same request is served and every job's wait was observed."""
+    is free the same request is served and every job's wait was observed. The texts-in-flight gauge
+    is counted before the answers go (it was after: a slow worker thread showed a finished text)."""
+    settle = Batcher._settle_all
+
+    def settle_slowly(self, *args):
+        settle(self, *args)
+        time.sleep(0.3)  # the answer is out; the worker thread is slow to go on
+
+    monkeypatch.setattr(Batcher, "_settle_all", settle_slowly)
     Blocking, submit = blocking_kind()
     de_en_meta(served["de-en"])
     app = create_app([load_service("de-en", served["de-en"])], Settings(queue_size=1, batch_window_ms=0))
