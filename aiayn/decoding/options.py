@@ -17,6 +17,7 @@ from aiayn.errors import ConfigError
 
 MIN_TEMPERATURE = 1e-4  # sampling's lowest T: below it sampling is greedy, and float32 may not divide by it
 MAX_TEMPERATURE = 1e4  # and its highest: far below float32's range (-inf / inf is NaN), already uniform
+MAX_LENGTH = 2**31 - 1  # a length limit past it is none; the input's length plus it still fits int64
 MAX_LENPEN = 5.0  # |α| at most: |Y|^α stays far inside float32 for any output length a search reaches
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # read by sampling only
 
@@ -90,6 +91,9 @@ class SearchConfig:
             fail("max_len", "must be at least 1 (or None: input + max_len_b)")
         if self.max_len_b < 1:
             fail("max_len_b", "must be at least 1")
+        for name in ("max_len", "max_len_b", "max_len_cap", "min_len"):
+            if (getattr(self, name) or 0) > MAX_LENGTH:
+                fail(name, f"is over {MAX_LENGTH} tokens: no output is that long")
         if self.max_len_cap is not None and self.max_len_cap < 1:
             fail("max_len_cap", "must be at least 1 (or None: no cap)")
         if abs(self.lenpen) > MAX_LENPEN:  # ((5 + |Y|) / 6)^α overflows to inf: every score -inf

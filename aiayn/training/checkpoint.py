@@ -161,6 +161,15 @@ def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     missing = [k for k in STATE_KEYS if k not in meta]
     if missing:
         raise ModelDirError(f"{path} lacks {', '.join(missing)}: it is not a complete trainer state")
+    named = checkpoint.name.removeprefix("step-")  # the step its folder is named after
+    step = meta["step"]
+    if not named.isdigit() or type(step) is not int or step != int(named):
+        raise ModelDirError(f"{path}: step={step!r} is not the update its folder {checkpoint.name} names")
+    elapsed, bad = meta["elapsed"], meta["bad_evals"]
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < float("inf"):
+        raise ModelDirError(f"{path}: elapsed={elapsed!r} is not a number of seconds")
+    if type(bad) is not int or bad < 0:
+        raise ModelDirError(f"{path}: bad_evals={bad!r} is not a count")
     try:
         tensors = load_file(str(checkpoint / STATE_TENSORS))
     except (OSError, SafetensorError) as e:

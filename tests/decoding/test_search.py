@@ -314,6 +314,8 @@ def test_search_config_errors_name_the_field():
         (dict(beam=1, top_k=40), "top_k=40 applies to sampling only"),
         (dict(top_p=0.9), "top_p=0.9 applies to sampling only"),
         (dict(beam=1, seed=1), "seed=1 applies to sampling only"),
+        # the input's length + max_len_b overflowed int64 in the limits' tensor: a traceback
+        (dict(max_len_b=2**63 - 1), "max_len_b=9223372036854775807 is over 2147483647 tokens"),
     ]
     for bad, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -28,6 +28,11 @@ def _losses(run) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
 
 
+def _edit_state(checkpoint, key, value):
+    path = checkpoint / "trainer_state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+
+
 @pytest.fixture
 def reference(corpus, tmp_path):
     """An uninterrupted 8-step run: what every resumed run below must equal, loss for loss."""
@@ -41,8 +46,24 @@ def reference(corpus, tmp_path):
         lambda ckpt: (ckpt / "trainer_state.safetensors").write_bytes(b"\x00" * 7),
         lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 6, "best"'),
         lambda ckpt: (ckpt / "model.safetensors").unlink(),
+        # fields a resumed run trusted: a step of "x" or 2.5 was a traceback (metrics.jsonl rewritten
+        # first), 3 or true resumed with a wrong step counter, 1e400 stopped "at step inf"
+        *[lambda ckpt, v=v: _edit_state(ckpt, "step", v) for v in ("x", 2.5, 3, True, None)],
+        lambda ckpt: _edit_state(ckpt, "elapsed", -1.0),
+        lambda ckpt: _edit_state(ckpt, "bad_evals", "2"),
     ],
-    ids=["state-tensors-truncated", "state-json-truncated", "weights-missing"],
+    ids=[
+        "state-tensors-truncated",
+        "state-json-truncated",
+        "weights-missing",
+        "step-str",
+        "step-float",
+        "step-other",
+        "step-bool",
+        "step-null",
+        "elapsed-negative",
+        "bad-evals-str",
+    ],  # fmt: skip
 )
 def test_resume_falls_back_to_the_newest_checkpoint_that_loads(corpus, tmp_path, capsys, reference, damage):
     run = tmp_path / "run"
