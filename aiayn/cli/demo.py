@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_output(args.json, (RECIPE, REFERENCE), option="--json")
     cfg = demo_config(out, args.minutes)  # the recipe and the test set read before the old run goes
+    if args.beam > cfg.vocab_size:  # the search refuses it, but only after the minutes of training
+        raise ConfigError(f"--beam {args.beam} exceeds the vocabulary the demo trains ({cfg.vocab_size} "
+                          "tokens); use less")  # fmt: skip
     test = load_parallel("multi30k", "test", "de", "en")
     if out.exists():
         shutil.rmtree(out)

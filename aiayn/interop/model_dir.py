@@ -38,6 +38,10 @@ KIND_NAMES = {
 }
 
 
+def _article(name: str) -> str:
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 HF_KINDS = {"marian": "transformer", "gpt2": "lm", "bert": "encoder"}  # HF model_type -> aiayn kind
 
 
@@ -76,9 +80,8 @@ def check_kind(directory: str | os.PathLike, kinds: tuple[str, ...]) -> str:
     kind = model_meta(directory)["kind"]
     if kind not in kinds:
         name = KIND_NAMES.get(kind, f"model of kind {kind!r}")
-        raise ModelDirError(
-            f"{directory} holds a {name}; this command needs a {' or a '.join(KIND_NAMES[k] for k in kinds)}"
-        )
+        wanted = " or ".join(_article(KIND_NAMES[k]) for k in kinds)
+        raise ModelDirError(f"{directory} holds {_article(name)}; this command needs {wanted}")
     return kind
 
 

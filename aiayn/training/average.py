@@ -97,6 +97,8 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
     which ``prune`` keeps past the run's ``keep_last``, is not among them when it is older than those:
     it would average a far earlier model in."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ModelDirError(f"{run_dir} does not exist (or is not a directory); give a training run")
     found = [p for _, p in step_dirs(run_dir)]
     if not found:
         raise ModelDirError(f"{run_dir} holds no step-* checkpoints")

@@ -164,7 +164,8 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
     for f in sorted(models[0].keys() | models[1].keys()):
         was[f"model.{f}"], now[f"model.{f}"] = (model.get(f, "unset") for model in models)
     free = RESUMABLE_CHANGES | inert_fields(cfg).keys()  # inert: its switch, if changed, is named instead
-    changed = sorted(k for k in now if k not in free and was[k] != now[k])
+    # a different task first: its model's fields differ too, but because of it
+    changed = sorted((k for k in now if k not in free and was[k] != now[k]), key=lambda k: (k != "task", k))
     if now["schedule"] == was["schedule"] == "cosine":
         end = was["decay_steps"] or was["max_steps"]
         if end == (now["decay_steps"] or now["max_steps"]):

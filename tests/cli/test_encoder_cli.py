@@ -151,6 +151,8 @@ def test_fill_mask_and_encoder_attention(ws, capsys):
 
 CASES = [
     (["classify", "--model", "translation"], "holds a translation model"),
+    (["translate", "--model", "classifier"], "holds an encoder-only model (kind 'encoder'); this command"),
+    (["average", "nonexistent", "--last", "2"], "nonexistent does not exist (or is not a directory)"),
     (["classify", "--model", "mlm"], "has no classification head"),
     (["classify", "--model", "classifier", "--top-k", "0", "--input", "in.txt"], "top_k=0"),
     (["classify", "--model", "classifier", "--input", "in.txt", "--output", "in.txt"], "in.txt"),

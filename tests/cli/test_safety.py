@@ -322,6 +322,12 @@ CASES = [
     ("seed-past-int64", None, [*TR, "--sample", "--seed", "99999999999999999999"], "seed="),
     ("max-steps-past-int64", None, [*TRAIN, "max_steps=99999999999999999999"], "max_steps="),
     ("demo-minutes-nan", None, ["demo", "--minutes", "nan", "--out", "new_demo"], "--minutes"),
+    (
+        "demo-beam-over-vocabulary",  # refused by the search, after the minutes of training
+        None,
+        ["demo", "--beam", "9000", "--out", "new_demo", "--minutes", "1"],
+        "--beam 9000 exceeds the vocabulary the demo trains (8000 tokens)",
+    ),
     ("generate-temperature-inf", None, ["generate", "--model", "lm", "--temperature", "inf"], "temperature"),
     ("seed-negative", None, [*TRAIN, "seed=-5"], "seed=-5"),
     ("model-max-len-past-int64", None, [*TRAIN, "model.max_len=99999999999999999999"], "max_len"),

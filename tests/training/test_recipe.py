@@ -174,3 +174,11 @@ def test_a_run_started_with_a_field_that_does_nothing_resumes(tmp_path):
         check_resume_compatible(saved, cfg, tmp_path)
     with pytest.raises(ConfigError, match="schedule was 'cosine', now 'noam' .*: schedule\\)"):  # the switch
         check_resume_compatible({**saved, "schedule": "cosine", "eval_max_sentences": 0}, cfg, tmp_path)
+
+
+def test_resuming_under_another_task_names_the_task_first(tmp_path):
+    """Before, a run of task=lm resumed without task=lm was refused as "model.activation was 'unset'"
+    among 32 fields, task the last of them."""
+    saved = to_dict(load_recipe(None, ["task=lm", "tokenizer=char", "model.activation=gelu"]))
+    with pytest.raises(ConfigError, match=r"cannot resume .*: task was 'lm', now 'translation' \("):
+        check_resume_compatible(saved, load_recipe(None), tmp_path)
