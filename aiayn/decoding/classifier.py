@@ -103,12 +103,23 @@ class TextClassifier(Labeller):
     def from_loaded(cls, model: nn.Module, tokenizer: Tokenizer, meta: dict) -> TextClassifier:
         """From ``load_encoder_dir``'s triple: labels and the long-text policy from ``config.json``."""
         labels = meta.get("labels") or [str(i) for i in range(model.config.n_classes)]
+        n = getattr(model.config, "n_classes", None)
+        if not (
+            isinstance(labels, list) and len(labels) == n and len(set(labels)) == len(labels)
+            and all(isinstance(y, str) and y.strip() and "\n" not in y and "\r" not in y for y in labels)
+        ):  # fmt: skip  # an output line per input line, each naming one class
+            raise ModelDirError(f"config.json: labels={labels!r} are not {n} distinct one-line names; "
+                                "restore the file from the training run")  # fmt: skip
         policy = meta.get("long_text")
         if policy is None:
             return cls(model, tokenizer, labels)
+        fields = ("how", "stride", "max_len")
+        if not isinstance(policy, dict) or set(policy) != set(fields) or type(policy["max_len"]) is not int:
+            raise ModelDirError(f"config.json: long_text={policy!r} is not a policy (how, stride and an "
+                                "integer max_len); restore the file from the training run")  # fmt: skip
         try:
             return cls(model, tokenizer, labels, LongText(policy["how"], policy["stride"]), policy["max_len"])
-        except (TypeError, KeyError, ConfigError) as e:
+        except ConfigError as e:
             raise ModelDirError(f"config.json: long_text={policy!r} is not valid ({e}); restore the file "
                                 "from the training run") from None  # fmt: skip
 

@@ -53,6 +53,11 @@ def ws(tmp_path, originals, monkeypatch) -> Path:
     shutil.copytree(originals["classifier"], tmp_path / "bad-column")
     config = json.loads((tmp_path / "bad-column" / "config.json").read_text())
     (tmp_path / "bad-column" / "config.json").write_text(json.dumps({**config, "text_column": 1}))
+    damaged = {"newline-labels": {"labels": ["a\nb", "c"]}, "twin-labels": {"labels": ["a", "a"]},
+               "float-long-text": {"long_text": {"how": "head", "stride": 0, "max_len": 1e400}}}  # fmt: skip
+    for name, fields in damaged.items():  # config.json edited by hand: each was read as it came
+        shutil.copytree(originals["classifier"], tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **fields}))
     (tmp_path / "in.txt").write_text("a great movie\nawful\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\nnice\tpositive\nbad\tnegative\n", encoding="utf-8")
     (tmp_path / "unseen.tsv").write_text("sentence\tlabel\nnice\tpositive\nmeh\tneutral\n", encoding="utf-8")
@@ -153,6 +158,10 @@ CASES = [
     (["classify", "--model", "translation"], "holds a translation model"),
     (["translate", "--model", "classifier"], "holds an encoder-only model (kind 'encoder'); this command"),
     (["average", "nonexistent", "--last", "2"], "nonexistent does not exist (or is not a directory)"),
+    # two output lines for one input, an ambiguous label, an "inf"-token text
+    (["classify", "--model", "newline-labels", "--input", "in.txt"], "labels=['a\\nb', 'c'] are not"),
+    (["evaluate", "--model", "twin-labels", "--data", "dev.tsv"], "twin-labels: config.json: labels="),
+    (["classify", "--model", "float-long-text", "--input", "in.txt"], "is not a policy (how, stride and an"),
     (["classify", "--model", "mlm"], "has no classification head"),
     (["classify", "--model", "classifier", "--top-k", "0", "--input", "in.txt"], "top_k=0"),
     (["classify", "--model", "classifier", "--input", "in.txt", "--output", "in.txt"], "in.txt"),
