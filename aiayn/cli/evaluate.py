@@ -34,7 +34,7 @@ from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.rerank import Reranked, check_rerank_search
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
 from aiayn.errors import ConfigError, ModelDirError
-from aiayn.interop.model_dir import model_meta
+from aiayn.interop.model_dir import check_kind, model_meta
 
 EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
@@ -168,8 +168,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     meta = model_meta(args.model)
+    check_kind(args.model, ("transformer", "encoder"))  # a language model has nothing evaluate scores
     if meta["kind"] == "encoder":
-        _refuse_others(args, TRANSLATION_ONLY, "a classifier", "it is scored on --data FILE")
+        _refuse_others(args, TRANSLATION_ONLY, "an encoder-only model", "a classifier is scored on --data")
         return run_classifier(args, meta)
     _refuse_others(args, CLASSIFIER_ONLY, "a translation model", "use --src/--ref or --dataset")
     config = search_config(args)

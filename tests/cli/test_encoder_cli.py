@@ -16,7 +16,7 @@ from aiayn.data import SentencePieceTokenizer
 from aiayn.decoding.classifier import ClassifierEnsemble, TextClassifier
 from aiayn.models.io import save_model
 from tests.cli.test_safety import snapshot
-from tests.decoding.fixtures import translation_dir
+from tests.decoding.fixtures import lm_dir, translation_dir
 
 TEXTS = ["a gorgeous , witty , seductive movie .", "one long string of cliches .", "the film is great",
          "the plot is dull and slow", "an absolute delight", "a waste of time"] * 20  # fmt: skip
@@ -38,7 +38,7 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     tok = SentencePieceTokenizer.train(TEXTS, 300, mask=True)
     other = SentencePieceTokenizer.train(TEXTS, 320, mask=True)  # an ensemble's members may differ in it
     return {"classifier": encoder_dir(root / "classifier", tok, 2), "mlm": encoder_dir(root / "mlm", tok, 0),
-            "translation": translation_dir(root / "translation"),
+            "translation": translation_dir(root / "translation"), "lm": lm_dir(root / "lm"),
             "classifier2": encoder_dir(root / "classifier2", other, 2, seed=1),
             "classifier3": encoder_dir(root / "classifier3", tok, 2, seed=2),  # classifier's vocabulary
             "other-labels": encoder_dir(root / "other-labels", tok, 2, labels=("bad", "good"))}  # fmt: skip
@@ -174,9 +174,10 @@ CASES = [
      "bad-column: its config.json's text_column=1 is not a column name or number in quotes"),
     (["plot", "runs/no-such-run"], "runs/no-such-run: no such file or directory"),
     (["evaluate", "--model", "translation", "--data", "dev.tsv"], "--data: not read for a translation model"),
+    (["evaluate", "--model", "lm", "--data", "dev.tsv"], "holds a language model (kind 'lm'); this command"),
     # the other kind's options would be ignored: refused by name
     (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--beam", "5", "--tokenized-bleu"],
-     "--tokenized-bleu, --beam: not read for a classifier"),
+     "--tokenized-bleu, --beam: not read for an encoder-only model"),
     (["evaluate", "--model", "classifier", "--data", "dev.tsv", "--ensemble-with", "other-labels"],
      "ensemble member 2 has the labels ['bad', 'good'] but member 1 has ['negative', 'positive']"),
     (["classify", "--model", "classifier", "--ensemble-with", "mlm", "--input", "in.txt"],
