@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, stray = parser.parse_known_args(argv)
         if stray:  # refused by the command that was given them, not by aiayn
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(stray)}")
+        refuse_empty_paths(parser.commands[args.command], args)
         if isinstance(getattr(args, "device", None), str):
             from aiayn.device import resolve_device
 
@@ -92,6 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"aiayn {args.command}" if args else "aiayn"
         print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+PATH_METAVARS, PATH_DESTS = ("FILE", "DIR", "OUT"), ("out", "run_dir", "recipe")
+
+
+def refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An empty path is refused by name: it was read as "." or as stdin (``--input "$UNSET"``)."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        named = action.dest in PATH_DESTS or any(m in str(action.metavar or "") for m in PATH_METAVARS)
+        if named and "" in (value if isinstance(value, list) else [value]):
+            name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+            parser.error(f"{name}: the path is empty (an unset shell variable?); give a name")
 
 
 def silence_stdout() -> None:

@@ -472,6 +472,28 @@ def test_a_command_line_argparse_refuses_is_one_line_with_status_2(argv, capsys)
     assert err[0].startswith("aiayn") and ": error: " in err[0] and "--help)" in err[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["classify", "--model", "m", "--input", ""], "--input"),
+        (["translate", "--model", ""], "--model"),
+        (["export", "--model", "m", "--to", "hf", ""], "OUT"),
+        (["average", "run", "--out", ""], "--out"),
+        (["plot", ""], "run_dir"),
+        (["evaluate", "--model", "m", "--json", ""], "--json"),
+        (["serve", "--model", "a", "--model", ""], "--model"),
+    ],
+)
+def test_an_empty_path_is_refused_by_name(argv, name, capsys):
+    """Read as "." or as stdin before: ``--input "$UNSET"`` translated stdin, ``--out ''`` wrote into
+    RUN/averaged, and the errors that came spoke of "."."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert f"aiayn {argv[0]}: error: {name}: the path is empty" in err[0]
+
+
 def test_a_stray_word_is_refused_by_the_command_it_was_given_to(capsys):
     """argparse's top-level parser refused it, as if ``aiayn`` had been given it."""
     with pytest.raises(SystemExit) as exit_:
