@@ -68,7 +68,7 @@ class SearchConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 fail(name, "must be an integer")
             if value is not None and abs(value) >= 2**63:
-                fail(name, "is too large (the limit is 2**63 - 1)")
+                fail(name, f"is {'too large' if value > 0 else 'too small'} (int64: |value| < 2**63)")
         for name in ("lenpen", "temperature", "top_p"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):

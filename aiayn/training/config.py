@@ -33,7 +33,8 @@ def check_numbers(obj: Any) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{f.name}={value!r} must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_LIMIT:
-            raise ConfigError(f"{f.name}={value!r} is too large (the limit is 2**63 - 1)")
+            size = "too large" if value > 0 else "too small"
+            raise ConfigError(f"{f.name}={value!r} is {size} (int64: |value| < 2**63)")
 
 
 def fail(obj: Any, name: str, problem: str) -> NoReturn:

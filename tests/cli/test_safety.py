@@ -320,6 +320,7 @@ CASES = [
     ("beta2-one", None, [*TRAIN, "beta2=1.0"], "beta2"),
     ("label-smoothing-nan", None, [*TRAIN, "label_smoothing=nan"], "label_smoothing"),
     ("seed-past-int64", None, [*TR, "--sample", "--seed", "99999999999999999999"], "seed="),
+    ("seed-below-int64", None, [*TR, "--sample", "--seed", "-99999999999999999999"], "is too small (int64"),
     ("max-steps-past-int64", None, [*TRAIN, "max_steps=99999999999999999999"], "max_steps="),
     ("demo-minutes-nan", None, ["demo", "--minutes", "nan", "--out", "new_demo"], "--minutes"),
     (
