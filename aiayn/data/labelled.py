@@ -228,10 +228,15 @@ def load_labelled(
     return LabelledCorpus(path, texts, labels, lines)
 
 
+def one_field(label: str) -> bool:
+    """Whether ``label`` prints as one field of one line: no tab, no line break."""
+    return "\t" not in label and label.splitlines() == [label]
+
+
 def check_label(label: str, where: str) -> None:
     """A label must print as one field of one line (``aiayn classify`` writes one line per input,
     fields split by tabs): a tab or a line break in it is a ``DataError`` naming ``where``."""
-    if "\t" in label or label.splitlines() != [label]:
+    if not one_field(label):
         raise DataError(
             f"{where}: the label {label!r} holds a tab or a line break, which would break aiayn classify's "
             "one line per input; rename it in the data"

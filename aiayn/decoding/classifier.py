@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from aiayn.data.batching import TokenBatchSampler, collate_sequences
-from aiayn.data.labelled import LabelledCorpus, LabelMap
+from aiayn.data.labelled import LabelledCorpus, LabelMap, one_field
 from aiayn.data.long_text import LongText, pool_windows
 from aiayn.data.tokenizer import MASK, Tokenizer
 from aiayn.errors import ConfigError, DataError, ModelDirError
@@ -106,8 +106,8 @@ class TextClassifier(Labeller):
         n = getattr(model.config, "n_classes", None)
         if not (
             isinstance(labels, list) and len(labels) == n and len(set(labels)) == len(labels)
-            and all(isinstance(y, str) and y.strip() and "\n" not in y and "\r" not in y for y in labels)
-        ):  # fmt: skip  # an output line per input line, each naming one class
+            and all(isinstance(y, str) and y.strip() and one_field(y) for y in labels)
+        ):  # fmt: skip  # labelled.check_label's rule: a field of one output line per input, one class each
             raise ModelDirError(f"config.json: labels={labels!r} are not {n} distinct one-line names; "
                                 "restore the file from the training run")  # fmt: skip
         policy = meta.get("long_text")
