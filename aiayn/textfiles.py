@@ -14,11 +14,15 @@ from pathlib import Path
 from aiayn.errors import AiaynError, ModelDirError
 
 
+def absent(path: Path) -> str:
+    """What is wrong with a file that ``is_file()`` refused: "is missing", or "is a directory, not a
+    file" (a directory under the file's name was reported as missing, which sends the user looking)."""
+    return "is a directory, not a file" if path.is_dir() else "is missing"
+
+
 def _read(path: Path, missing: str, error: type[AiaynError]) -> bytes:
-    if path.is_dir():
-        raise error(f"{path} is a directory, not a file: {missing}")
     if not path.is_file():
-        raise error(f"{path} is missing: {missing}")
+        raise error(f"{path} {absent(path)}: {missing}")
     return path.read_bytes()
 
 

@@ -247,7 +247,8 @@ def main() -> None:
         print(json.dumps({"peak_mb": round(peak, 1)}))
         return
     times: dict[str, list[float]] = {k: [] for k in steps}
-    if device.type == "cuda":  # a shape's first step pays allocator growth and kernel choice: run each once
+    warm_pass = device.type == "cuda"
+    if warm_pass:  # a shape's first step pays allocator growth and kernel choice: run each once
         for batch in data:
             for name in steps:
                 update(name, batch)
@@ -270,6 +271,7 @@ def main() -> None:
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector kernels
               "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
               "torch": torch.__version__,
+              "warm_pass": warm_pass,  # every batch run once untimed before the timing (every shape warm)
               "plain_optimizer": "fused Adam" if args.fused_plain else "Adam",
               "plain_embeddings": "shared and tied" if args.plain_tied else "separate, untied head",
               "parameters": {"aiayn": sum(p.numel() for p in ours.parameters()),

@@ -58,6 +58,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_own_stray_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """``aiayn --bogus translate …``: an option before the command is ``aiayn``'s to refuse (its parser
+    would pass it on as the command's stray word, or first complain of the command's own options)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return  # the command: what follows is its own
+        if not any(option.startswith(arg.split("=")[0]) for option in ("--help", "--version", "-h")):
+            parser.error(f"unrecognized arguments: {arg}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     tune_malloc()  # before torch allocates: a step's freed blocks stay in the heap (aiayn.malloc)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -72,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = None
     try:
         parser = build_parser(argv)
+        refuse_own_stray_options(parser, argv)
         args, stray = parser.parse_known_args(argv)
         if stray:  # refused by the command that was given them, not by aiayn
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(stray)}")

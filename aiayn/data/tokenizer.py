@@ -44,7 +44,7 @@ import sentencepiece as spm
 from aiayn.atomic import write_bytes, write_text
 from aiayn.data.corpus import ParallelCorpus
 from aiayn.errors import ConfigError, DataError
-from aiayn.textfiles import read_json
+from aiayn.textfiles import absent, read_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_IDS = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID)  # model-config fields
@@ -259,7 +259,7 @@ class SentencePieceTokenizer(Tokenizer):
             )
         path = directory / name
         if not path.is_file():
-            raise DataError(f"{path}: missing; {directory / META_FILE} says the model is there")
+            raise DataError(f"{path} {absent(path)}; {directory / META_FILE} says the model is there")
         model = path.read_bytes()
         if not model:
             raise DataError(f"{path} is empty, not a sentencepiece model; retrain or restore the tokenizer")

@@ -91,7 +91,7 @@ class TextClassifier(Labeller):
                 "aiayn train task=classify init_from=DIR, or use aiayn fill-mask"
             )
         self.model, self.tokenizer, self.labels = model.eval(), tokenizer, list(labels)
-        self.max_len = max_len or _max_len(model)
+        self.max_len = _max_len(model) if max_len is None else max_len  # a saved 0 is refused, not replaced
         learned = model.config.max_len if model.config.positional == "learned" else None  # sinusoids grow
         if self.max_len < 3 or (learned and self.max_len > learned):
             raise ConfigError(f"max_len={self.max_len} must be in 3..{learned}: the model's learned positions"
@@ -109,7 +109,7 @@ class TextClassifier(Labeller):
             and all(isinstance(y, str) and y.strip() and one_field(y) for y in labels)
         ):  # fmt: skip  # labelled.check_label's rule: a field of one output line per input, one class each
             raise ModelDirError(f"config.json: labels={labels!r} are not {n} distinct one-line names; "
-                                "restore the file from the training run")  # fmt: skip
+                                "correct them there ('labels', or a BERT's 'id2label')")  # fmt: skip
         policy = meta.get("long_text")
         if policy is None:
             return cls(model, tokenizer, labels)

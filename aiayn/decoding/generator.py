@@ -77,7 +77,7 @@ class Generator:
             raise ConfigError("the prompt is empty; give at least one character (e.g. a newline)")
         if tok.unk_id != tok.eos_id and tok.unk_id in ids:
             unknown = sorted({ch for ch in prompt if tok.encode(ch) == [tok.unk_id]})
-            shown = ", ".join(ascii(ch) if not ch.isprintable() or ch.isspace() else ch for ch in unknown)
+            shown = ", ".join(map(repr, unknown))  # quoted: a "," or a space stays readable, "\t" escaped
             raise ConfigError(f"the prompt has characters this model's vocabulary lacks "
                               f"({shown}); leave them out or replace them")  # fmt: skip
         return ids

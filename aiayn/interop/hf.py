@@ -121,7 +121,9 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, Tensor]:
                         f"{directory / index} names shard {shard!r}: not a file name in {directory}"
                     )
                 if not (directory / shard).is_file():
-                    raise ModelDirError(f"{directory / shard} is missing: {directory / index} lists it")
+                    raise ModelDirError(
+                        f"{directory / shard} {textfiles.absent(directory / shard)}: {directory / index} lists it"
+                    )
                 state.update(_load_one(directory / shard))
             return state
     raise ModelDirError(f"{directory} has no {SAFETENSORS}, {PICKLE} or sharded index of either")

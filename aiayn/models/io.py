@@ -31,7 +31,7 @@ from aiayn.models.prepack import is_packed
 from aiayn.models.quantize import is_quantized
 from aiayn.models.transformer import Transformer
 from aiayn.modules.config import LayerConfig
-from aiayn.textfiles import read_json
+from aiayn.textfiles import absent, read_json
 from aiayn.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -191,7 +191,7 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
     meta = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise ModelDirError(f"{weights} is missing: the model directory is incomplete")
+        raise ModelDirError(f"{weights} {absent(weights)}: the model directory is incomplete")
     stored = _stored_shapes(weights)
     _check_layer_counts(weights, stored, meta["config"])
     with torch.device("meta"):  # shapes only: a config that does not fit its weights costs no memory

@@ -150,9 +150,10 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
 
     logits = (h Wᵀ) · scale + b are never stored whole: each (rows, V) chunk is formed, reduced to
     its loss terms and, when a gradient will be needed, at once turned into ∂loss/∂logits and
-    multiplied out into ∂loss/∂h, ∂W and ∂b while it is still in cache; the backward then only scales
-    those by the incoming gradient. Memory for the loss drops from O(N·V) to O(chunk·V), and the
-    projection costs three matrix products, as with stored logits (the "cut cross-entropy" idea).
+    multiplied out into ∂loss/∂h, ∂W and ∂b while it is still held (on the CPU: in cache); the
+    backward then only scales those by the incoming gradient. Memory for the loss drops from O(N·V)
+    to O(chunk·V), and the projection costs three matrix products, as with stored logits (the "cut
+    cross-entropy" idea).
     The products run in ``dtype`` (float32, or autocast's bfloat16/float16); everything between
     them (softmax, loss terms, ∂logits) is float32. The rare backward through the summed NLL (never
     taken in training), or a second backward through a retained graph, recomputes the chunks.

@@ -38,6 +38,7 @@ from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import load_translation_dir, model_meta
 from aiayn.models.bidirectional import BidirectionalTransformer
 from aiayn.models.io import WEIGHTS_FILE, load_model, resolve_model_dir
+from aiayn.textfiles import absent
 from aiayn.training.criteria import R2L_MARGIN
 
 CHUNK = 2048  # sources per chunk written (and per progress line)
@@ -65,7 +66,9 @@ def load_r2l_models(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], lis
     translators = []
     for given, d in zip(paths, dirs):
         if not (d / WEIGHTS_FILE).is_file():
-            raise ConfigError(f"r2l_model={str(given)!r}: no model there ({d / WEIGHTS_FILE} is missing)")
+            raise ConfigError(
+                f"r2l_model={str(given)!r}: no model there ({d / WEIGHTS_FILE} {absent(d / WEIGHTS_FILE)})"
+            )
         t = Translator.from_dir(d)
         if not t.reverse:
             raise ConfigError(f"r2l_model={str(given)!r} writes left to right: train it with "

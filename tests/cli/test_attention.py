@@ -57,7 +57,7 @@ def test_errors(model_dirs, tmp_path, capsys):
     lm = ["attention", "--model", str(model_dirs["lm"]), "--out", str(tmp_path / "o")]
     assert main([*lm, "--src", "Ein \u2713"]) == 1  # drawn as an unknown id the model never read
     assert (
-        "--src: the prompt has characters this model's vocabulary lacks (\u2713)" in capsys.readouterr().err
+        "--src: the prompt has characters this model's vocabulary lacks ('\u2713')" in capsys.readouterr().err
     )
     assert main([*lm, "--src", ""]) == 1
     assert "--src is empty" in capsys.readouterr().err

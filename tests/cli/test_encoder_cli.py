@@ -54,7 +54,8 @@ def ws(tmp_path, originals, monkeypatch) -> Path:
     config = json.loads((tmp_path / "bad-column" / "config.json").read_text())
     (tmp_path / "bad-column" / "config.json").write_text(json.dumps({**config, "text_column": 1}))
     damaged = {"newline-labels": {"labels": ["a\nb", "c"]}, "twin-labels": {"labels": ["a", "a"]},
-               "float-long-text": {"long_text": {"how": "head", "stride": 0, "max_len": 1e400}}}  # fmt: skip
+               "float-long-text": {"long_text": {"how": "head", "stride": 0, "max_len": 1e400}},
+               "zero-long-text": {"long_text": {"how": "head", "stride": 0, "max_len": 0}}}  # fmt: skip
     for name, fields in damaged.items():  # config.json edited by hand: each was read as it came
         shutil.copytree(originals["classifier"], tmp_path / name)
         (tmp_path / name / "config.json").write_text(json.dumps({**config, **fields}))
@@ -162,6 +163,7 @@ CASES = [
     (["classify", "--model", "newline-labels", "--input", "in.txt"], "labels=['a\\nb', 'c'] are not"),
     (["evaluate", "--model", "twin-labels", "--data", "dev.tsv"], "twin-labels: config.json: labels="),
     (["classify", "--model", "float-long-text", "--input", "in.txt"], "is not a policy (how, stride and an"),
+    (["classify", "--model", "zero-long-text", "--input", "in.txt"], "(max_len=0 must be at least 3)"),
     (["classify", "--model", "mlm"], "has no classification head"),
     (["classify", "--model", "classifier", "--top-k", "0", "--input", "in.txt"], "top_k=0"),
     (["classify", "--model", "classifier", "--input", "in.txt", "--output", "in.txt"], "in.txt"),

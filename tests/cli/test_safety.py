@@ -502,3 +502,13 @@ def test_a_stray_word_is_refused_by_the_command_it_was_given_to(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2
     assert err == ["aiayn translate: error: unrecognized arguments: stray (see aiayn translate --help)"]
+
+
+@pytest.mark.parametrize("argv", [["--bogus", "translate"], ["--bogus", "translate", "--model", "m"], ["-x"]])
+def test_an_option_before_the_command_is_refused_by_aiayn(capsys, argv):
+    """It was blamed on the command (``aiayn translate: … --model is required``, or its stray word)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err == [f"aiayn: error: unrecognized arguments: {argv[0]} (see aiayn --help)"]

@@ -61,6 +61,9 @@ def test_bad_directories_give_clear_errors(tmp_path):
     (tmp_path / "m" / "model.safetensors").unlink()
     with pytest.raises(ModelDirError, match=r"model\.safetensors is missing"):
         load_model(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").mkdir()  # was called missing
+    with pytest.raises(ModelDirError, match=r"model\.safetensors is a directory, not a file"):
+        load_model(tmp_path / "m")
     save_model(_small(), tmp_path / "m2")
     meta = json.loads((tmp_path / "m2" / "config.json").read_text())
     meta["config"]["d_model"] = 32  # weights no longer match

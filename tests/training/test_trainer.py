@@ -3,6 +3,7 @@ configuration, averaging and plots. Runs use a tiny model on a tiny synthetic co
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -417,6 +418,12 @@ def test_average_of_more_checkpoints_than_kept_warns_and_leaves_out_an_older_bes
                    "(see keep_last)"]  # fmt: skip
     averaged = json.loads((run / "averaged" / "config.json").read_text())["averaged"]
     assert [Path(p).name for p in averaged] == ["step-000006", "step-000008"]
+    shutil.copytree(run / "step-000008", run / "step-000010")
+    (run / "step-000010" / "trainer_state.json").unlink()  # a model kept without its state: left out, said
+    assert main(["average", str(run), "--last", "2", "--force"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"aiayn: warning: step-000010 in {run} lack(s) trainer_state.json (not a complete "
+                   "checkpoint): left out; the newest averaged is step-000008"]  # fmt: skip
     (run / "train_config.json").write_text("{")  # before: "…; resume cannot go on", from aiayn average
     assert main(["average", str(run), "--last", "2", "--force"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

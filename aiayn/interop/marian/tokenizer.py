@@ -29,6 +29,7 @@ from aiayn.atomic import write_bytes, write_json
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import read_json, read_vocab
+from aiayn.textfiles import absent
 
 SPIECE_UNDERLINE = "\u2581"
 
@@ -86,7 +87,7 @@ def load_marian_tokenizers(directory: str | os.PathLike) -> tuple[MarianTokenize
     for name, v, v_file in (("source.spm", vocab, "vocab.json"), ("target.spm", tgt_vocab, vocab_file)):
         path = directory / name
         if not path.is_file():
-            raise ModelDirError(f"{path} is missing: {incomplete}")
+            raise ModelDirError(f"{path} {absent(path)}: {incomplete}")
         try:
             sides.append(MarianTokenizer(path.read_bytes(), v, **specials))
         except RuntimeError:  # sentencepiece's "INTERNAL: … [model_proto->ParseFromArray(…)]"
