@@ -178,7 +178,9 @@ def add_search_arguments(p: argparse.ArgumentParser, classifier_max_tokens: int 
     g.add_argument(
         "--lenpen-kind", choices=kinds, default=d.lenpen_kind, help="gnmt: ((5+|Y|)/6)^α; simple: |Y|^α"
     )
-    g.add_argument("--max-len", type=int, default=None, help="output tokens at most (default: source + 50)")
+    g.add_argument(
+        "--max-len", type=int, default=None, help="output tokens at most (default: source + 50, or --min-len)"
+    )
     g.add_argument("--max-len-b", type=int, default=d.max_len_b, help="the + 50 of the default --max-len")
     g.add_argument("--min-len", type=int, default=0, help="no eos before this many output tokens")
     tokens = f"source tokens per batch, padding included (default: {DEFAULT_MAX_TOKENS}"

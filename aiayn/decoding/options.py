@@ -30,7 +30,7 @@ class SearchConfig:
     nbest: int = 1  # hypotheses returned per input (≤ beam), or samples drawn with sample=True
     lenpen: float = 0.6  # α of the length penalty (§6.1); 0 = rank by log-probability
     lenpen_kind: str = "gnmt"  # "gnmt": ((5 + |Y|) / 6)^α; "simple": |Y|^α
-    max_len: int | None = None  # generated tokens at most (eos included); None = input + max_len_b
+    max_len: int | None = None  # generated tokens at most (eos included); None: see output_limit
     max_len_b: int = 50  # the "+ 50" of §6.1
     min_len: int = 0  # no eos before this many tokens (min_len = max_len: fixed-length output)
     sample: bool = False  # sample instead of searching
@@ -100,8 +100,9 @@ class SearchConfig:
             fail("lenpen", f"must be within ±{MAX_LENPEN:g} (0.6 to 1.0 are usual; 0 = log-probability)")
         if self.min_len < 0:
             fail("min_len", "must be ≥ 0")
-        if self.max_len is not None and self.min_len > self.max_len:
-            fail("min_len", f"is above max_len={self.max_len}: no output could satisfy both")
+        for name in ("max_len", "max_len_cap"):
+            if getattr(self, name) is not None and self.min_len > getattr(self, name):
+                fail("min_len", f"is above {name}={getattr(self, name)}: no output could satisfy both")
         if not self.temperature >= MIN_TEMPERATURE:  # below it float32 log-probs / T underflow to nothing
             fail("temperature", f"must be ≥ {MIN_TEMPERATURE:g} (use greedy decoding for T -> 0)")
         if not self.temperature <= MAX_TEMPERATURE:
@@ -115,8 +116,10 @@ class SearchConfig:
                 fail(name, "applies to sampling only: sample (sample=True, --sample), or leave it out")
 
     def output_limit(self, input_len: int) -> int:
-        """The maximum number of generated tokens for an input of ``input_len`` tokens."""
-        limit = self.max_len if self.max_len is not None else input_len + self.max_len_b
+        """The maximum number of generated tokens for an input of ``input_len`` tokens. The default
+        (``max_len=None``) is input + ``max_len_b``, or ``min_len`` where that is more: a short
+        input's default must not cut the output that ``min_len`` asked for before it could end."""
+        limit = self.max_len if self.max_len is not None else max(input_len + self.max_len_b, self.min_len)
         return limit if self.max_len_cap is None else min(limit, self.max_len_cap)
 
 

@@ -120,11 +120,10 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, Tensor]:
                     raise ModelDirError(
                         f"{directory / index} names shard {shard!r}: not a file name in {directory}"
                     )
-                if not (directory / shard).is_file():
-                    raise ModelDirError(
-                        f"{directory / shard} {textfiles.absent(directory / shard)}: {directory / index} lists it"
-                    )
-                state.update(_load_one(directory / shard))
+                path = directory / shard
+                if not path.is_file():
+                    raise ModelDirError(f"{path} {textfiles.absent(path)}: {directory / index} lists it")
+                state.update(_load_one(path))
             return state
     raise ModelDirError(f"{directory} has no {SAFETENSORS}, {PICKLE} or sharded index of either")
 

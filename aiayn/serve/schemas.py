@@ -127,7 +127,9 @@ class SearchOptions(Body):
         SearchConfig.lenpen_kind, description="gnmt: ((5 + |Y|) / 6)^α (Wu et al.); simple: |Y|^α"
     )
     max_len: int | None = Field(
-        None, description="output tokens at most, up to the server's --max-len (default: input + max_len_b)"
+        None,
+        description="output tokens at most, up to the server's --max-len (default: input + max_len_b, or "
+        "min_len if more)",
     )
     max_len_b: int = Field(
         SearchConfig.max_len_b, description="the + 50 of the default max_len (≤ --max-len)"

@@ -126,6 +126,15 @@ def test_max_and_min_length():
         assert len(hyps[0].tokens) >= 4 and 2 not in hyps[0].tokens[:3]
 
 
+def test_the_default_length_limit_grows_to_min_len():
+    """A short input's default limit (input + max_len_b) cut the output ``min_len`` asked for, with
+    no end, while an explicit max_len below min_len is refused."""
+    config = SearchConfig(min_len=80)
+    assert [config.output_limit(n) for n in (3, 29, 30, 100)] == [80, 80, 80, 150]
+    assert SearchConfig(min_len=80, max_len=100).output_limit(3) == 100
+    assert SearchConfig(min_len=80, max_len_cap=90).output_limit(60) == 90
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_outputs_past_the_first_buffer_width_are_decoded_as_with_a_buffer_of_max_len(name, monkeypatch):
     """Token buffers start FIRST_WIDTH wide and double; outputs of 80 tokens (min_len: no eos before)
@@ -316,6 +325,8 @@ def test_search_config_errors_name_the_field():
         (dict(beam=1, seed=1), "seed=1 applies to sampling only"),
         # the input's length + max_len_b overflowed int64 in the limits' tensor: a traceback
         (dict(max_len_b=2**63 - 1), "max_len_b=9223372036854775807 is over 2147483647 tokens"),
+        (dict(min_len=9, max_len=8), "min_len=9 is above max_len=8"),
+        (dict(min_len=9, max_len_cap=8), "min_len=9 is above max_len_cap=8"),  # a server's --max-len
     ]
     for bad, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -337,7 +337,7 @@ def test_a_translation_request_never_waits_for_the_thread_pool(client, monkeypat
             400,
             "beam, nbest: not read",
         ),
-        ("/v1/generate", {"json": {"prompt": "a \u2713", **KEY}}, 400, "vocabulary lacks (\u2713)"),
+        ("/v1/generate", {"json": {"prompt": "a \u2713", **KEY}}, 400, "vocabulary lacks ('\u2713')"),
         (
             "/v1/generate",
             {"json": {"prompt": "a", "greedy": True, "top_k": 5, **KEY}},
