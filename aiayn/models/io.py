@@ -150,8 +150,8 @@ def _check_layer_counts(weights: Path, stored: dict, config: dict) -> None:
     held = layers_held(stored)
     for field in LAYER_FIELDS:
         if isinstance(config.get(field), int) and config[field] > held:
-            raise ModelDirError(f"{CONFIG_FILE}: {field}={config[field]} but {weights} holds {held} layers; "
-                                "the weights do not belong to this config")  # fmt: skip
+            raise ModelDirError(f"{weights.parent / CONFIG_FILE}: {field}={config[field]} but {weights} "
+                                f"holds {held} layers; the weights do not belong to this config")  # fmt: skip
 
 
 def _check_shapes(weights: Path, stored: dict, model: nn.Module) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from aiayn.errors import ConfigError
 from aiayn.textfiles import read_text
 from aiayn.training.config import TaskOptions, TrainConfig, default_dict, inert_fields, shared_fields, to_dict
-from aiayn.training.task import TASKS, Task, get_task, task_names
+from aiayn.training.task import TASKS, ModelTableError, Task, get_task, task_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -109,7 +109,10 @@ def config_from_dict(
                 known = ", ".join(sorted([*shared, *own]))
                 raise ConfigError(f"{where(key)}: unknown key {key!r} (known keys: {known})") from None
     cfg = TrainConfig(**common, options=task.options(**options))
-    task.check_config(cfg)
+    try:
+        task.check_config(cfg)
+    except ModelTableError as e:  # named with where the table came from (its class name alone said neither)
+        raise ConfigError(f"{where('model')}: [model] {e}") from None
     inert = {key: why for key, why in inert_fields(cfg).items() if key in (sources or {})}
     if inert:
         values, defaults = to_dict(cfg), default_dict(cfg)
@@ -146,7 +149,7 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
-    sources, texts = {}, {}
+    sources, texts, recipe_keys = {}, {}, set(data)
     for item in overrides:
         keys, value = parse_override(item)
         if len(keys) == 1:
@@ -158,6 +161,10 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
                 raise ConfigError(f"override {item!r}: {k} is not a table")
         target[keys[-1]] = value
         sources[keys[0]] = f"override {item!r}"
+    tables = [item for item in overrides if parse_override(item)[0][0] == "model"]
+    if tables:  # [model] from the recipe and overrides, or from several overrides: all of them named
+        named = f"override{'s' if len(tables) > 1 else ''} {', '.join(map(repr, tables))}"
+        sources["model"] = f"recipe {path} with {named}" if "model" in recipe_keys else named
     return config_from_dict(
         data, source=f"recipe {path}" if path else "overrides", sources=sources, texts=texts
     )

@@ -63,6 +63,10 @@ class Batch(Protocol):
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch: ...
 
 
+class ModelTableError(ConfigError):
+    """A ``[model]`` table its model config refuses."""
+
+
 class Task:
     """One kind of training. The class describes the task; an instance holds its data for one run.
 
@@ -96,7 +100,16 @@ class Task:
                 f"max_epochs={cfg.max_epochs}: task={cls.name!r} samples its training data endlessly and "
                 "counts no epochs; stop it with max_steps or max_minutes"
             )
-        cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
+        cls.check_model(cfg)
+
+    @classmethod
+    def check_model(cls, cfg: TrainConfig) -> None:
+        """The ``[model]`` table against ``model_config``, with placeholder vocabulary sizes; its
+        refusal is a ``ModelTableError``, which the recipe's reader names with the table's source."""
+        try:
+            cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
+        except ConfigError as e:
+            raise ModelTableError(str(e)) from None
 
     @classmethod
     def vocab_placeholder(cls, size: int) -> dict[str, int]:

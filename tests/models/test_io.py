@@ -142,7 +142,7 @@ def test_a_config_deeper_than_its_weights_is_refused_before_any_layer_is_built(t
     save_model(_small(), tmp_path / "m")
     _edit_config(tmp_path / "m", lambda meta: meta["config"].update(n_encoder_layers=1_000_000))
     monkeypatch.setattr("aiayn.models.io.build_model", lambda *a: pytest.fail("built before the check"))
-    with pytest.raises(ModelDirError, match=r"config\.json: n_encoder_layers=1000000 but .* holds 1 layers"):
+    with pytest.raises(ModelDirError, match=r"m/config\.json: n_encoder_layers=1000000 but .* 1 layers"):
         load_model(tmp_path / "m")
 
 

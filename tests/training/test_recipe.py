@@ -182,3 +182,23 @@ def test_resuming_under_another_task_names_the_task_first(tmp_path):
     saved = to_dict(load_recipe(None, ["task=lm", "tokenizer=char", "model.activation=gelu"]))
     with pytest.raises(ConfigError, match=r"cannot resume .*: task was 'lm', now 'translation' \("):
         check_resume_compatible(saved, load_recipe(None), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "message"),
+    [  # the model config's class name alone said neither the recipe nor the override
+        ("[model]\nd_model = 7\n", [], r"^recipe \S+r\.toml: \[model\] LMConfig\.d_model=7 must be"),
+        ("[model]\nd_model = 7\n", ["model.n_heads=3", "lr=0.1"],
+         r"^recipe \S+r\.toml with override 'model\.n_heads=3': \[model\] LMConfig\.d_model=7 must be"),
+        (None, ["model.foo=3", "model.d_model=64"],
+         r"^overrides 'model\.foo=3', 'model\.d_model=64': \[model\] LMConfig: unknown field\(s\) \['foo'\]"),
+        (None, ["model.foo=3"], r"^override 'model\.foo=3': \[model\] LMConfig: unknown field"),
+    ],
+)  # fmt: skip
+def test_a_bad_model_table_names_where_it_came_from(tmp_path, recipe, overrides, message):
+    path = None
+    if recipe is not None:
+        path = tmp_path / "r.toml"
+        path.write_text('task = "lm"\n' + recipe)
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(path, overrides if path else ["task=lm", *overrides])
