@@ -61,10 +61,17 @@ def read_json(path: Path, missing: str) -> dict:
 
 
 def read_vocab(path: Path, missing: str) -> dict[str, int]:
-    """A piece -> id map from a ``vocab.json``, checked: every id is an integer ≥ 0."""
+    """A piece -> id map from a ``vocab.json``, checked: every id is an integer ≥ 0, each piece's own
+    (an id shared by two pieces would decode as either)."""
     vocab = read_json(path, missing)
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vocab.values()):
         raise ModelDirError(f"{path} does not map pieces to integer ids ≥ 0; download or restore it again")
+    if len(set(vocab.values())) < len(vocab):
+        first: dict[int, str] = {}
+        piece, i = next((p, i) for p, i in vocab.items() if first.setdefault(i, p) != p)
+        raise ModelDirError(
+            f"{path} gives id {i} to both {first[i]!r} and {piece!r}; download or restore it again"
+        )
     return vocab
 
 

@@ -85,6 +85,7 @@ def test_corrupt_sentencepiece_file_is_named(tmp_path, damage):
         ("[1, 2, 3]", r"vocab\.json does not hold a JSON object"),
         ('{"</s>": 0, "<unk>": "1", "<pad>": 2}', r"vocab\.json does not map pieces to integer ids"),
         ('{"</s>": 0, "<unk>": 1}', r"vocab\.json: the vocabulary lacks the special piece\(s\) \['<pad>'\]"),
+        ('{"</s>": 0, "<unk>": 1, "<pad>": 2, "a": 1}', r"vocab\.json gives id 1 to both '<unk>' and 'a'"),
     ],
 )
 def test_corrupt_vocab_json_is_named(tmp_path, content, message):
