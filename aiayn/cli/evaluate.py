@@ -183,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
     if args.src is not None:
         _refuse_others(args, ("dataset", "split"), "--src/--ref", "they name the sentences; leave them out")
+    for flag, key in (("--src-lang", "src_lang"), ("--tgt-lang", "tgt_lang")):
+        given, saved = getattr(args, key), meta.get(key)
+        if given and saved and given != saved:  # the other direction's files, or BLEU's tokenizer for it
+            pair = f"{meta.get('src_lang', '?')}→{meta.get('tgt_lang', '?')}"
+            raise ConfigError(f"{flag} {given}: {args.model} translates {pair} (its config.json); give "
+                              f"{saved} or leave {flag} out")  # fmt: skip
     src_lang = args.src_lang or meta.get("src_lang", "de")
     tgt_lang = args.tgt_lang or meta.get("tgt_lang", "en")
     source = (args.src, args.ref) if args.src else args.dataset

@@ -105,6 +105,12 @@ def _project(ws: Path) -> None:
     (ws / "proj" / "main.py").write_text("print('mine')\n", encoding="utf-8")
 
 
+def _de_en(ws: Path) -> None:
+    """The model's config.json records its languages, as a trained one's does."""
+    meta = json.loads((ws / "model" / "config.json").read_text())
+    (ws / "model" / "config.json").write_text(json.dumps({**meta, "src_lang": "de", "tgt_lang": "en"}))
+
+
 TR = ["translate", "--model", "model", "--input", "in.txt"]
 EV = ["evaluate", "--model", "model", "--src", "in.txt", "--ref", "ref.txt"]
 TRAIN = ["train", "dataset=corpus", "out_dir=new_run", *TINY_TRAIN]
@@ -306,6 +312,9 @@ CASES = [
         "notes is a directory, not a file",
     ),
     ("evaluate-src-and-dataset", None, [*EV, "--dataset", "nowhere"], "--dataset: not read for --src/--ref"),
+    # the other direction's files (or BLEU's tokenizer for another language) were read without a word
+    ("evaluate-other-direction", _de_en, [*EV, "--src-lang", "en"], "--src-lang en: model translates de→en"),
+    ("evaluate-other-target", _de_en, [*EV, "--tgt-lang", "ja"], "--tgt-lang ja: model translates de→en"),
     (
         "plot-a-text-file",
         None,
