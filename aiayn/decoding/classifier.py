@@ -262,6 +262,14 @@ class MaskFiller:
             ids = [i for k, i in enumerate(ids) if not (i == lone and ids[k + 1 : k + 2] == [tok.mask_id])]
         return ids
 
+    def check_query(self, query: str, ids: Sequence[int]) -> None:
+        """A ``DataError`` for a query (of ``query_ids`` ``ids``) that ``fill`` cannot answer: no
+        ``<mask>``, or more pieces than the model reads (a server refuses it before queueing it)."""
+        if self.tokenizer.mask_id not in ids:
+            raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
+        if len(ids) + 2 > self.max_len:
+            raise DataError(f"the query has {len(ids)} pieces; this model reads at most {self.max_len - 2}")
+
     @torch.no_grad()
     def fill(self, query: str, top_k: int = 5, ids: Sequence[int] | None = None) -> list[list[Filler]]:
         """For each ``<mask>`` of ``query`` in order, the ``top_k`` fillers, most probable first;
@@ -274,10 +282,7 @@ class MaskFiller:
             raise ConfigError(f"top_k={top_k} must be at least 1")
         tok = self.tokenizer
         ids = self.query_ids(query) if ids is None else list(ids)
-        if tok.mask_id not in ids:
-            raise DataError(f"the query {query!r} has no {MASK}: put {MASK} where a word should be predicted")
-        if len(ids) + 2 > self.max_len:
-            raise DataError(f"the query has {len(ids)} pieces; this model reads at most {self.max_len - 2}")
+        self.check_query(query, ids)
         device = next(self.model.parameters()).device
         batch = _collate(self.model, [np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
         logits = self.model(batch)[0].float()  # (T, V)

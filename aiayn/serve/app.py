@@ -108,10 +108,9 @@ class Observe:
 
         path = scope["path"]  # decoded: a %0a would start a forged log line, a %00 make the log binary
         shown = path if path.isprintable() else path.encode("unicode_escape").decode("ascii")
-        refusal = self._refused_host(scope) or self._refused_origin(scope)
-        app = self.app if refusal is None else refusal
         try:
-            await app(scope, receive, send_watched)
+            refusal = self._refused_host(scope) or self._refused_origin(scope)
+            await (self.app if refusal is None else refusal)(scope, receive, send_watched)
         except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
             log.exception("%s %s failed", scope["method"], shown)
             if status is None:
@@ -160,7 +159,10 @@ class Observe:
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
         site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
-        host = urllib.parse.urlsplit(origin).hostname if origin not in ("", "null") else None
+        try:
+            host = urllib.parse.urlsplit(origin).hostname if origin not in ("", "null") else None
+        except ValueError:  # "http://[zz": no site a browser sends, so none of the server's names
+            host = None
         if host in allowed or site in ("same-origin", "same-site", "none") or not (origin or site):
             return None
         shown = ascii(origin or "another site")[1:-1]

@@ -67,11 +67,12 @@ class Job:
 class Batcher:
     """Worker threads running ``run(kind, payloads) -> results`` on batches of jobs.
 
-    ``on_batch(n_jobs, n_items, seconds, tokens)`` is called after each batch and each step of a
-    running search (``tokens``: one per text of the step, 0 for a step that failed; None for a
-    batch), ``on_wait(seconds)`` when a job starts, with the time it waited (for metrics);
-    ``on_start()`` first on each worker thread (its PyTorch threads). ``stepwise(kind)`` returns a running
-    search for a kind decoded step by step, or None (the default for every kind): run in batches.
+    ``on_batch(n_jobs, n_items, seconds, step)`` is called after each batch (``step`` None) and each
+    step of a running search (``step``: the kind and the results of the jobs that step finished, for
+    the metrics to count their tokens as a batch's are); ``on_wait(seconds)`` when a job starts, with
+    the time it waited (for metrics); ``on_start()`` first on each worker thread (its PyTorch
+    threads). ``stepwise(kind)`` returns a running search for a kind decoded step by step, or None
+    (the default for every kind): run in batches.
     """
 
     def __init__(
@@ -279,14 +280,13 @@ class Batcher:
                 running.remove(entry)  # a new one starts with the next job of this kind
                 continue
             texts, t0 = search.texts, time.perf_counter()
-            made = texts  # a token per text, if the step succeeds
             try:
                 outcomes = self._timed(search.step)
             except Exception as e:  # noqa: BLE001 -- every job of the search gets the error
                 outcomes = [(key, None, e) for key, job in jobs.items() if job.kind == kind]
                 running.remove(entry)
-                made = 0  # a failed step made no tokens
-            self.on_batch(len(search), texts, time.perf_counter() - t0, made)
+            finished = [result for _, result, error in outcomes if error is None]
+            self.on_batch(len(search), texts, time.perf_counter() - t0, (kind, finished))
             self._count_flight(running)  # before the answers: a caller's next look at the gauges sees it
             self._settle_all(outcomes, jobs)
         self._count_flight(running)

@@ -109,11 +109,12 @@ class Server:
             return None
         return kind.running(self.services[kind.model])
 
-    def _on_batch(self, jobs: int, texts: int, seconds: float, step_tokens: int | None) -> None:
+    def _on_batch(self, jobs: int, texts: int, seconds: float, step: tuple[JobKind, list] | None) -> None:
         self.metrics.batch.observe(texts)
         self.metrics.decode_seconds.inc(seconds)
-        if step_tokens is not None:  # a step of a running search: one token per text
-            self._batch.tokens = step_tokens
+        if step is not None:  # a step of a running search: the answers it finished, counted as a batch's
+            kind, finished = step  # (a step per text counted its end and the beam's steps past the best)
+            self._batch.tokens = kind.output_tokens(finished)
         tokens = getattr(self._batch, "tokens", 0)  # on_batch runs on the worker thread that ran it
         if tokens:
             self.metrics.tokens.inc(tokens)
@@ -202,17 +203,22 @@ class Server:
     def search_config(self, given: dict[str, Any] | None = None, **defaults: Any) -> SearchConfig:
         """The decoding options a request ``given`` over the route's ``defaults``, each within its
         bound (``BOUNDS``); the default length, input + max_len_b, within --max-len too."""
+        asked = {**defaults, **(given or {})}
+        self._check_bounds(asked)  # first: the limit's own words, not SearchConfig's for max_len_cap
         try:
-            config = SearchConfig(**{**defaults, **(given or {}), "max_len_cap": self.settings.max_len})
+            config = SearchConfig(**{**asked, "max_len_cap": self.settings.max_len})
         except (AiaynError, TypeError) as e:
             raise invalid(str(e)) from None
+        self._check_bounds(vars(config))  # SearchConfig's defaults too (a --max-beam below its beam)
+        return config
+
+    def _check_bounds(self, options: dict[str, Any]) -> None:
         for option, setting in BOUNDS.items():
-            value, limit = getattr(config, option), getattr(self.settings, setting)
-            if value is not None and value > limit:
+            value, limit = options.get(option), getattr(self.settings, setting)
+            if isinstance(value, int) and value > limit:
                 raise invalid(
                     f"{option}={value} is over this server's limit of {limit} (--{setting.replace('_', '-')})"
                 )
-        return config
 
 
 async def _disconnected(request: Request) -> None:

@@ -291,10 +291,12 @@ class EncoderService:
                 "task=mlm, with <mask> in its vocabulary")  # fmt: skip
 
     def query_ids(self, query: str) -> tuple[list[int], int]:
-        """``query``'s ids as the filler reads them, and how many of them are ``<mask>``."""
+        """``query``'s ids as the filler reads them, and how many of them are ``<mask>``; a query
+        it cannot answer is refused here, before it takes a place in the queue."""
         if self.filler is None:
             raise ConfigError(self.unable("filler"))
         ids = self.filler.query_ids(query)
+        self.filler.check_query(query, ids)
         return ids, ids.count(self.filler.tokenizer.mask_id)
 
     def fill(self, query: str, top_k: int, ids: Sequence[int]) -> list[list[dict]]:

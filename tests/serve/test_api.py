@@ -182,6 +182,19 @@ def test_generations_count_their_tokens_and_decoding_its_seconds(client, served)
     assert _metric(client, "aiayn_decode_seconds_total") > seconds
 
 
+@pytest.mark.parametrize("scheduling", ["step", "batch"])
+def test_translations_count_the_tokens_of_their_answers_however_scheduled(served, scheduling):
+    """By step, every step counted a token per text in flight: the end of sentence and a beam's steps
+    past its best hypothesis too (8 for an answer of 6, 10 for 3 at beam 16), unlike whole batches."""
+    q = ["Ein Mann", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
+    settings = Settings(scheduling=scheduling)
+    with TestClient(create_app([load_service("de-en", served["de-en"])], settings)) as c:
+        before = _metric(c, "aiayn_output_tokens_total")
+        r = c.post("/v1/translate", json={"q": q, "beam": 8, "min_len": 3})  # this model ends at once
+        made = sum(len(result["hypotheses"][0]["tokens"]) for result in r.json()["results"])
+        assert made and _metric(c, "aiayn_output_tokens_total") - before == made
+
+
 def test_generate_classify_fill_mask(client):
     r = client.post("/v1/generate", json={"prompt": "Ein", "max_new_tokens": 5, "seed": 1, **KEY})
     assert r.status_code == 200 and r.json()["text"]
@@ -351,7 +364,12 @@ def test_a_translation_request_never_waits_for_the_thread_pool(client, monkeypat
             "temperature=0.5 applies to sampling",
         ),
         ("/v1/classify", {"json": {"q": "a", "model": "nope", **KEY}}, 400, "no encoder model named 'nope'"),
-        ("/v1/fill-mask", {"json": {"q": "no mask here", "model": "mlm", **KEY}}, 400, "has no <mask>"),
+        (  # it was queued and refused by the worker, without "Invalid request"
+            "/v1/fill-mask",
+            {"json": {"q": "no mask here", "model": "mlm", **KEY}},
+            400,
+            "Invalid request: the query 'no mask here' has no <mask>",
+        ),
         ("/v1/classify", {"json": {"q": "a", "model": "mlm", **KEY}}, 400, "'mlm' has no classification"),
         (
             "/v1/fill-mask",

@@ -396,7 +396,9 @@ def test_a_failing_step_reaches_the_jobs_of_its_search_and_the_worker_goes_on():
     b.close()
     assert [str(e) for e in first] == ["step failed"] * 2
     assert later == "done after 2"  # a new search for the next job
-    assert [tokens for *_, tokens in batches] == [4, 4, 0, 2, 2]  # a token a text; none from the failed step
+    assert [texts for _, texts, _, _ in batches] == [4, 4, 4, 2, 2]
+    # each step's finished results, for the metrics: none from the failed step (its jobs got the error)
+    assert [step for *_, step in batches] == [("steps", [])] * 4 + [("steps", ["done after 2"])]
 
 
 def test_each_worker_thread_runs_on_start_before_its_first_job():
