@@ -3,8 +3,8 @@
 ``read_body`` reads the raw stream up to ``max_body_bytes`` and no further (413 past it), within
 ``body_timeout_s`` (408 past it), and parses it as JSON or, as LibreTranslate also accepts, a form
 (URL-encoded, or multipart as browsers' ``FormData`` and ``curl -F`` send it, read by python-multipart;
-a file part is refused): any failure of a parser, a nesting too deep or a number too long included, or
-text that is not UTF-8, is 400;
+a file part is refused) with the URL's query parameters (not beside JSON): any failure of a parser,
+a nesting too deep or a number too long included, or text that is not UTF-8, is 400;
 ``require_api_key`` checks the key (403) in the body or the ``X-API-Key`` header; ``parse(Model)``
 validates the parsed body with a schema (400, "Invalid request: …"). A route does not declare its
 body model as a parameter, since FastAPI would then read the whole body itself before any dependency
@@ -66,21 +66,18 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
         parameters = request.headers["content-type"].partition(";")[2]  # the boundary
-        return _form(_multipart(raw, f"{kind};{parameters}"))
+        return _with_query(_form(_multipart(raw, f"{kind};{parameters}")), request)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte order mark first, as Windows PowerShell 5 sends it
     except UnicodeDecodeError as e:
         raise invalid(f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
     untyped_form = not kind and "=" in text and not text.lstrip().startswith("{")
     if kind == "application/x-www-form-urlencoded" or untyped_form:
-        try:
-            return _form(parse_qsl(text, keep_blank_values=True, errors="strict"))
-        except UnicodeDecodeError as e:
-            raise invalid(f"the form is not UTF-8 once decoded ({e.reason})") from None
+        return _with_query(_form(_parse_qsl(text, "the form")), request)
     if kind not in ("application/json", ""):
         raise HTTPError(415, f"content type {kind!r} is not JSON or form-encoded")
     if not text.strip():
-        return {}
+        return _with_query({}, request)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -93,6 +90,19 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
 
 
 BodyDep = Annotated[dict[str, Any], Depends(read_body)]
+
+
+def _parse_qsl(text: str, what: str) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(text, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as e:
+        raise invalid(f"{what} is not UTF-8 once decoded ({e.reason})") from None
+
+
+def _with_query(form: dict[str, Any], request: Request) -> dict[str, Any]:
+    """A form's (or an empty body's) fields with the URL's query parameters, which win, as in
+    LibreTranslate (Flask's ``request.values`` looks in the query first); a JSON body is read alone."""
+    return {**form, **_form(_parse_qsl(request.url.query, "the query string"))}
 
 
 def _form(fields: list[tuple[str, str]]) -> dict[str, Any]:

@@ -603,6 +603,27 @@ def test_a_form_sends_numbers_as_text_and_a_number_is_still_a_number(client):
     assert r.status_code == 200
 
 
+def test_libretranslate_clients_as_libretranslate_reads_them(client):
+    """A JSON body after a byte order mark (Windows PowerShell 5's), the fields in the query string
+    of a POST (Flask's request.values: the query first) and a negative ``alternatives`` (read as 0)
+    were each a 400 here."""
+    body = json.dumps({"q": "Ein Mann", "source": "de", "target": "en", **KEY}).encode()
+    r = client.post(
+        "/translate", content=b"\xef\xbb\xbf" + body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 200 and "translatedText" in r.json(), r.text
+    r = client.post("/translate", params={"q": "Ein Mann", "source": "de", "target": "en", **KEY})
+    assert r.status_code == 200 and "translatedText" in r.json(), r.text
+    r = client.post("/translate", params={"target": "en"}, data={"q": "Ein Mann", "target": "xx", **KEY})
+    assert r.status_code == 200, r.text  # the query's target wins
+    r = client.post(
+        "/translate", json={"q": "Ein Mann", "source": "de", "target": "en", "alternatives": -3, **KEY}
+    )
+    assert r.status_code == 200 and "alternatives" not in r.json(), r.text
+    r = client.post("/v1/translate", params={"beam": "2"}, json={"q": "Ein Mann", **KEY})
+    assert r.status_code == 200  # beside JSON the query is not read (a string "2" would be refused)
+
+
 def test_docs_describe_every_body_and_answer(client):
     """Each body is read by a dependency (to stop at the size limit), yet /docs shows its fields."""
     spec = client.get("/openapi.json").json()

@@ -75,12 +75,13 @@ async def translate(
         raise invalid("missing q parameter")
     many, texts = isinstance(body.q, list), server.texts(body.q)
     service = _by_languages(server, body.source, body.target)
-    if not 0 <= body.alternatives < server.settings.max_beam:
+    alternatives = max(0, body.alternatives)  # LibreTranslate's reading of a negative number
+    if alternatives >= server.settings.max_beam:
         raise invalid(f"alternatives must be in 0..{server.settings.max_beam - 1}")
     if body.format == "html":
         best, others = await _translate_html(server, service, texts, request)
     else:
-        n = body.alternatives + 1
+        n = alternatives + 1
         config = server.search_config(beam=min(max(4, n), server.settings.max_beam), nbest=n)
         results = await _submit(server, service, config, texts, request)
         best = [r["translation"] for r in results]
@@ -88,7 +89,7 @@ async def translate(
     detected = DetectedLanguage(confidence=100.0, language=service.source)
     return TranslateResponse(
         translatedText=best if many else best[0],
-        alternatives=(others if many else others[0]) if body.alternatives else None,
+        alternatives=(others if many else others[0]) if alternatives else None,
         detectedLanguage=([detected] * len(texts) if many else detected) if body.source == "auto" else None,
     )
 
