@@ -60,8 +60,11 @@ def add_parser(sub) -> None:
                    help="Host headers answered (without port), or '*' for any; with a loopback --host, "
                    "besides localhost, 127.0.0.1 and ::1 (only those by default, against DNS rebinding); "
                    "else only these (default: any)")  # fmt: skip
+    p.add_argument("--cors-origins", metavar="ORIGIN[,ORIGIN…]",
+                   help="pages of other sites whose scripts may read the answers, as scheme://host[:port], "
+                   "or '*' for any (LibreTranslate's default); default: none")  # fmt: skip
     for f in dataclasses.fields(Settings):
-        if f.name in ("api_keys", "allowed_hosts"):
+        if f.name in OWN:
             continue
         value = getattr(d, f.name)
         kind = float if isinstance(value, float) else str if isinstance(value, str) else int
@@ -109,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.threads <= max_threads():
         raise ConfigError(f"--threads {args.threads} must be in 0..{max_threads()} (0 = PyTorch's default; "
                           "at most four per CPU)")  # fmt: skip
-    own = ("api_keys", "allowed_hosts")
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name not in own}
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name not in OWN}
     keys = read_api_keys(args.api_keys) if args.api_keys else frozenset()
-    settings = Settings(**fields, api_keys=keys, allowed_hosts=allowed_hosts(args.allowed_hosts, args.host))
+    settings = Settings(**fields, api_keys=keys, allowed_hosts=allowed_hosts(args.allowed_hosts, args.host),
+                        cors_origins=cors_origins(args.cors_origins))  # fmt: skip
     models = parse_models(args.model)
     backlog = min(ACCEPT_BURST, settings.max_connections)
     reserve_descriptors(settings.max_connections + 2 * backlog)
@@ -144,6 +147,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+OWN = ("api_keys", "allowed_hosts", "cors_origins")  # Settings fields with an option of their own
+
+
+def cors_origins(given: str | None) -> frozenset[str]:
+    """``--cors-origins``: the origins named (lowercase, without a trailing slash), ``{"*"}``, or none."""
+    names = frozenset(n.strip().lower().rstrip("/") for n in (given or "").split(",") if n.strip())
+    if given is not None and not names:
+        raise ConfigError("--cors-origins is empty; give origins (--cors-origins https://example.org) or '*'")
+    return frozenset({"*"}) if "*" in names else names
 
 
 def allowed_hosts(given: str | None, host: str) -> frozenset[str]:

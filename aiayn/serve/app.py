@@ -23,6 +23,7 @@ import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -77,6 +78,10 @@ def create_app(services: list, settings: Settings | None = None, threads: int = 
     async def _refused(request: Request, e: AiaynError) -> JSONResponse:
         return JSONResponse({"error": f"Invalid request: {e}"}, status_code=getattr(e, "status", 400))
 
+    if server.settings.cors_origins:  # inside Observe: a preflight is logged, counted and origin-checked
+        app.add_middleware(CORSMiddleware, allow_origins=sorted(server.settings.cors_origins),
+                           allow_methods=["GET", "HEAD", "POST"], allow_headers=["Content-Type", "X-API-Key"],
+                           max_age=600)  # fmt: skip
     app.add_middleware(Observe, server=server)
     app.add_middleware(HeadAsGet)
     return app
@@ -152,12 +157,15 @@ class Observe:
         (GET, HEAD: opening the page from a link costs nothing), clients that are not browsers (no
         ``Origin``, no ``Sec-Fetch-Site``), a page of one of the server's names (any port), and what
         the browser itself calls ``same-origin``, ``same-site`` or ``none`` (the page behind a reverse
-        proxy that rewrites Host; browsers without the header then need ``--allowed-hosts``)."""
-        allowed = self.server.settings.allowed_hosts
-        if not allowed or scope["method"] in ("GET", "HEAD"):
+        proxy that rewrites Host; browsers without the header then need ``--allowed-hosts``), and the
+        sites ``--cors-origins`` names (or all, with ``*``), whose pages may read the answers too."""
+        allowed, cors = self.server.settings.allowed_hosts, self.server.settings.cors_origins
+        if not allowed or scope["method"] in ("GET", "HEAD") or "*" in cors:
             return None
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+        if origin in cors:  # a site the operator lets read the answers (--cors-origins) may send them
+            return None
         site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
         try:
             host = urllib.parse.urlsplit(origin).hostname if origin not in ("", "null") else None

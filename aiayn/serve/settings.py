@@ -4,6 +4,7 @@ it waits for a client. The flag of a field is its name with dashes, without a tr
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,9 @@ class Settings:
     # the Host headers answered (lowercase names or addresses, no port); empty: any. aiayn serve on
     # loopback answers only its own names, so that a web page cannot reach it by DNS rebinding
     allowed_hosts: frozenset[str] = field(default_factory=frozenset)
+    # the pages of other sites whose scripts may read the answers (CORS, as LibreTranslate's own
+    # "Access-Control-Allow-Origin: *"); empty: none, the browser's default. "*": any site
+    cors_origins: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         for name in (
@@ -66,10 +70,28 @@ class Settings:
                               "whole search per batch)")  # fmt: skip
         if not 0 <= self.batch_window_ms <= 1000:
             raise ConfigError(f"--batch-window-ms={self.batch_window_ms} must be in [0, 1000]")
+        for origin in self.cors_origins - {"*"}:
+            if not _is_origin(origin):
+                raise ConfigError(f"--cors-origins: {origin!r} is not an origin; give scheme://host[:port] "
+                                  "as browsers send it (https://example.org), or '*': any")  # fmt: skip
         for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_s"):
             value = getattr(self, name)
             if not 0 < value <= 3600:
                 raise ConfigError(f"--{flag(name)}={value} must be in (0, 3600] seconds")
+
+
+def _is_origin(text: str) -> bool:
+    """Whether ``text`` is what a browser sends as ``Origin``: http(s)://host[:port], nothing more."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- a port that is not a number raises here
+    except ValueError:  # "http://[zz"
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and not (parts.path or parts.query or parts.fragment or parts.username or parts.password)
+    )
 
 
 def flag(name: str) -> str:

@@ -624,6 +624,43 @@ def test_libretranslate_clients_as_libretranslate_reads_them(client):
     assert r.status_code == 200  # beside JSON the query is not read (a string "2" would be refused)
 
 
+def test_cors_origins_let_those_sites_pages_read_the_answers_and_no_other(served):
+    """LibreTranslate answers every origin (Access-Control-Allow-Origin: *): a browser client on
+    another site could not use this server at all (a preflight was 405, no answer readable)."""
+    body = {"q": "Ein Mann", "source": "de", "target": "en"}
+    preflight = {"access-control-request-method": "POST", "access-control-request-headers": "content-type"}
+    de_en_meta(served["de-en"])
+    services = [load_service("de-en", served["de-en"])]
+    site, other = "https://app.example", "https://evil.example"
+    loopback = Settings(allowed_hosts=frozenset({"testserver"}), cors_origins=frozenset({site}))
+    with TestClient(create_app(services, loopback)) as c:
+        r = c.options("/translate", headers={"origin": site, **preflight})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == site
+        r = c.post("/translate", json=body, headers={"origin": site})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == site
+        r = c.post("/translate", json=body, headers={"origin": other})
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers  # as without CORS
+    with TestClient(create_app(services, Settings(cors_origins=frozenset({"*"})))) as c:
+        r = c.post("/translate", json=body, headers={"origin": other})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    with TestClient(create_app(services, Settings())) as c:  # the default: the browser's own rule
+        assert c.options("/translate", headers={"origin": site, **preflight}).status_code == 405
+        assert (
+            "access-control-allow-origin"
+            not in c.post("/translate", json=body, headers={"origin": site}).headers
+        )
+
+
+@pytest.mark.parametrize(
+    "given", ["example.org", "https://example.org/path", "ftp://x.org", "http://[zz", ""]
+)
+def test_a_cors_origin_that_is_not_one_is_refused(given):
+    from aiayn.cli.serve import cors_origins
+
+    with pytest.raises(ConfigError, match="--cors-origins"):
+        Settings(cors_origins=cors_origins(given))
+
+
 def test_docs_describe_every_body_and_answer(client):
     """Each body is read by a dependency (to stop at the size limit), yet /docs shows its fields."""
     spec = client.get("/openapi.json").json()
