@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
-from tests.serve.conftest import de_en_meta, post, start_serve  # noqa: E402
+from tests.serve.conftest import de_en_meta, post, start_serve, stop  # noqa: E402
 
 
 def test_the_libretranslate_client_translates_as_the_cli(server, served):
@@ -114,6 +114,26 @@ def test_on_loopback_a_page_of_another_site_is_refused_its_own_pages_and_other_c
         assert httpx.post(url + "translate", json=body, headers=headers).status_code == 200, headers
     page = httpx.get(url, headers={"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"})
     assert page.status_code == 200  # a link from elsewhere opens the page: reading costs nothing
+
+
+def test_cors_origins_from_the_command_line_reach_a_browsers_preflight(served, tmp_path):
+    de_en_meta(served["de-en"])
+    url, proc = start_serve(["--model", str(served["de-en"]), "--cors-origins", "https://app.example"],
+                            tmp_path / "serve.log")  # fmt: skip
+    try:
+        asked = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "content-type,x-api-key"}  # fmt: skip
+        r = httpx.options(url + "translate", headers=asked)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        body = {"q": "Ein", "source": "de", "target": "en"}
+        r = httpx.post(url + "translate", json=body, headers={"origin": "https://app.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert (
+            httpx.post(url + "translate", json=body, headers={"origin": "https://evil.example"}).status_code
+            == 403
+        )
+    finally:
+        stop(proc)
 
 
 def test_a_client_that_hangs_up_frees_the_search_at_once(server):
