@@ -18,6 +18,7 @@ SCHEDULINGS = ("step", "batch")
 class Settings:
     char_limit: int = 5000  # characters per text (LibreTranslate's --char-limit)
     batch_limit: int = 32  # texts per request (LibreTranslate's --batch-limit)
+    sentence_limit: int = 512  # sentences /translate splits a request's texts into, at most
     # a larger request body is refused (413) before it is read whole; the default holds batch_limit texts
     # of char_limit characters however a client escapes them (JSON's \ud83d\ude00: 12 bytes a character)
     max_body_bytes: int = 2 << 20
@@ -50,6 +51,7 @@ class Settings:
         for name in (
             "char_limit",
             "batch_limit",
+            "sentence_limit",
             "max_body_bytes",
             "queue_size",
             "max_new_tokens",

@@ -526,10 +526,8 @@ def test_an_ensemble_is_served_as_the_library_decodes_it(pair):
         assert [x["translation"] for x in results] == expected
         assert all(x["attention"] == {} for x in results)  # no single map to show: the page hides it
         r = c.post("/translate", json={"q": texts[0], "source": "de", "target": "en"})
-        assert (
-            r.json()["translatedText"]
-            == Translator.from_dirs(pair).translate(texts[:1], SearchConfig(beam=4))[0]
-        )
+        alone = Translator.from_dirs(pair).translate(texts[:1], SearchConfig(beam=4))[0]
+        assert r.json()["translatedText"] == alone.strip()  # a sentence's translation, joined as one
     quantized = Translator.from_dirs(pair)
     quantize(quantized.model, "int8")
     with TestClient(create_app([load_service("de-en", pair, quantization="int8")], Settings())) as c:
@@ -601,6 +599,30 @@ def test_a_form_sends_numbers_as_text_and_a_number_is_still_a_number(client):
     assert len(client.post("/translate", data=form).json()["alternatives"]) == 1
     r = client.post("/v1/translate", json={"q": "Ein Mann", "lenpen": 1, "beam": 2, **KEY})  # int for float
     assert r.status_code == 200
+
+
+def test_translate_reads_a_text_sentence_by_sentence_as_libretranslate_does(tmp_path):
+    """A paragraph was one input: a model trained on sentences translates its first and drops the
+    rest. Each sentence is now translated as the library translates it alone, lines kept."""
+    model = translation_dir(tmp_path / "m", seed=5)  # a random model whose sentences differ
+    de_en_meta(model)
+    text = "Ein Mann fährt. Zwei Hunde spielen!\nEine Frau liest."
+    sentences = ["Ein Mann fährt.", "Zwei Hunde spielen!", "Eine Frau liest."]
+    t = Translator.from_dir(model)
+    hyps = [
+        [t.detokenize(h).strip() for h in hs]
+        for hs in t.search(t.encode(sentences)[0], SearchConfig(nbest=2))
+    ]
+    assert all(len(hs) == 2 and all(hs) for hs in hyps) and len({hs[0] for hs in hyps}) == 3
+    with TestClient(create_app([load_service("de-en", model)], Settings(sentence_limit=3))) as c:
+        body = {"q": [text, ""], "source": "de", "target": "en", "alternatives": 1}
+        r = c.post("/translate", json=body)
+        assert r.status_code == 200, r.text
+        for i, got in enumerate((r.json()["translatedText"][0], r.json()["alternatives"][0][0])):
+            assert got == f"{hyps[0][i]} {hyps[1][i]}\n{hyps[2][i]}"
+        assert r.json()["translatedText"][1] == ""  # nothing to translate: no model output
+        r = c.post("/translate", json={**body, "q": [text, "Noch einer."]})
+        assert r.status_code == 400 and "(4 sentences) exceeds sentence limit (3)" in r.json()["error"]
 
 
 def test_libretranslate_clients_as_libretranslate_reads_them(client):

@@ -1,7 +1,8 @@
 """LibreTranslate's API: existing LibreTranslate clients work unchanged.
 
 ``/translate`` decodes with beam 4 (or ``alternatives + 1``) and answers with LibreTranslate's field
-names; with ``format=html`` it translates the texts between the tags (``HtmlText``). ``/languages``
+names; it translates each text sentence by sentence, as LibreTranslate does (``Sentences``), and with
+``format=html`` the texts between the tags (``HtmlText``). ``/languages``
 lists each loaded language with the targets it translates into (none for a
 language that is only a target), so that a client's target list holds every target too. aiayn has no
 language detector: ``source=auto`` (and ``/detect``) names the one source language that can be meant,
@@ -27,6 +28,7 @@ from aiayn.serve.schemas import (
     TranslateResponse,
     request_body,
 )
+from aiayn.serve.sentences import Sentences
 from aiayn.serve.server import HTTPError, Server, invalid
 from aiayn.serve.services import TranslationService, language_name
 
@@ -83,9 +85,7 @@ async def translate(
     else:
         n = alternatives + 1
         config = server.search_config(beam=min(max(4, n), server.settings.max_beam), nbest=n)
-        results = await _submit(server, service, config, texts, request)
-        best = [r["translation"] for r in results]
-        others = [[h["text"] for h in r["hypotheses"][1:]] for r in results]
+        best, others = await _translate_sentences(server, service, config, texts, request)
     detected = DetectedLanguage(confidence=100.0, language=service.source)
     return TranslateResponse(
         translatedText=best if many else best[0],
@@ -100,6 +100,27 @@ async def _submit(server: Server, service: TranslationService, config, texts: li
     return await server.submit(Translation(service.name, config, False), sources, len(texts), request)
 
 
+async def _translate_sentences(
+    server: Server, service: TranslationService, config, texts: list[str], request: Request
+) -> tuple[list[str], list[list[str]]]:
+    """Each text translated sentence by sentence (``Sentences``: its lines, then their sentences), all
+    as one batch; its alternatives join the sentences' second, third, … hypotheses as the best are
+    joined (Argos Translate's)."""
+    split = [Sentences(t, service.source) for t in texts]
+    pieces = [piece for s in split for piece in s.pieces]
+    limit = server.settings.sentence_limit
+    if len(pieces) > limit:
+        raise invalid(f"request ({len(pieces)} sentences) exceeds sentence limit ({limit})")
+    results = await _submit(server, service, config, pieces, request) if pieces else []
+    best, others, start = [], [], 0
+    for s in split:
+        mine, start = results[start : start + len(s.pieces)], start + len(s.pieces)
+        best.append(s.join([r["translation"] for r in mine]))
+        hyps = [[h["text"] for h in r["hypotheses"]] for r in mine]
+        others.append([s.join([h[min(i, len(h) - 1)] for h in hyps]) for i in range(1, config.nbest)])
+    return best, others
+
+
 async def _translate_html(
     server: Server, service: TranslationService, texts: list[str], request: Request
 ) -> tuple[list[str], list[list[str]]]:
@@ -110,10 +131,8 @@ async def _translate_html(
     limit = server.settings.batch_limit
     if len(pieces) > limit:
         raise invalid(f"format=html: request ({len(pieces)} texts between tags) exceeds text limit ({limit})")
-    translations = []
-    if pieces:
-        config = server.search_config(beam=min(4, server.settings.max_beam))
-        translations = [r["translation"] for r in await _submit(server, service, config, pieces, request)]
+    config = server.search_config(beam=min(4, server.settings.max_beam))
+    translations, _ = await _translate_sentences(server, service, config, pieces, request)
     best, start = [], 0
     for page in pages:
         best.append(page.join(translations[start : start + len(page.texts)]))
