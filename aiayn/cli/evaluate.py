@@ -35,6 +35,7 @@ from aiayn.decoding.rerank import Reranked, check_rerank_search
 from aiayn.decoding.translator import DEFAULT_MAX_TOKENS, Translator
 from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.model_dir import check_kind, model_meta
+from aiayn.interop.pretrained import hf_model_type
 
 EXAMPLES = """examples:
   aiayn evaluate --model runs/de-en                                  # multi30k test (2016 flickr)
@@ -183,8 +184,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give both --src and --ref (or neither, to use --dataset)")
     if args.src is not None:
         _refuse_others(args, ("dataset", "split"), "--src/--ref", "they name the sentences; leave them out")
+    own = hf_model_type(args.model) is None  # an OPUS-MT folder's codes name groups: "mul", "ROMANCE"
     for flag, key in (("--src-lang", "src_lang"), ("--tgt-lang", "tgt_lang")):
-        given, saved = getattr(args, key), meta.get(key)
+        given, saved = getattr(args, key), meta.get(key) if own else None
         if given and saved and given != saved:  # the other direction's files, or BLEU's tokenizer for it
             pair = f"{meta.get('src_lang', '?')}→{meta.get('tgt_lang', '?')}"
             raise ConfigError(f"{flag} {given}: {args.model} translates {pair} (its config.json); give "

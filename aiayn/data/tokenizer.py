@@ -330,7 +330,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     directory = Path(directory)
     path = directory / META_FILE
     if not path.is_file():
-        raise DataError(f"{path}: not found; point to a folder written by tokenizer.save(folder)")
+        raise DataError(f"{path} {absent(path)}; point to a folder written by tokenizer.save(folder)")
     meta = read_json(path, "", DataError, fix="it is truncated or corrupt: retrain or restore the tokenizer")
     kind = meta.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:

@@ -5,11 +5,11 @@
 (URL-encoded, or multipart as browsers' ``FormData`` and ``curl -F`` send it, read by python-multipart;
 a file part is refused) with the URL's query parameters (not beside JSON): any failure of a parser,
 a nesting too deep or a number too long included, or text that is not UTF-8, is 400;
-``require_api_key`` checks the key (403) in the body or the ``X-API-Key`` header; ``parse(Model)``
-validates the parsed body with a schema (400, "Invalid request: …"). A route does not declare its
-body model as a parameter, since FastAPI would then read the whole body itself before any dependency
-runs; ``schemas.request_body`` documents it instead. FastAPI runs each dependency once per request,
-so the body is read once.
+``require_api_key`` checks the key (403) in the body (or a form's query string) or the ``X-API-Key``
+header; ``parse(Model)`` validates the parsed body with a schema (400, "Invalid request: …"). A route
+does not declare its body model as a parameter, since FastAPI would then read the whole body itself
+before any dependency runs; ``schemas.request_body`` documents it instead. FastAPI runs each
+dependency once per request, so the body is read once.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
         raise HTTPError(499, "client closed the request") from None
     raw = b"".join(chunks)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json" and len(raw) + len(request.url.query) > limit:  # a form's query is read
+        raise HTTPError(413, f"the body and its query string are over {limit} bytes")
     if kind == "multipart/form-data":
         parameters = request.headers["content-type"].partition(";")[2]  # the boundary
         return _with_query(_form(_multipart(raw, f"{kind};{parameters}")), request)
@@ -76,8 +78,8 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
         return _with_query(_form(_parse_qsl(text, "the form")), request)
     if kind not in ("application/json", ""):
         raise HTTPError(415, f"content type {kind!r} is not JSON or form-encoded")
-    if not text.strip():
-        return _with_query({}, request)
+    if not text.strip():  # nothing: a form's fields may all be in the query (not beside JSON)
+        return {} if kind == "application/json" else _with_query({}, request)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -28,7 +28,7 @@ from aiayn.data.subword import SAMPLES_DIR
 from aiayn.errors import ConfigError, ModelDirError, OutputError
 from aiayn.models.io import read_config
 from aiayn.temporaries import remove_temporaries
-from aiayn.textfiles import read_json
+from aiayn.textfiles import absent, read_json
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, default_dict, inert_fields, to_dict
 from aiayn.training.distributed import DistInfo, all_reduce_max
@@ -226,7 +226,8 @@ def plan_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> tuple[str, li
     if (run_dir / TRAIN_CONFIG).is_file():
         return uuid.uuid4().hex, [], True
     if resume:
-        raise ModelDirError(f"cannot resume: {run_dir / TRAIN_CONFIG} is missing ({run_dir} holds no run)")
+        config = run_dir / TRAIN_CONFIG
+        raise ModelDirError(f"cannot resume: {config} {absent(config)} ({run_dir} holds no run)")
     if run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir()):
         raise OutputError(f"out_dir={cfg.out_dir!r} is not empty and holds no run; choose a new directory")
     return uuid.uuid4().hex, [], False

@@ -128,13 +128,13 @@ def test_corpus_errors_while_training_keep_their_type():
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(DataError, match="tokenizer.json: not found"):
+    with pytest.raises(DataError, match="tokenizer.json is missing"):
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"kind": "wordpiece"}')
     with pytest.raises(DataError, match="kind one of sentencepiece, char"):
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"kind": "sentencepiece"}')
-    with pytest.raises(DataError, match="spm.model: missing"):
+    with pytest.raises(DataError, match="spm.model is missing"):
         load_tokenizer(tmp_path)
 
 

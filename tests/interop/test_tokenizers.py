@@ -101,3 +101,13 @@ def test_corrupt_target_vocab_json_is_named(tmp_path):
     (tmp_path / "target_vocab.json").write_text(json.dumps({k: v for k, v in vocab.items() if k != "</s>"}))
     with pytest.raises(ModelDirError, match=r"target_vocab\.json: the vocabulary lacks the special piece"):
         load_marian_tokenizers(tmp_path)
+
+
+def test_an_id_that_no_piece_has_decodes_to_nothing(tmp_path):
+    """A gap in vocab.json's ids went through sentencepiece's own id table (another piece, or a
+    traceback past its end); transformers' MarianTokenizer reads it as unknown, dropped."""
+    vocab = write_marian_tokenizer(tmp_path)
+    moved = next(p for p, i in vocab.items() if i == 10)
+    (tmp_path / "vocab.json").write_text(json.dumps({**vocab, moved: len(vocab) + 3}))
+    src, _ = load_marian_tokenizers(tmp_path)
+    assert src.vocab_size == len(vocab) and src.decode([10]) == ""  # 10 holds no piece now

@@ -1,5 +1,7 @@
 """``aiayn translate --model DIR`` on an OPUS-MT-style directory gives what transformers gives."""
 
+import json
+
 import pytest
 import torch
 
@@ -54,3 +56,25 @@ def test_tokenizer_that_does_not_fit_the_model_is_refused(opus_mt_dir):
     marian(directory, vocab_size=40, pad_token_id=39, decoder_start_token_id=39)
     with pytest.raises(ModelDirError, match="the source vocabulary .* does not fit config.json"):
         load_marian_translation(directory)
+
+
+def test_a_multilingual_opus_mt_is_evaluated_on_a_language_it_names_by_group(opus_mt_dir, tmp_path, capsys):
+    """OPUS-MT names a group ("mul", "ROMANCE") where an aiayn model names its language: --src-lang
+    de was refused as a contradiction of "mul"."""
+    directory, _ = opus_mt_dir
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({**config, "source_lang": "mul", "target_lang": "en"})
+    )
+    (tmp_path / "s.de").write_text("Ein Mann.\n", encoding="utf-8")
+    (tmp_path / "r.en").write_text("A man.\n", encoding="utf-8")
+    argv = [
+        "evaluate",
+        "--model",
+        str(directory),
+        "--src",
+        str(tmp_path / "s.de"),
+        "--ref",
+        str(tmp_path / "r.en"),
+    ]
+    assert main([*argv, "--src-lang", "de", "--max-len", "5"]) == 0, capsys.readouterr().err

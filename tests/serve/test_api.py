@@ -644,6 +644,8 @@ def test_libretranslate_clients_as_libretranslate_reads_them(client):
     assert r.status_code == 200 and "alternatives" not in r.json(), r.text
     r = client.post("/v1/translate", params={"beam": "2"}, json={"q": "Ein Mann", **KEY})
     assert r.status_code == 200  # beside JSON the query is not read (a string "2" would be refused)
+    r = client.post("/translate", params={"q": "a" * 4100}, data={"target": "en", **KEY})
+    assert r.status_code == 413  # the body's limit (4096 bytes here) holds for the query too
 
 
 def test_cors_origins_let_those_sites_pages_read_the_answers_and_no_other(served):

@@ -52,7 +52,7 @@ class MarianTokenizer(Tokenizer):
         self.pieces = {i: p for p, i in vocab.items()}
         self.eos_id, self.pad_id, self.unk_id = vocab[eos], vocab[pad], vocab[unk]
         self.bos_id = self.pad_id
-        self.vocab_size = max(vocab.values()) + 1  # every id a piece has (len(vocab) where they are 0…n-1)
+        self.vocab_size = len(vocab)  # transformers' MarianTokenizer's; ids past it are never emitted
         self.skip = {self.eos_id, self.pad_id, self.unk_id}
 
     def encode(self, text: str) -> list[int]:
@@ -63,7 +63,8 @@ class MarianTokenizer(Tokenizer):
         return [vocab.get(p, unk) for p in code + self.sp.encode(text, out_type=str)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        pieces = [self.pieces.get(i) or self.sp.id_to_piece(i) for i in self._ids(ids) if i not in self.skip]
+        held = (self.pieces.get(i) for i in self._ids(ids) if i not in self.skip)
+        pieces = [p for p in held if p is not None]  # an id no piece has (a gap in vocab.json): dropped
         return self.sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
 
     def model_bytes(self) -> bytes:
