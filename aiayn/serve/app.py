@@ -50,7 +50,11 @@ def create_app(services: list, settings: Settings | None = None, threads: int = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        yield
+        try:
+            yield
+        except asyncio.CancelledError:  # a forced exit (a second Ctrl-C) cancels the lifespan too: an
+            return  # exit as designed, not a failure for Starlette to log as a traceback (cli/serve.py
+            # then stops the workers at their next step)
         server.batcher.close()
 
     app = FastAPI(

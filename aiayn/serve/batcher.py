@@ -9,8 +9,9 @@ that one worker leaves there is seen by every other. A worker thread
 takes the oldest job, waits up to ``window`` seconds for more jobs of an equal *kind* (same model,
 same decoding options: they can share one search; ``jobs.py`` names the server's kinds), stops at
 ``max_items`` texts, and runs them as one call of ``run(kind, payloads)``; each job's result (or
-exception) goes back to its own future. A batch that raises is run again one job at a time, so that
-an error belongs to the job that caused it and the others still get their results. A job submitted
+exception) goes back to its own future, and a result that *is* an exception is that job's error (a
+request whose answer would be too large, say). A batch that raises is run again one job at a time, so
+that an error belongs to the job that caused it and the others still get their results. A job submitted
 ``alone`` (a streamed generation) is never batched with another. A job whose caller gave up (a
 timeout, a client that disconnected) is cancelled and skipped if it has not run; a batch whose
 callers have all given up stops at its next decoding step (``aiayn.decoding.cancel``). ``busy()``
@@ -320,10 +321,9 @@ class Batcher:
             self.on_wait(t0 - job.queued)
 
         def outcomes() -> list[tuple[Job, Any, Exception | None]]:
-            out = self._outcomes(batch)
-            if len(batch) > 1 and any(error is not None and not isinstance(error, SearchStopped)
-                                      for _, _, error in out):  # fmt: skip
-                out = [o for job in batch for o in self._outcomes([job])]  # each job on its own
+            out, raised = self._outcomes(batch)
+            if len(batch) > 1 and raised is not None and not isinstance(raised, SearchStopped):
+                out = [o for job in batch for o in self._outcomes([job])[0]]  # each job on its own
             return out
 
         done = self._timed(outcomes)
@@ -331,18 +331,20 @@ class Batcher:
         for job, result, error in done:
             _answer(job, result, error)
 
-    def _outcomes(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """``(job, result, error)`` of running ``jobs`` as one batch; the search stops between two
-        steps once every caller has given up."""
+    def _outcomes(self, jobs: list[Job]) -> tuple[list[tuple[Job, Any, Exception | None]], Exception | None]:
+        """``(job, result, error)`` of running ``jobs`` as one batch, and what the batch raised (None
+        if it ran: a result that is an exception is its job's own error); the search stops between
+        two steps once every caller has given up."""
         jobs = [job for job in jobs if not job.future.cancelled()]
         if not jobs:
-            return []
+            return [], None
         try:
             with stop_when(lambda: self.abandoning or all(job.future.cancelled() for job in jobs)):
                 results = self.run(jobs[0].kind, [job.payload for job in jobs])
-            return [(job, result, None) for job, result in zip(jobs, results, strict=True)]
         except Exception as e:  # noqa: BLE001 -- the batch's callers get the error
-            return [(job, None, e) for job in jobs]
+            return [(job, None, e) for job in jobs], e
+        return [(job, None, r) if isinstance(r, Exception) else (job, r, None)
+                for job, r in zip(jobs, results, strict=True)], None  # fmt: skip
 
 
 def _answer(job: Job, result: Any, error: Exception | None) -> None:

@@ -101,7 +101,8 @@ class Server:
     def _run(self, kind: JobKind, payloads: list[Any]) -> list[Any]:
         results = kind.run(self.services[kind.model], payloads)
         # added, not set: a failed batch is run again a job at a time, and each success counts
-        self._batch.tokens = getattr(self._batch, "tokens", 0) + kind.output_tokens(results)
+        answered = [r for r in results if not isinstance(r, Exception)]  # a job's own error counts none
+        self._batch.tokens = getattr(self._batch, "tokens", 0) + kind.output_tokens(answered)
         return results
 
     def _stepwise(self, kind: JobKind) -> Any:
@@ -154,7 +155,9 @@ class Server:
             future.cancel()
             if watch is not None and watch in done:
                 raise HTTPError(499, "client closed the request")
-            raise HTTPError(503, f"the request waited more than {self.settings.timeout_s:g} s; retry later")
+            raise HTTPError(503, f"no answer within {self.settings.timeout_s:g} s (--timeout), waiting for "
+                                 "the model and decoding together; retry later, or ask for less (fewer or "
+                                 "shorter texts, a smaller beam or max_len)")  # fmt: skip
         try:
             return future.result()
         except AiaynError as e:  # the request's fault: 400, or the status the error names

@@ -103,11 +103,16 @@ class TranslationService:
     ) -> list[list[dict]]:
         """One result list per request (its ``encode``d texts), one dict per text: translation,
         alternatives, scores, tokens; with ``attention``, up to ``max_attention_values`` weights per
-        request (``OverLimit`` past it: the batcher then runs each request on its own)."""
+        request (past it, that request's result is its ``OverLimit``: the batch's others stand)."""
         repeats = [n for r in requests for n in occurrences(r)]  # each request's own: others change nothing
         nbest = self.translator.search([src for r in requests for src in r], config, repeats=repeats)
-        return [self.answer(r, hyps, attention, max_attention_values)
-                for r, hyps in zip(requests, per_request(nbest, requests))]  # fmt: skip
+        results: list = []
+        for r, hyps in zip(requests, per_request(nbest, requests)):
+            try:
+                results.append(self.answer(r, hyps, attention, max_attention_values))
+            except OverLimit as e:  # its own answer, not the batch's: no one is decoded again
+                results.append(e)
+        return results
 
     def answer(
         self,

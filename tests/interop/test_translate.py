@@ -68,13 +68,6 @@ def test_a_multilingual_opus_mt_is_evaluated_on_a_language_it_names_by_group(opu
     )
     (tmp_path / "s.de").write_text("Ein Mann.\n", encoding="utf-8")
     (tmp_path / "r.en").write_text("A man.\n", encoding="utf-8")
-    argv = [
-        "evaluate",
-        "--model",
-        str(directory),
-        "--src",
-        str(tmp_path / "s.de"),
-        "--ref",
-        str(tmp_path / "r.en"),
-    ]
+    src, ref = str(tmp_path / "s.de"), str(tmp_path / "r.en")
+    argv = ["evaluate", "--model", str(directory), "--src", src, "--ref", ref]
     assert main([*argv, "--src-lang", "de", "--max-len", "5"]) == 0, capsys.readouterr().err

@@ -201,6 +201,32 @@ def test_a_bad_job_fails_alone_and_its_batch_mates_get_their_results():
     assert calls[0] == [1, "bad", 3] and sorted(map(str, calls[1:])) == ["['bad']", "[1]", "[3]"]
 
 
+def test_a_job_whose_result_is_an_error_gets_it_and_the_batch_is_not_run_again():
+    """A request whose answer would be over a limit (attention) is known only after the search: it
+    failed the whole batch, which then ran again a job at a time, every other request decoded twice."""
+    calls = []
+
+    def run(key, payloads):
+        calls.append(list(payloads))
+        return [ValueError(f"{p} is too large") if p == "big" else f"{key}:{p}" for p in payloads]
+
+    b = Batcher(run, max_queue=16, window=0.1, max_items=8)
+
+    async def outcome(payload):
+        try:
+            return "answered", await b.submit("k", payload)
+        except ValueError as e:
+            return "raised", str(e)
+
+    async def go():
+        return await asyncio.gather(*(outcome(p) for p in (1, "big", 3)))
+
+    out = asyncio.run(go())
+    b.close()
+    assert out == [("answered", "k:1"), ("raised", "big is too large"), ("answered", "k:3")]
+    assert calls == [[1, "big", 3]]
+
+
 def test_a_batch_whose_callers_all_gave_up_stops_between_steps_and_busy_says_how_long():
     steps, stopped = [], threading.Event()
 
