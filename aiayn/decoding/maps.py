@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aiayn.data.tokenizer import Tokenizer
+from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 
 VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # pieces that would print as nothing
 
@@ -26,4 +26,13 @@ def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
     """A printable label per id: special ids by name (bos before pad where the two are one id, as in
     Marian models), the others as the text they decode to (a space, tab or line break shown)."""
     names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win
-    return [names.get(i) or VISIBLE.get(s := tok.decode([i]), s) or f"<{i}>" for i in ids]
+    return [names.get(i) or VISIBLE.get(s := _text(tok, i), s) or f"<{i}>" for i in ids]
+
+
+def _text(tok: Tokenizer, i: int) -> str:
+    """The text of one id; sentencepiece's lone word boundary "▁", which decodes to nothing (a
+    leading space is dropped), is the space it stands for."""
+    text = tok.decode([i])
+    if not text and isinstance(tok, SentencePieceTokenizer):  # its ids are sentencepiece's own
+        text = tok.sp.id_to_piece(i).replace("\u2581", " ")
+    return text

@@ -1047,3 +1047,18 @@ def test_a_seeded_sample_is_the_same_alone_and_batched_with_another_request(tmp_
     after_another = service.run(config, [[b], [a, a]], attention=False)[1]
     tokens = lambda answer: answer["hypotheses"][0]["tokens"]  # noqa: E731
     assert tokens(after_another[0]) == tokens(alone[0]) != tokens(after_another[1])  # a repeat: new samples
+
+
+def test_sentencepieces_lone_word_boundary_is_labelled_a_space():
+    """"▁" alone (before a word split another way) decodes to nothing: it was labelled by its id."""
+    from types import SimpleNamespace
+
+    from aiayn.data import SentencePieceTokenizer
+    from aiayn.decoding.maps import token_labels
+
+    tok = SentencePieceTokenizer.train(TEXTS, 300)
+    boundary = tok.sp.piece_to_id("\u2581")
+    assert boundary != tok.sp.unk_id() and tok.decode([boundary]) == ""
+    config = SimpleNamespace(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    word = tok.encode("movie")[-1]
+    assert token_labels(tok, [boundary, word], config) == ["␣", tok.decode([word])]
