@@ -1050,7 +1050,7 @@ def test_a_seeded_sample_is_the_same_alone_and_batched_with_another_request(tmp_
 
 
 def test_sentencepieces_lone_word_boundary_is_labelled_a_space():
-    """"▁" alone (before a word split another way) decodes to nothing: it was labelled by its id."""
+    """ "▁" alone (before a word split another way) decodes to nothing: it was labelled by its id."""
     from types import SimpleNamespace
 
     from aiayn.data import SentencePieceTokenizer
