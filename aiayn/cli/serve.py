@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                         cors_origins=cors_origins(args.cors_origins))  # fmt: skip
     models = parse_models(args.model)
     backlog = min(ACCEPT_BURST, settings.max_connections)
-    reserve_descriptors(settings.max_connections + 2 * backlog)
+    reserve_descriptors(settings.max_connections, 2 * backlog)
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
                             settings.send_timeout_s)  # fmt: skip
     sock = guard.listener(bind(args.host, args.port))  # before the models load and "on http://…" prints
@@ -198,17 +198,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def reserve_descriptors(connections: int) -> None:
-    """Raise the process's soft limit of open files to hold ``connections`` sockets and the files
-    a server keeps open; ``ConfigError`` when the hard limit does not allow it."""
+def reserve_descriptors(connections: int, waiting: int) -> None:
+    """Raise the process's soft limit of open files to hold ``connections`` sockets, ``waiting``
+    more (accepted while older ones are closed) and the files a server keeps open; ``ConfigError``
+    when the hard limit does not allow it."""
     try:
         import resource
     except ImportError:  # not on this platform: the operating system's limit applies
         return
-    need = connections + 128  # the models' files, the listening socket, the interpreter's own
+    need = connections + waiting + 128  # and the models' files, the listening socket, the interpreter's own
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
-            raise ConfigError(f"--max-connections {connections} needs {need} open files; this process may "
-                              f"open {hard} (ulimit -n): give a smaller --max-connections")  # fmt: skip
+            raise ConfigError(f"--max-connections {connections} needs {need} open files ({waiting} more for "
+                              f"connections being accepted, 128 for the server's own); this process may open "
+                              f"{hard} (ulimit -n): give at most {max(hard - waiting - 128, 0)}")  # fmt: skip
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

@@ -35,3 +35,16 @@ def test_api_key_comments_are_skipped_however_indented(tmp_path):
     keys.write_text("   # only a comment\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="holds no API key"):
         read_api_keys(keys)
+
+
+def test_too_many_connections_for_the_open_files_name_the_given_number_and_the_most_allowed(monkeypatch):
+    """The message named --max-connections plus the accept backlog as if the user had given that."""
+    import resource
+
+    from aiayn.cli.serve import reserve_descriptors
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 20000))
+    with pytest.raises(
+        ConfigError, match=r"^--max-connections 1000000 needs 1000384 open files .* give at most 19616$"
+    ):
+        reserve_descriptors(1_000_000, 256)
