@@ -25,6 +25,13 @@ def test_the_libretranslate_client_translates_as_the_cli(server, served):
     lt = libretranslatepy.LibreTranslateAPI(url)
     expected = Translator.from_dir(served["de-en"]).translate(["Ein Mann fährt."], SearchConfig(beam=4))[0]
     assert lt.translate("Ein Mann fährt.", "de", "en") == expected
+    sentences = Translator.from_dir(served["de-en"]).translate(
+        ["Zwei Hunde.", "Eine Frau liest."], SearchConfig(beam=4)
+    )
+    paragraph = lt.translate(
+        "Ein Mann fährt. Zwei Hunde.\nEine Frau liest.", "de", "en"
+    )  # as LibreTranslate reads it
+    assert paragraph == f"{expected.strip()} {sentences[0].strip()}\n{sentences[1].strip()}"
     assert lt.languages() == [{"code": "de", "name": "German", "targets": ["en"]},
                               {"code": "en", "name": "English", "targets": []}]  # fmt: skip
     assert lt.detect("Ein Mann fährt.") == [{"confidence": 100.0, "language": "de"}]
