@@ -220,6 +220,7 @@ MODEL_ENTRIES = {
     "target.spm", "trainer_state.json", "trainer_state.safetensors", "metrics.jsonl", "best", "averaged",
     "tensorboard", "loss.png", "lr.png", "bleu.png", "accuracy.png", ".aiayn-demo", "shared_vocabulary.json",
     "source_vocabulary.json", "target_vocabulary.json", "vocab.txt", "aiayn_tokenizer",
+    "target_vocab.json",  # a Marian export's target side, where the vocabularies differ
 }  # fmt: skip
 
 

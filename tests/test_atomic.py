@@ -171,3 +171,17 @@ def test_a_written_file_gets_the_mode_of_a_new_file_not_its_writers(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "w.bin").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_marian_export_with_two_vocabularies_holds_a_model(tmp_path):
+    """``aiayn export --force`` refused to replace its own export of separate vocabularies: its
+    target_vocab.json was a file no model holds."""
+    from aiayn.atomic import holds_model
+
+    names = ["config.json", "model.safetensors", "generation_config.json", "source.spm", "target.spm",
+             "vocab.json", "target_vocab.json", "tokenizer_config.json"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("{}")
+    assert holds_model(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not holds_model(tmp_path)

@@ -17,6 +17,7 @@ from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ct
 from aiayn.interop.gpt2 import export_gpt2
 from aiayn.interop.hf import AIAYN_TOKENIZER
 from aiayn.interop.marian import save_marian_tokenizer
+from aiayn.interop.marian.convert import position_rows
 from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir, model_meta
 from aiayn.models.lm import LanguageModel
 
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
             save_marian_tokenizer(
-                tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"), model.config.max_len
+                tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"), position_rows(model.config)
             )
         if lm_tokenizer is not None:  # aiayn's own, for aiayn generate (GPT-2's byte BPE is not it)
             lm_tokenizer.save(tmp / AIAYN_TOKENIZER)

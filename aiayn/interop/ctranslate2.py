@@ -29,9 +29,9 @@ import torch
 
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
+from aiayn.interop.hf import SINUSOID_ROWS
 from aiayn.models.transformer import Transformer
 
-SINUSOID_ROWS = 2048  # past aiayn's default source limit (1,024 tokens) and its output margin (+50)
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16",
                  "int8_bfloat16")  # fmt: skip
 

@@ -30,6 +30,9 @@ from aiayn.atomic import atomic_path, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import LAYER_FIELDS, layers_held
 
+# rows of an exported table of computed (sinusoidal) positions, which aiayn extends to any position: past
+# its default source limit (1,024 tokens) and the output margin (+50); a hard limit in the readers
+SINUSOID_ROWS = 2048
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"  # what transformers' generate reads first
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"

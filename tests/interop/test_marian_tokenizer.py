@@ -13,6 +13,7 @@ from aiayn.cli.main import main  # noqa: E402
 from aiayn.data import SentencePieceTokenizer, data_dir  # noqa: E402
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
+from aiayn.interop.hf import SINUSOID_ROWS  # noqa: E402
 from aiayn.interop.model_dir import model_meta  # noqa: E402
 from aiayn.models.io import save_model  # noqa: E402
 
@@ -53,10 +54,12 @@ def test_marian_tokenizer_and_generate_match_aiayn(joint, tmp_path):
         hyp = ours.search([src.encode(s)], SearchConfig(beam=1, max_len=12))[0][0]
         assert generated == [1, *hyp.tokens]
         assert hf_tok.decode(generated, skip_special_tokens=True) == ours.detokenize(hyp)
-    # the model's 64 positions bound both: truncation cuts there (not at 512, past the position table),
-    # and generate may go that far (not transformers' default of 20 tokens)
-    assert hf_tok.model_max_length == 64 and hf_model.generation_config.max_length == 64
-    long = hf_tok(" ".join(SENTENCES * 10), truncation=True, return_tensors="pt").input_ids
-    assert long.size(1) == 64
+    # the export's position table bounds both: truncation cuts there, and generate may go that far (not
+    # transformers' default of 20 tokens); aiayn's sinusoids go past the model's max_len of 64, and so
+    # does the table (a max_len of 8 cut every longer sentence in transformers)
+    rows = hf_model.config.max_position_embeddings
+    assert rows == SINUSOID_ROWS and hf_tok.model_max_length == hf_model.generation_config.max_length == rows
+    long = hf_tok(" ".join(SENTENCES * 200), truncation=True, return_tensors="pt").input_ids
+    assert long.size(1) == rows
     with torch.no_grad():
         hf_model(input_ids=long, decoder_input_ids=long[:, :5])  # every position is in the table

@@ -110,4 +110,5 @@ def test_an_id_that_no_piece_has_decodes_to_nothing(tmp_path):
     moved = next(p for p, i in vocab.items() if i == 10)
     (tmp_path / "vocab.json").write_text(json.dumps({**vocab, moved: len(vocab) + 3}))
     src, _ = load_marian_tokenizers(tmp_path)
-    assert src.vocab_size == len(vocab) and src.decode([10]) == ""  # 10 holds no piece now
+    assert src.vocab_size == len(vocab) + 4 and src.decode([10]) == ""  # 10 holds no piece now
+    assert src.decode([len(vocab) + 3]) == src.sp.decode_pieces([moved]).strip() != ""  # its new id, emitted

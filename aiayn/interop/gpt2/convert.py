@@ -153,15 +153,18 @@ def export_gpt2(
     (the special ids an aiayn LM run never had as targets) as ``aiayn_untrained_ids`` and in
     generation_config.json's ``bad_words_ids``: neither aiayn nor transformers emits them.
 
-    Sinusoidal positions become GPT-2's learned table (its ``max_len`` rows: a hard limit in HF).
+    Sinusoidal positions become GPT-2's learned table (``max_len`` rows, or the trained context where
+    that is more: a hard limit in HF).
     Embedding scaling, which GPT-2 lacks, is folded into untied matrices: ``"emb"`` writes
     wte = E·√d_model with lm_head = E; ``"prj"`` writes lm_head = E/√d_model.
     """
     c = model.config
     check_exportable(c)
     state = {k: v.detach() for k, v in model.state_dict().items()}
-    if c.positional != "learned":
-        table = sinusoidal_table(c.max_len, c.d_model, halves=c.positional == "sinusoidal_halves")
+    rows = c.max_len
+    if c.positional != "learned":  # as many rows as the context it trained on, which may pass max_len
+        rows = max(c.max_len, trained_max_len or 0)
+        table = sinusoidal_table(rows, c.d_model, halves=c.positional == "sinusoidal_halves")
         state["embed.positions.weight"] = table.to(state["embed.tokens.embedding.weight"])
     root = math.sqrt(c.d_model)
     if c.emb_scale == "emb":
@@ -178,7 +181,7 @@ def export_gpt2(
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": c.vocab_size,
-        "n_positions": c.max_len,
+        "n_positions": rows,
         "n_embd": c.d_model,
         "n_layer": c.n_layers,
         "n_head": c.n_heads,

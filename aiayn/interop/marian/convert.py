@@ -255,6 +255,12 @@ def check_exportable(c: TransformerConfig) -> None:
         raise ModelDirError("cannot export as MarianMT: " + "; ".join(problems))
 
 
+def position_rows(c: TransformerConfig) -> int:
+    """The positions an export reads: Marian's are sinusoids (HF computes them), which aiayn computes
+    at any position, so at least ``SINUSOID_ROWS`` (a model's ``max_len`` cut its exports short)."""
+    return max(c.max_len, hf.SINUSOID_ROWS)
+
+
 def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     """Write ``model`` as a MarianMT directory (config.json + model.safetensors) that HF loads.
 
@@ -277,6 +283,7 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     if c.share_embeddings and not tie:  # transformers 5 then reads each stack's own copy
         tensors[ENC_EMBED] = tensors[DEC_EMBED] = tensors[SHARED]
     dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    rows = position_rows(c)
     config = {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -290,7 +297,7 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
         "encoder_ffn_dim": c.d_ff,
         "decoder_ffn_dim": c.d_ff,
         "activation_function": hf.ACTIVATIONS_TO_HF[c.activation],
-        "max_position_embeddings": c.max_len,  # a hard limit in HF (aiayn's table grows)
+        "max_position_embeddings": rows,  # a hard limit in HF, where aiayn's sinusoids go on
         "scale_embedding": c.emb_scale == "emb",
         "pad_token_id": c.pad_id,
         "eos_token_id": c.eos_id,
@@ -308,5 +315,5 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     # max_length: transformers' own default is 20 tokens (OPUS-MT's configs say 512); the position table's
     # length is the most the export can decode
     hf.write_generation_config(out, c.pad_id, decoder_start_token_id=c.bos_id, eos_token_id=c.eos_id,
-                               forced_eos_token_id=None, max_length=c.max_len)  # fmt: skip
+                               forced_eos_token_id=None, max_length=rows)  # fmt: skip
     return out

@@ -52,7 +52,7 @@ class MarianTokenizer(Tokenizer):
         self.pieces = {i: p for p, i in vocab.items()}
         self.eos_id, self.pad_id, self.unk_id = vocab[eos], vocab[pad], vocab[unk]
         self.bos_id = self.pad_id
-        self.vocab_size = len(vocab)  # transformers' MarianTokenizer's; ids past it are never emitted
+        self.vocab_size = max(vocab.values()) + 1  # every id a piece holds may be emitted (a gap: nothing)
         self.skip = {self.eos_id, self.pad_id, self.unk_id}
 
     def encode(self, text: str) -> list[int]:
