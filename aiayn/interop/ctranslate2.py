@@ -122,6 +122,9 @@ def build_spec(model: Transformer, src_tok: SentencePieceTokenizer, tgt_tok: Sen
         (spec.register_target_vocabulary, tgt_tok),
     ):
         register([tok.sp.id_to_piece(i) for i in range(tok.vocab_size)])
+    piece = tgt_tok.sp.id_to_piece  # the special tokens by the config's ids, not CTranslate2's defaults
+    spec.config.decoder_start_token = spec.config.bos_token = piece(c.bos_id)  # Marian's: bos = pad
+    spec.config.eos_token, spec.config.unk_token = piece(c.eos_id), piece(c.unk_id)
     return spec
 
 

@@ -26,6 +26,7 @@ CONFIGS = {
     "target-pieces-bias": dict(output_pieces=600, output_bias=True),  # output_vocab="target"
     # sinusoids are computed at any position: sentences and outputs longer than max_len translate
     "paper-max-len-8": dict(max_len=8),
+    "decoder-starts-from-pad": dict(bos_id=0),  # Marian's convention: CTranslate2 started from <s>
 }
 
 
