@@ -66,6 +66,17 @@ def test_broken_tokenizer_files_are_named(gpt2_files):
         load_gpt2_tokenizer(directory)
 
 
+def test_tokens_added_to_the_vocabulary_are_refused_not_split_into_bytes(gpt2_files):
+    """transformers reads "<|sep|>" as one added id; aiayn read vocab.json and merges.txt only and split
+    it into bytes, and never emitted the added ids."""
+    directory, _ = gpt2_files
+    hf = transformers.GPT2Tokenizer.from_pretrained(directory)
+    hf.add_special_tokens({"pad_token": "<|endoftext|>", "additional_special_tokens": ["<|sep|>"]})
+    hf.save_pretrained(directory)  # the model's own <|endoftext|> as padding adds nothing: not refused
+    with pytest.raises(ModelDirError, match=r"has tokens added to GPT-2's vocabulary \('<\|sep\|>'\)"):
+        load_gpt2_tokenizer(directory)
+
+
 def test_generate_command_matches_transformers(gpt2_files, capsys):
     directory, vocab = gpt2_files
     eos = vocab["<|endoftext|>"]

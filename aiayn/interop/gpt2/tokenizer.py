@@ -82,7 +82,45 @@ def load_gpt2_tokenizer(directory: str | os.PathLike, pad_id: int | None = None)
             f"{path} and {directory / 'vocab.json'} do not belong together: {len(unknown)} piece(s) "
             f"such as {unknown[0]!r} are missing from the vocabulary; download or restore both again"
         )
+    added = added_tokens(directory, vocab)
+    if added:  # transformers reads each as one id; these files alone would split it into bytes
+        raise ModelDirError(
+            f"{directory} has tokens added to GPT-2's vocabulary ({', '.join(map(repr, added[:3]))}"
+            f"{', …' if len(added) > 3 else ''}), which aiayn's GPT-2 tokenizer does not read; use the "
+            "model's own vocabulary, or a tokenizer without them"
+        )
     try:
         return GPT2Tokenizer(vocab, merges, pad_id=pad_id)
     except ModelDirError as e:
         raise ModelDirError(f"{directory / 'vocab.json'}: {e}") from None
+
+
+def added_tokens(directory: Path, vocab: dict[str, int]) -> list[str]:
+    """The tokens a transformers tokenizer adds beyond ``vocab.json`` (``add_special_tokens``, saved in
+    ``tokenizer.json``'s ``added_tokens`` and ``tokenizer_config.json``'s token fields), in order."""
+    found: list[str] = []
+
+    def strings(value) -> None:  # a token, {"content": token}, or a list or dict of them
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict) and "content" in value:
+            strings(value["content"])
+        elif isinstance(value, dict):
+            strings(list(value.values()))
+        elif isinstance(value, list):
+            for v in value:
+                strings(v)
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # absent or unreadable: what it adds is unknown, as without it
+            continue
+        if not isinstance(data, dict):
+            continue
+        if name == "tokenizer.json":
+            strings(data.get("added_tokens", []))
+        else:
+            strings([v for k, v in data.items() if k.endswith("_token") or k.endswith("_tokens")
+                     or k == "added_tokens_decoder"])  # fmt: skip
+    return list(dict.fromkeys(t for t in found if t not in vocab))
