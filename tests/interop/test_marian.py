@@ -230,3 +230,12 @@ def test_a_config_deeper_than_its_weights_is_refused_before_anything_is_built(tm
     ):
         from_pretrained(tmp_path)
     assert time.perf_counter() - t0 < 10
+
+
+def test_a_broken_vocab_json_is_named_alone(tmp_path):
+    """It was reported as config.json's fault ("…/config.json: …/vocab.json does not hold …")."""
+    marian(tmp_path)
+    (tmp_path / "vocab.json").write_text("[1, 2, 3]")
+    with pytest.raises(ModelDirError, match=r"^\S+/vocab\.json does not hold a JSON object") as info:
+        from_pretrained(tmp_path)
+    assert "config.json" not in str(info.value)

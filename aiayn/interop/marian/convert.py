@@ -199,8 +199,9 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
     hf_config = hf.read_hf_config(directory)
     hf.check_architectures(hf_config, ("MarianMTModel", "MarianModel"), directory / hf.HF_CONFIG)
     state = hf.read_hf_weights(directory)
+    unk = _vocab_unk(directory)  # a broken vocab.json is named alone, not as config.json's fault
     try:
-        cfg = config_from_marian(hf_config, _vocab_unk(directory)).replace(
+        cfg = config_from_marian(hf_config, unk).replace(
             share_embeddings=shares_embeddings(hf_config, state)
         )
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
