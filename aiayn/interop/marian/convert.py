@@ -201,9 +201,7 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
     state = hf.read_hf_weights(directory)
     unk = _vocab_unk(directory)  # a broken vocab.json is named alone, not as config.json's fault
     try:
-        cfg = config_from_marian(hf_config, unk).replace(
-            share_embeddings=shares_embeddings(hf_config, state)
-        )
+        cfg = config_from_marian(hf_config, unk).replace(share_embeddings=shares_embeddings(hf_config, state))
     except (TypeError, ValueError) as e:  # ConfigError included: a field of the wrong type or range
         raise ModelDirError(f"{directory / hf.HF_CONFIG}: {e}") from None
     hf.check_depth(cfg, state, directory / hf.HF_CONFIG)
