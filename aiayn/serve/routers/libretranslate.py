@@ -2,9 +2,9 @@
 
 ``/translate`` decodes with beam 4 (or ``alternatives + 1``) and answers with LibreTranslate's field
 names; it translates each text sentence by sentence, as LibreTranslate does (``Sentences``), and with
-``format=html`` the texts between the tags (``HtmlText``). ``/languages``
-lists each loaded language with the targets it translates into (none for a
-language that is only a target), so that a client's target list holds every target too. aiayn has no
+``format=html`` the texts between the tags (``HtmlText``). ``/languages`` lists each loaded language
+with the targets it translates into (none for a language that is only a target), so that a client's
+target list holds every target too. aiayn has no
 language detector: ``source=auto`` (and ``/detect``) names the one source language that can be meant,
 and is refused (400) where several loaded models could be.
 """
