@@ -29,23 +29,15 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def incomplete_after(run_dir: Path, newest: Path) -> list[Path]:
-    """``step-N`` folders newer than ``newest`` that are not complete checkpoints."""
-    from aiayn.training.checkpoint import STEP_DIR
-
-    last = int(STEP_DIR.match(newest.name).group(1))
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for n, p in sorted(found) if n > last]
-
-
 def run(args: argparse.Namespace) -> int:
     from aiayn.training.average import average_checkpoints, last_checkpoints
-    from aiayn.training.checkpoint import STATE_JSON
+    from aiayn.training.checkpoint import STATE_JSON, step_dirs
 
     if args.last < 1:
         raise ConfigError(f"--last={args.last} must be ≥ 1")
     paths = last_checkpoints(args.run_dir, args.last)
-    newer = incomplete_after(Path(args.run_dir), paths[-1])
+    newest = int(paths[-1].name.removeprefix("step-"))
+    newer = [p for n, p in step_dirs(Path(args.run_dir), complete=False) if n > newest]
     if newer:  # a checkpoint lacking its trainer state is not one: the user expected it averaged
         warn(f"{', '.join(p.name for p in newer)} in {args.run_dir} lack(s) {STATE_JSON} (not a complete "
              f"checkpoint): left out; the newest averaged is {paths[-1].name}")  # fmt: skip

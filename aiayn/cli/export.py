@@ -15,9 +15,8 @@ from aiayn.interop.bert import check_exportable as check_bert
 from aiayn.interop.bert import export_bert
 from aiayn.interop.ctranslate2 import QUANTIZATIONS, check_exportable, export_ctranslate2
 from aiayn.interop.gpt2 import export_gpt2
-from aiayn.interop.hf import AIAYN_TOKENIZER
+from aiayn.interop.hf import AIAYN_TOKENIZER, position_rows
 from aiayn.interop.marian import save_marian_tokenizer
-from aiayn.interop.marian.convert import position_rows
 from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir, model_meta
 from aiayn.models.lm import LanguageModel
 
@@ -107,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)
-            save_marian_tokenizer(
-                tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"), position_rows(model.config)
-            )
+            rows = position_rows(model.config.max_len, model.config.positional)  # the export's own table
+            save_marian_tokenizer(tmp, *tokenizers, meta.get("src_lang"), meta.get("tgt_lang"), rows)
         if lm_tokenizer is not None:  # aiayn's own, for aiayn generate (GPT-2's byte BPE is not it)
             lm_tokenizer.save(tmp / AIAYN_TOKENIZER)
     if why_not:

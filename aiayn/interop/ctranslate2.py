@@ -29,7 +29,7 @@ import torch
 
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
-from aiayn.interop.hf import SINUSOID_ROWS
+from aiayn.interop.hf import position_rows
 from aiayn.models.transformer import Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16",
@@ -87,7 +87,7 @@ def build_spec(model: Transformer, src_tok: SentencePieceTokenizer, tgt_tok: Sen
         table = s.embeddings[0] if isinstance(s.embeddings, list) else s.embeddings  # the encoder has a list
         table.weight = _np(embed.tokens.embedding.weight)
         s.scale_embeddings = c.emb_scale == "emb"
-        n = c.max_len if c.positional == "learned" else max(c.max_len, SINUSOID_ROWS)
+        n = position_rows(c.max_len, c.positional)
         s.position_encodings.encodings = _np(embed.positions(torch.zeros(1, n, d))[0])  # (n, d)
 
     stack_inputs(spec.encoder, model.src_embed)

@@ -33,6 +33,14 @@ from aiayn.models.io import LAYER_FIELDS, layers_held
 # rows of an exported table of computed (sinusoidal) positions, which aiayn extends to any position: past
 # its default source limit (1,024 tokens) and the output margin (+50); a hard limit in the readers
 SINUSOID_ROWS = 2048
+
+
+def position_rows(max_len: int, positional: str) -> int:
+    """The positions an export holds: a learned table's ``max_len`` rows; sinusoids, which aiayn
+    computes at any position, at least ``SINUSOID_ROWS`` (a model's ``max_len`` cut its exports short)."""
+    return max_len if positional == "learned" else max(max_len, SINUSOID_ROWS)
+
+
 HF_CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"  # what transformers' generate reads first
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"

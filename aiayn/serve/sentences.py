@@ -23,8 +23,7 @@ class Sentences:
         self.counts: list[int] = []  # sentences per line
         self.pieces: list[str] = []
         for line in text.split("\n"):
-            found = [s.strip() for s in segment(language, line)] if line.strip() else []
-            found = [s for s in found if s]
+            found = [s.strip() for s in segment(language, line) if s.strip()]
             self.counts.append(len(found))
             self.pieces.extend(found)
 

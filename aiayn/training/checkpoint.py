@@ -38,13 +38,14 @@ STATE_TENSORS = "trainer_state.safetensors"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first."""
+def step_dirs(run_dir: Path, complete: bool = True) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run (``complete=False``: the ``step-N`` folders that lack their
+    trainer state), oldest first."""
     found = []
     if run_dir.is_dir():
         for p in run_dir.iterdir():
             m = STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / STATE_JSON).is_file():
+            if m and p.is_dir() and (p / STATE_JSON).is_file() == complete:
                 found.append((int(m.group(1)), p))
     return sorted(found)
 

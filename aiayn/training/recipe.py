@@ -149,9 +149,11 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"recipe {path} is not valid TOML: {e}") from None
-    sources, texts, recipe_keys = {}, {}, set(data)
+    sources, texts, recipe_keys, tables = {}, {}, set(data), []
     for item in overrides:
         keys, value = parse_override(item)
+        if keys[0] == "model":
+            tables.append(item)
         if len(keys) == 1:
             texts[keys[0]] = item.split("=", 1)[1]
         target = data
@@ -161,7 +163,6 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
                 raise ConfigError(f"override {item!r}: {k} is not a table")
         target[keys[-1]] = value
         sources[keys[0]] = f"override {item!r}"
-    tables = [item for item in overrides if parse_override(item)[0][0] == "model"]
     if tables:  # [model] from the recipe and overrides, or from several overrides: all of them named
         named = f"override{'s' if len(tables) > 1 else ''} {', '.join(map(repr, tables))}"
         sources["model"] = f"recipe {path} with {named}" if "model" in recipe_keys else named

@@ -254,12 +254,6 @@ def check_exportable(c: TransformerConfig) -> None:
         raise ModelDirError("cannot export as MarianMT: " + "; ".join(problems))
 
 
-def position_rows(c: TransformerConfig) -> int:
-    """The positions an export reads: Marian's are sinusoids (HF computes them), which aiayn computes
-    at any position, so at least ``SINUSOID_ROWS`` (a model's ``max_len`` cut its exports short)."""
-    return max(c.max_len, hf.SINUSOID_ROWS)
-
-
 def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     """Write ``model`` as a MarianMT directory (config.json + model.safetensors) that HF loads.
 
@@ -282,7 +276,7 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     if c.share_embeddings and not tie:  # transformers 5 then reads each stack's own copy
         tensors[ENC_EMBED] = tensors[DEC_EMBED] = tensors[SHARED]
     dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    rows = position_rows(c)
+    rows = hf.position_rows(c.max_len, c.positional)  # sinusoids (learned positions are refused)
     config = {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
