@@ -146,6 +146,13 @@ def check_file(path: str | os.PathLike) -> FileInfo:
     return info
 
 
+def record_file(path: str | os.PathLike, sha256: str) -> None:
+    """Count a file that is not text (a model's weights a run reads, already hashed) among the files
+    ``checked_files`` records, so that a resumed run is refused when it changed."""
+    if (seen := _RECORD.get()) is not None:
+        seen.append(FileInfo(path=Path(path), n_lines=0, n_chars=0, sha256=sha256))
+
+
 def _first_bad_line(path: Path) -> int:
     with open_bytes(path) as f:
         for i, raw in enumerate(f, start=1):

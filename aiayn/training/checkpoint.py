@@ -234,14 +234,20 @@ def prune(run_dir: Path, keep_last: int) -> None:
             shutil.rmtree(doomed)
 
 
-def after_resume(run_dir: Path, loaded: Path, skipped: list[Path], is_best: bool) -> None:
+def after_resume(
+    run_dir: Path, loaded: Path, skipped: list[Path], is_best: bool, best_step: int | None = None
+) -> None:
     """Put a resumed run's directory in order: checkpoints newer than the one it resumes from that did
     not load are renamed ``step-N.unloaded-PID`` (kept to inspect, but no longer counted by ``prune`` or
     resumed from), and ``best`` points at ``loaded`` where its state says it was the best (a kill came
-    between writing it and marking it) or where ``best`` pointed at one set aside or at nothing."""
+    between writing it and marking it). Where ``best`` pointed at one set aside or at nothing, it points
+    at the best checkpoint ``loaded``'s state names (``best_step``), else at ``loaded``."""
     for path in skipped:
         if path.is_dir():
             path.rename(path.with_name(f"{path.name}.unloaded-{os.getpid()}"))
     best = run_dir / "best"  # a link to a checkpoint renamed aside resolves to nothing
-    if not best.exists() or (is_best and best.resolve() != loaded.resolve()):
+    if is_best and best.resolve() != loaded.resolve():
         mark_best(run_dir, loaded)
+    elif not best.exists():
+        named = run_dir / f"step-{best_step:06d}" if best_step is not None else None
+        mark_best(run_dir, named if named is not None and (named / STATE_JSON).is_file() else loaded)

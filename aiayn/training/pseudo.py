@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from aiayn.data.cache import EncodedParallel, EncodedSequences, cache_sequences
+from aiayn.data.files import record_file
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.data.views import halves
 from aiayn.decoding.options import SearchConfig
@@ -45,11 +46,14 @@ CHUNK = 2048  # sources per chunk written (and per progress line)
 
 
 def fingerprint(directory: str | os.PathLike) -> dict:
-    """What identifies a right-to-left model for the cache: its weights' SHA-256 and its half."""
-    h = hashlib.sha256()
-    with open(Path(directory) / WEIGHTS_FILE, "rb") as f:
+    """What identifies a right-to-left model for the cache: its weights' SHA-256 and its half. The
+    weights count among the files a run reads (``record_file``): a run resumed after that model was
+    retrained (a run directory's ``best`` moved) would train on other translations, and is refused."""
+    h, weights = hashlib.sha256(), Path(directory) / WEIGHTS_FILE
+    with open(weights, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+    record_file(weights, h.hexdigest())
     return {"weights": h.hexdigest(), "train_half": train_half(directory)}
 
 

@@ -171,8 +171,13 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
         if end == (now["decay_steps"] or now["max_steps"]):
             changed = [k for k in changed if k != "decay_steps"]  # decay_steps=<the old max_steps>: the same
         elif "decay_steps" not in changed:
+            budget = (
+                " (under horizon='budget' that adds updates only to a run that stopped at max_steps: "
+                "one that used up its max_minutes stops at once; start a new run in another out_dir)"
+            )
             raise ConfigError(f"cannot resume {run_dir}: max_steps sets where this run's cosine ends "
-                              f"(decay_steps=0): set decay_steps={end} to extend it")  # fmt: skip
+                              f"(decay_steps=0): set decay_steps={end} to extend it"
+                              f"{budget if was['horizon'] == 'budget' else ''}")  # fmt: skip
         if now["horizon"] == was["horizon"] == "budget" and now["max_minutes"] != was["max_minutes"]:
             minutes = was["max_minutes"]
             raise ConfigError(f"cannot resume {run_dir}: max_minutes sets where this run's cosine ends "

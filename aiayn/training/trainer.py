@@ -116,6 +116,7 @@ class Trainer:
         self.schedule = make_schedule(cfg, self.model.config.d_model)
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16")  # "auto" is never fp16
         self.step, self.best, self.bad_evals, self.elapsed, self.evaluated = 0, None, 0, 0.0, True
+        self.best_step: int | None = None  # the checkpoint that scored self.best
         self.short_budget = ShortBudget(cfg.max_tokens)  # the batches' size, which short_budget may halve
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout masks differ per rank
         if checkpoints:
@@ -172,6 +173,7 @@ class Trainer:
                 f"resume with --nproc_per_node={world} (torchrun)"
             )
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
+        self.best_step = state.get("best_step")  # older checkpoints: unknown
         self.elapsed, self.evaluated = state["elapsed"], state.get("evaluated", True)
         self.precision = state.get("precision", self.precision)  # what "auto" chose (older: "auto")
         if self.short_budget.load_state_dict(state):  # short_budget halved them
@@ -182,7 +184,9 @@ class Trainer:
         if not state["rank_rng"]:  # a checkpoint without this rank's random state (older, or fewer ranks)
             torch.manual_seed(self.cfg.seed + 1000 * self.dist.rank + self.step)
         if self.dist.is_main:  # newer ones that did not load set aside; best where the state says
-            ckpt.after_resume(self.run_dir, path, [p for p, _ in skipped], state.get("is_best", False))
+            ckpt.after_resume(
+                self.run_dir, path, [p for p, _ in skipped], state.get("is_best", False), self.best_step
+            )
             print(f"aiayn train: resuming {self.run_dir} from {path.name}", file=sys.stderr)
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -233,7 +237,8 @@ class Trainer:
         if not math.isfinite(loss_value):
             raise TrainingDiverged(
                 f"loss is {loss_value} at step {self.step}; the last good checkpoint is "
-                f"{ckpt.latest_checkpoint(self.run_dir) or 'none'} (try a lower lr or clip_norm)"
+                f"{ckpt.latest_checkpoint(self.run_dir) or 'none'}; --resume would diverge again there: "
+                f"start a new run in another out_dir with a lower lr, or clip_norm > 0"
             )
         return {"loss": loss_value, "nll": nll_value, "lr": lr,
                 "grad_norm": float(grad_norm), "tokens": n_tokens}  # fmt: skip
@@ -269,7 +274,10 @@ class Trainer:
         rank_rngs = all_gather(ckpt.rank_rng_state(self.device), self.dist, self.device)
         if not self.dist.is_main:
             return None
-        state = {"best": self.best, "bad_evals": self.bad_evals, "elapsed": self.elapsed,
+        if improved:
+            self.best_step = self.step
+        state = {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals,
+                 "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
                  "epoch": self.task.epoch, "run_id": self.run_id, "world_size": self.dist.world_size,
                  "data_files": self.data_files, "evaluated": self.evaluated, "precision": self.precision,
@@ -323,7 +331,9 @@ class Trainer:
         ``eval_every`` updates and at the end; signals stop the run cleanly, with a checkpoint."""
         cfg = self.cfg
         if self.tensorboard is not None and self.dist.is_main:
-            self.tb = self.tensorboard(str(self.run_dir / "tensorboard"))
+            # a resumed run drops the events logged after its checkpoint, as metrics.jsonl does
+            purge = self.step + 1 if self.step else None
+            self.tb = self.tensorboard(str(self.run_dir / "tensorboard"), purge_step=purge)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         if self.dist.is_main:
             n = count_parameters(self.model)
@@ -372,6 +382,9 @@ class Trainer:
             if self.step % cfg.eval_every == 0:
                 self.evaluate_and_save()
                 last_eval = self.step
+                window_tokens, window_start = 0, time.perf_counter()  # tokens/s counts updates only
+        if reason == "max_steps" and (stop := self.agree_to_stop()) in ("SIGINT", "SIGTERM"):
+            reason = stop  # received during the last update: no evaluation in a grace period
         if reason == "max_minutes":  # the budget's estimate of the total becomes the count
             bar.total = self.step
             bar.refresh()

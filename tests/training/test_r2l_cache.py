@@ -16,6 +16,7 @@ from aiayn.data.views import halves, jackknife_half
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
+from aiayn.models.io import WEIGHTS_FILE, resolve_model_dir
 from aiayn.training.distributed import DistInfo
 from aiayn.training.pseudo import fingerprint, pseudo_targets, translator_of
 from aiayn.training.recipe import load_recipe
@@ -143,6 +144,23 @@ def test_cached_training_resumes_exactly_and_decoding_repeats_the_cache_search(c
     finally:
         bidirectional.BidirectionalAdapter.__init__ = real
     assert seen == [2, 1]
+
+
+def test_a_run_resumed_after_its_r2l_model_changed_is_refused(corpus_module, r2l, tmp_path, capsys):
+    """The right-to-left model's weights are data the run read: retrained (its ``best`` moved, say),
+    the resumed run would translate the training set again and train on other memories."""
+    dirs, _ = r2l
+    model = tmp_path / "r2l"
+    shutil.copytree(dirs["all"], model, symlinks=True)
+    run = tmp_path / "run"
+    args = [*CACHED, f"r2l_model={model}"]
+    assert main(["train", *tiny_args(corpus_module, run, "max_steps=2", *args)]) == 0
+    weights = resolve_model_dir(model) / WEIGHTS_FILE
+    shutil.copyfile(resolve_model_dir(dirs["half1"]) / WEIGHTS_FILE, weights)  # retrained in place
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus_module, run, "max_steps=4", *args), "--resume"]) != 0
+    err = capsys.readouterr().err
+    assert f"the data changed: {weights} differs from what the run read (sha256)" in err, err
 
 
 def test_r2l_init_copies_the_right_to_left_model_and_freeze_keeps_it(corpus_module, r2l, tmp_path):

@@ -201,6 +201,9 @@ ENDS = "sets where this run's cosine ends"
         (["horizon=budget", "max_minutes=5"], ["horizon=budget", "max_minutes=10"],
          rf"max_minutes {ENDS} \(horizon='budget'\): resume with max_minutes=5.0"),
         (["max_minutes=5"], ["max_minutes=10"], None),  # a budget that only stops the run
+        (["horizon=budget", "max_minutes=5", "max_steps=100"], ["horizon=budget", "max_minutes=5",
+         "max_steps=200"], r"set decay_steps=100 to extend it \(under horizon='budget' that adds updates "
+         r"only to a run that stopped at max_steps: one that used up its max_minutes stops at once"),
     ],
 )  # fmt: skip
 def test_a_resumed_cosine_keeps_where_it_ends(tmp_path, run, resumed, refused):
@@ -284,3 +287,27 @@ def test_random_states_resume_on_fewer_gpus_or_from_a_cpu_run(monkeypatch):
     assert restored == [(0, 0)]  # device 0's state, the others' devices absent
     ckpt._set_rank_rng_state(cpu, torch.device("cuda", 0))  # a CPU run's rank state: the CPU part only
     assert restored == [(0, 0)] and torch.equal(torch.get_rng_state(), cpu)
+
+
+def test_best_keeps_pointing_at_the_best_checkpoint_when_the_newest_is_set_aside(corpus, tmp_path):
+    """Checkpoints 1 (best), 2 (worse) and 3 (better still, ``best``), then 3's trainer state lost:
+    the resumed run starts from 2, and ``best`` points at 1, the best that is left (which ``prune``
+    then keeps), not at 2."""
+    from aiayn.training.trainer import Trainer
+
+    run = tmp_path / "run"
+    args = tiny_args(corpus, run, "max_steps=3", "eval_every=1", "keep_last=5")
+    trainer = Trainer(load_recipe(None, args))
+
+    def scripted(metrics):
+        improved = trainer.step != 2
+        trainer.best = float(trainer.step) if improved else trainer.best
+        return improved
+
+    trainer._improved = scripted
+    trainer.fit()
+    assert os.readlink(run / "best") == "step-000003"
+    (run / "step-000003" / "trainer_state.json").write_text("{")
+    resumed = Trainer(load_recipe(None, args), resume=True)
+    assert resumed.step == 2 and os.readlink(run / "best") == "step-000001"
+    resumed.release()

@@ -211,6 +211,63 @@ def test_a_signal_saves_without_evaluating_so_the_resumed_run_evaluates_as_an_un
     assert records(run) == records(ref)  # the same updates, evaluated at the same steps
 
 
+def test_a_signal_during_the_last_update_stops_the_run_as_a_signal_without_evaluating(
+    corpus, tmp_path, monkeypatch
+):
+    """SIGTERM received during update 8 of 8: the run ends as stopped (143), saved but not evaluated
+    (a grace period is short), not as finished; resumed, it evaluates that checkpoint."""
+    run = tmp_path / "run"
+    _sigterm_at_update_8(monkeypatch, tiny_args(corpus, run, "max_steps=8", "eval_every=5"))
+    assert (run / "step-000008" / "model.safetensors").is_file()
+    assert os.readlink(run / "best").endswith("step-000005")
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", "eval_every=5"), "--resume"]) == 0
+    valid = [
+        json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x
+    ]
+    assert valid == [5, 8]
+
+
+def test_a_resumed_run_purges_the_tensorboard_events_after_its_checkpoint(corpus, tmp_path):
+    """TensorBoard's writer is told to drop the events past the checkpoint (as metrics.jsonl drops its
+    lines), so that a resumed run's curve has one value per step; a new run purges nothing."""
+    opened = []
+
+    class Writer:
+        def __init__(self, log_dir, purge_step=None):
+            opened.append(purge_step)
+
+        def add_scalar(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    run = tmp_path / "run"
+    for extra in ([], ["--resume"]):
+        trainer = Trainer(load_recipe(None, tiny_args(corpus, run, f"max_steps={6 + 4 * len(extra)}",
+                                                      "eval_every=3")), resume=bool(extra))  # fmt: skip
+        trainer.tensorboard = Writer
+        trainer.fit()
+    assert opened == [None, 7]
+
+
+def test_tokens_per_s_counts_updates_not_the_evaluation_before_them(corpus, tmp_path, monkeypatch):
+    """The log line after an evaluation measures the updates since it, not the evaluation's time."""
+    run = tmp_path / "run"
+    trainer = Trainer(load_recipe(None, tiny_args(corpus, run, "max_steps=8", "eval_every=4", "log_every=2")))
+    real = trainer.evaluate
+
+    def slow_evaluate():
+        time.sleep(1.0)
+        return real()
+
+    trainer.evaluate = slow_evaluate
+    trainer.fit()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    speed = {r["step"]: r["tokens_per_s"] for r in rows if r["split"] == "train"}
+    assert speed[6] > speed[4] / 3  # with the second of evaluation it was many times slower
+
+
 def test_a_checkpoint_saved_at_a_signal_is_evaluated_by_a_resumed_run_that_stops_at_once(
     corpus, tmp_path, monkeypatch
 ):
@@ -236,7 +293,9 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoin
 
     trainer.task.loss = poisoned
     with pytest.raises(
-        TrainingDiverged, match="loss is nan at step 5; the last good checkpoint is .*step-000003"
+        TrainingDiverged,
+        match="loss is nan at step 5; the last good checkpoint is .*step-000003; --resume would diverge "
+        "again there: start a new run in another out_dir with a lower lr",
     ):
         trainer.fit()
     assert load_model(run / "step-000003").config.d_model == 32
@@ -362,6 +421,9 @@ def test_average_and_plot(corpus, tmp_path, capsys):
     capsys.readouterr()
     assert main(["plot", str(mine / "m.jsonl")]) == 1
     assert "not in a training run directory; give --out" in capsys.readouterr().err
+    assert (mine / "loss.png").read_bytes() == b"the user's own figure"
+    assert main(["plot", str(mine / "m.jsonl"), "--out", str(mine)]) == 1  # the folder is the user's too
+    assert "m.jsonl" in capsys.readouterr().err
     assert (mine / "loss.png").read_bytes() == b"the user's own figure"
     assert main(["plot", str(mine / "m.jsonl"), "--out", str(tmp_path / "figs")]) == 0
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from aiayn.data.batching import LMBatch
@@ -60,15 +59,18 @@ class CLMTask(MLMTask):
         return EncoderModel(self.encoder_config(causal=True))
 
     def _batch(self, rows: list[np.ndarray], rng: np.random.Generator | None = None) -> LMBatch:
-        """Position i predicts ids[:, i + 1]; padding is no target, nor, in packed blocks, the ``eos``
-        that closes a block (where the stream was cut, not where a document ended: the separators
-        between documents stay targets). ``rng`` (masked-LM's batch loops pass one) is not used.
+        """Position i predicts ids[:, i + 1]; padding is no target, nor is an ``eos`` where the text
+        was cut rather than ended: the one closing each packed block (the separators between
+        documents stay targets) and, with ``packing="sentences"``, the one after a line longer than
+        ``max_len - 2`` pieces. ``rng`` (masked-LM's batch loops pass one) is not used.
         Shape: -> ids, targets (B, T - 1)"""
         ids = self._collate(rows)  # (B, T): bos … eos pad …
         targets = ids[:, 1:].clone()
-        if self.cfg.options.packing == "blocks":
-            closing = torch.tensor([min(len(r), self.cfg.max_len - 2) for r in rows])  # eos's target index
-            targets[torch.arange(len(rows)), closing] = self.special_ids["pad_id"]
+        room = self.cfg.max_len - 2  # pieces a row keeps between bos and eos
+        blocks = self.cfg.options.packing == "blocks"
+        cut = [i for i, r in enumerate(rows) if blocks or len(r) > room]
+        closing = [min(len(rows[i]), room) for i in cut]  # those rows' eos's target index
+        targets[cut, closing] = self.special_ids["pad_id"]
         return LMBatch(ids[:, :-1], targets)
 
     def loss(self, model: nn.Module, batch: LMBatch, smoothing: float):
