@@ -28,6 +28,7 @@ EXAMPLES = """examples:
 
 Output line i is for input line i: "label<TAB>probability" (with --top-k, k such pairs, most
 probable first); with --json one object per line: {"labels": [...], "probabilities": [...]}.
+A blank input line gives a blank output line (no labels, in JSON empty lists): it is no text to label.
 """
 
 
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     classifier = quantized(args, load_classifier(directories, args.device, long_text_of(args)))
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for _, lines in read_chunks(args):
-            results = classifier.predict(lines, args.top_k, args.max_tokens)
+            texts = [i for i, line in enumerate(lines) if line.strip()]  # blank lines: nothing to label
+            labelled = iter(classifier.predict([lines[i] for i in texts], args.top_k, args.max_tokens))
+            results = [next(labelled) if line.strip() else [] for line in lines]
             if args.json:
                 rows = [json.dumps({"labels": [y for y, _ in r],
                                     "probabilities": [round(q, 6) for _, q in r]},

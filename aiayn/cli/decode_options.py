@@ -191,7 +191,8 @@ def add_search_arguments(p: argparse.ArgumentParser, classifier_max_tokens: int 
         g.add_argument("--max-tokens", type=int, default=None, help=tokens)
     g.add_argument("--no-cache", action="store_true", help="recompute the prefix each step (slow; a check)")
     g.add_argument("--r2l-beam", type=int, default=None,
-                   help="bidirectional model: beam of its right-to-left pass (default: --beam)")  # fmt: skip
+                   help="bidirectional model: beam of its right-to-left pass (default: the beam its cached "
+                        "memories were made with, recorded in the model; else --beam)")  # fmt: skip
     g.add_argument("--mbr", choices=UTILITIES, default=None,
                    help="minimum Bayes risk: the beam's hypothesis with the highest expected BLEU (or chrF) "
                    "against the others; try --beam 10")  # fmt: skip

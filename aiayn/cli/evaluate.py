@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         _sacremoses()
     check_outputs(args, "--output", "--json", inputs=(corpus.src.path, corpus.tgt.path))
     translator = quantized(args, Translator.from_dirs([args.model, *args.ensemble_with], args.device))
+    translator.tgt_lang = tgt_lang  # --mbr bleu tokenizes as the score does (a Marian folder may name none)
     check_bidirectional_options(args, translator)
     decoder = translator  # or, with --rerank-with, its n-best re-sorted by a second model too
     if args.rerank_with:

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir = given if given.is_dir() else given.parent
     if args.out is None and not (run_dir / TRAIN_CONFIG).is_file():
         raise OutputError(f"{given} is not in a training run directory; give --out FOLDER for the PNGs")
-    if args.out is not None and Path(args.out).resolve() != run_dir.resolve():  # a run directory is aiayn's
+    is_run = (run_dir / TRAIN_CONFIG).is_file()  # a run directory is aiayn's: its plots are replaced
+    if args.out is not None and not (is_run and Path(args.out).resolve() == run_dir.resolve()):
         check_figure_dir(args.out, is_curve)
     for path in plot_curves(args.run_dir, args.out):
         print(path)

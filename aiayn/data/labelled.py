@@ -66,12 +66,15 @@ class LabelledCorpus:
         return len(self.texts)
 
 
-def _column(spec: str, header: list[str] | None, names: tuple[str, ...], what: str, path: Path) -> int:
-    """The index of the column ``spec`` names ("" = the default ``names``; digits = an index)."""
+def _column(
+    spec: str, header: list[str] | None, names: tuple[str, ...], what: str, path: Path, first: int = 1
+) -> int:
+    """The index of the column ``spec`` names ("" = the default ``names``; digits = an index);
+    ``first``: the number of the table's first line (blank lines before it are skipped)."""
     if header is None:
         if not spec.isdigit():
             raise DataError(
-                f"{path}: line 1 is not a header naming the {what} column ({spec or '/'.join(names)}); "
+                f"{path}: line {first} is not a header naming the {what} column ({spec or '/'.join(names)}); "
                 f"add a header or set {what}_column to a 0-based column number"
             )
         return int(spec)
@@ -142,11 +145,11 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
     header = first[1] if _is_header(first[1], text_column, label_column, labelled) else None
     names_text = {c.strip().lower() for c in first[1]} & set(TEXT_NAMES)
     if header is None and labelled and not label_column.isdigit() and names_text:
-        raise DataError(f"{path}: line 1 names a text column ({', '.join(sorted(names_text))}) but no label "
-                        f"column ({label_column or '/'.join(LABEL_NAMES)}); set label_column to the name of "
-                        "its label column")  # fmt: skip
-    t = _column(text_column, header, TEXT_NAMES, "text", path)
-    y = _column(label_column, header, LABEL_NAMES, "label", path) if labelled else None
+        raise DataError(f"{path}: line {first[0]} names a text column ({', '.join(sorted(names_text))}) but "
+                        f"no label column ({label_column or '/'.join(LABEL_NAMES)}); set label_column to the "
+                        "name of its label column")  # fmt: skip
+    t = _column(text_column, header, TEXT_NAMES, "text", path, first[0])
+    y = _column(label_column, header, LABEL_NAMES, "label", path, first[0]) if labelled else None
     if y is not None and y == t:
         raise DataError(f"{path}: the text and the label are the same column ({t}); set text_column and "
                         "label_column to two columns")  # fmt: skip
@@ -159,14 +162,16 @@ def _read_table(path: Path, fmt: str, text_column: str, label_column: str, label
     for line, row in rows if header else [first, *rows]:
         if len(row) != width:
             which = "missing" if len(row) < width else "extra"
-            raise DataError(f"{path}:{line}: {len(row)} fields where line 1 has {width} ({which} columns)")
+            raise DataError(
+                f"{path}:{line}: {len(row)} fields where line {first[0]} has {width} ({which} columns)"
+            )
         texts.append(_check_cell(path, line, row[t], "text", repr(names[t])))
         if y is not None:
             labels.append(_check_cell(path, line, row[y], "label", repr(names[y])).strip())
         lines.append(line)
     if header is None and len(labels) >= 20 and labels.count(labels[0]) == 1:
-        warnings.warn(f"{path}: line 1's label {labels[0]!r} is in no other row; if line 1 names the "
-                      "columns, give text_column (and label_column) by name, or it is read as an "
+        warnings.warn(f"{path}: line {first[0]}'s label {labels[0]!r} is in no other row; if that line "
+                      "names the columns, give text_column (and label_column) by name, or it is read as an "
                       "example", stacklevel=2)  # fmt: skip
     return texts, labels, lines
 

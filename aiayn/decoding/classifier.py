@@ -286,12 +286,19 @@ class MaskFiller:
         device = next(self.model.parameters()).device
         batch = _collate(self.model, [np.asarray(ids, np.int64)], self.max_len).to(device)  # (1, T)
         logits = self.model(batch)[0].float()  # (T, V)
-        logits[:, : tok.mask_id + 1] = -torch.inf  # never predict a special or <mask> itself
-        logits[:, tok.vocab_size :] = -torch.inf  # nor a row past the vocabulary (a BERT's padding)
+        # never predict <mask> itself, a special or what comes before <mask> (aiayn's specials, a
+        # BERT's [unused] rows) — a vocabulary may put [MASK] first (its specials are named by id) —
+        # nor a row past the vocabulary (a BERT's padding)
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        banned[: tok.mask_id + 1] = True
+        specials = (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)
+        banned[[i for i in specials if i is not None and i >= 0]] = True
+        banned[tok.vocab_size :] = True
+        logits[:, banned] = -torch.inf
         probs = logits.softmax(-1)
         out = []
         for pos in (batch[0] == tok.mask_id).nonzero().flatten().tolist():
-            values, index = probs[pos].topk(min(top_k, tok.vocab_size - tok.mask_id - 1))
+            values, index = probs[pos].topk(min(top_k, int((~banned).sum())))
             fillers = []
             for p, j in zip(values.tolist(), index.tolist(), strict=True):
                 filled = list(ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
+from aiayn.interop.marian.tokenizer import MarianTokenizer
 
 VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # pieces that would print as nothing
 
@@ -31,8 +32,11 @@ def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
 
 def _text(tok: Tokenizer, i: int) -> str:
     """The text of one id; sentencepiece's lone word boundary "▁", which decodes to nothing (a
-    leading space is dropped), is the space it stands for."""
+    leading space is dropped), is the space it stands for; a Marian vocabulary's piece that decodes
+    to nothing (that boundary, ``<unk>``) is its piece."""
     text = tok.decode([i])
     if not text and isinstance(tok, SentencePieceTokenizer):  # its ids are sentencepiece's own
         text = tok.sp.id_to_piece(i).replace("\u2581", " ")
+    elif not text and isinstance(tok, MarianTokenizer):  # ids of vocab.json, not of the .spm files
+        text = tok.pieces.get(i, "").replace("\u2581", " ")
     return text

@@ -27,6 +27,11 @@ def check_rerankable(translator: Translator, scorer: Translator) -> None:
             "--rerank-with: a bidirectional model does not score given targets (its memory is its own "
             "right-to-left search); rerank with a plain or right-to-left model"
         )
+    if translator.tgt_lang and scorer.tgt_lang and translator.tgt_lang != scorer.tgt_lang:
+        raise ConfigError(
+            f"--rerank-with: the reranking model writes {scorer.tgt_lang!r}, the model "
+            f"{translator.tgt_lang!r}; rerank with a model of the same language pair (a right-to-left one)"
+        )
     for side in ("src", "tgt"):
         ours, theirs = getattr(translator, f"{side}_tokenizer"), getattr(scorer, f"{side}_tokenizer")
         if ours.model_bytes() != theirs.model_bytes():

@@ -42,6 +42,12 @@ def one_line(text: str) -> str:
     return " ".join(text.replace("\t", " ").splitlines())
 
 
+def language_pair(directory: str | os.PathLike) -> tuple[str, str]:
+    """The ``(src_lang, tgt_lang)`` a model directory records ("" where it records none)."""
+    meta = model_meta(directory)
+    return tuple(meta.get(k) if isinstance(meta.get(k), str) else "" for k in ("src_lang", "tgt_lang"))
+
+
 class Translator:
     """A translation model with its tokenizers.
 
@@ -99,16 +105,22 @@ class Translator:
         max_src_len: int | None = None,
     ) -> Translator:
         """One model directory (``from_dir``), or an ``Ensemble`` of several that were trained with
-        the same tokenizers and read the target in the same direction (``ModelDirError`` naming
-        the first that does not). Bidirectional members decode their memories with the first
-        member's right-to-left beam (``r2l_beam``) unless the search config gives one."""
+        the same tokenizers, for the same language pair where their directories name it, and read the
+        target in the same direction (``ModelDirError`` naming the first that does not: a joint
+        vocabulary can be the same file in both directions). Bidirectional members decode their
+        memories with the first member's right-to-left beam (``r2l_beam``) unless the search config
+        gives one."""
         first = cls.from_dir(directories[0], device, max_src_len)
         if len(directories) == 1:
             return first
         vocabularies = [t.model_bytes() for t in (first.src_tokenizer, first.tgt_tokenizer)]
-        members = [first.model]
+        members, pair = [first.model], language_pair(directories[0])
         for d in directories[1:]:
             other = cls.from_dir(d, device, max_src_len)
+            theirs = language_pair(d)
+            if any(a and b and a != b for a, b in zip(pair, theirs)):
+                raise ModelDirError(f"{d}: it translates {'→'.join(theirs)}, {directories[0]} "
+                                    f"{'→'.join(pair)}; ensemble models of one language pair")  # fmt: skip
             if [t.model_bytes() for t in (other.src_tokenizer, other.tgt_tokenizer)] != vocabularies:
                 raise ModelDirError(f"{d}: its tokenizers differ from those of {directories[0]}; an "
                                     "ensemble's models must be trained with the same tokenizers")  # fmt: skip

@@ -78,6 +78,14 @@ def test_classify_lines_with_probabilities(ws, capsys):
     assert main(["classify", "--model", "classifier", "--json", "--input", "in.txt"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(len(r["labels"]) == 1 for r in rows)
+    # a blank line is no text: a blank line out (no label the model would give to nothing)
+    Path("blank.txt").write_text(Path("in.txt").read_text().replace("\n", "\n\n  \n", 1), encoding="utf-8")
+    assert main(["classify", "--model", "classifier", "--input", "blank.txt"]) == 0
+    out = capsys.readouterr().out.split("\n")
+    assert out[1:3] == ["", ""] and len(out) == 5 and all(out[i].count("\t") == 1 for i in (0, 3))
+    assert main(["classify", "--model", "classifier", "--json", "--input", "blank.txt"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1] == rows[2] == {"labels": [], "probabilities": []} and len(rows) == 4
 
 
 def test_members_that_share_a_tokenizer_read_one_encoding_of_the_texts(ws, monkeypatch):

@@ -198,6 +198,28 @@ def test_mbr_from_the_command_line(model_dirs, monkeypatch, capsys):
     assert "--rerank-with and --mbr both choose" in err and err.count("\n") == 1
 
 
+def test_evaluate_mbr_tokenizes_its_bleu_for_the_given_target_language(model_dirs, tmp_path, monkeypatch):
+    """A model that names no target language (a Marian folder may not) scored with --tgt-lang zh: the
+    minimum-Bayes-risk choice tokenizes as the score does, not with 13a, which scores Chinese near 0."""
+    from aiayn.decoding import translator
+
+    seen = []
+    real = translator.mbr_order
+
+    def spy(texts, utility, lang):
+        seen.append(lang)
+        return real(texts, utility, lang)
+
+    monkeypatch.setattr(translator, "mbr_order", spy)
+    (tmp_path / "s.de").write_text("Ein Mann\n", encoding="utf-8")
+    (tmp_path / "r.zh").write_text("一个男人\n", encoding="utf-8")
+    src, ref = str(tmp_path / "s.de"), str(tmp_path / "r.zh")
+    files = ["--src", src, "--ref", ref, "--src-lang", "de", "--tgt-lang", "zh"]
+    args = ["evaluate", "--model", str(model_dirs["joint"]), *files, "--beam", "3", "--mbr", "bleu"]
+    assert main(args) == 0
+    assert seen == ["zh"]
+
+
 @pytest.fixture(scope="module")
 def bidir_dir(tmp_path_factory):
     from tests.decoding.fixtures import translation_dir

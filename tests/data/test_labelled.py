@@ -68,6 +68,7 @@ def test_jsonl_labels_of_any_form(tmp_path):
     "name, text, match",
     [
         ("a.tsv", "sentence\tlabel\ngood\n", r"a.tsv:2: 1 fields where line 1 has 2 \(missing columns\)"),
+        ("a.tsv", "\n\nsentence\tlabel\ngood\n", r"a.tsv:4: 1 fields where line 3 has 2 \(missing columns\)"),
         ("a.tsv", "sentence\tlabel\ngood\t1\textra\n", r"a.tsv:2: 3 fields .*\(extra columns\)"),
         ("a.tsv", "sentence\tlabel\ngood\t1\nbad\t \n", r"a.tsv:3: the label \(column 'label'\) is empty"),
         ("a.tsv", "sentence\tlabel\n\t1\n", r"a.tsv:2: the text \(column 'sentence'\) is empty"),

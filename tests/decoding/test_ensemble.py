@@ -190,6 +190,14 @@ def test_directories_must_share_tokenizers_and_direction(model_dirs, tmp_path):
     char_tokenizer().save(backward)
     with pytest.raises(ModelDirError, match="backward: it writes the target in the other direction"):
         Translator.from_dirs([model_dirs["joint"], backward])
+    # the same joint vocabulary, trained the other way: the recorded language pair tells them apart
+    forward, reverse = tmp_path / "de-en", tmp_path / "en-de"
+    for d, (src, tgt) in ((forward, ("de", "en")), (reverse, ("en", "de"))):
+        save_model(tiny_transformer(tok.vocab_size), d, src_lang=src, tgt_lang=tgt)
+        char_tokenizer().save(d)
+    with pytest.raises(ModelDirError, match="en-de: it translates en→de, .*de-en de→en; ensemble models"):
+        Translator.from_dirs([forward, reverse])
+    Translator.from_dirs([forward, model_dirs["joint"]])  # a directory naming no languages is not refused
 
 
 def test_ensemble_from_the_command_line(model_dirs, tmp_path, capsys):

@@ -414,6 +414,26 @@ def test_classify_and_fill_mask_on_a_downloaded_bert_as_transformers_does(vocab_
     assert json.loads(capsys.readouterr().out)[0] == fillers
 
 
+def test_fill_mask_never_offers_a_special_when_mask_comes_first_in_the_vocabulary(tmp_path):
+    """A WordPiece vocabulary may put [MASK] first (0) and the other specials after it: they are named
+    by id, not found below [MASK]'s, so none is offered, and every other piece may be."""
+    trainer = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    firsts = ["[MASK]", "[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    trainer.train_from_iterator(CORPUS * 5, vocab_size=120, min_frequency=1, special_tokens=firsts)
+    vocab = trainer.get_vocab()
+    lines = "".join(t + "\n" for t in sorted(vocab, key=vocab.get))
+    (tmp_path / "vocab.txt").write_text(lines, encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    hf_bert(tmp_path, vocab_size=len(vocab), max_position_embeddings=64, pad_token_id=1)
+    filler = MaskFiller.from_dir(tmp_path)
+    tok = filler.tokenizer
+    assert (tok.mask_id, tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3, 4)
+    fillers = filler.fill("the café <mask> costs", top_k=len(vocab))[0]
+    assert len(fillers) == len(vocab) - len(firsts)
+    assert not {f.token for f in fillers} & set(firsts)
+    assert sum(f.probability for f in fillers) == pytest.approx(1.0, abs=1e-5)
+
+
 # -- the command line --------------------------------------------------------------------------------
 
 
@@ -536,6 +556,14 @@ def test_exported_masked_lm_fills_masks_as_the_original(tmp_path, capsys, senten
         assert main(["fill-mask", "--model", str(tmp_path / name), "--top-k", "3", "a good <mask> ."]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 3
+    # trained at max_len 24 (a masked-LM run's trained_max_len): the export reads no row past it either
+    save_model(m, tmp_path / "short", trained_max_len=24)
+    sentencepiece.save(tmp_path / "short")
+    assert main(["export", "--model", str(tmp_path / "short"), "--to", "hf", str(tmp_path / "hf24")]) == 0
+    for name in ("short", "hf24"):
+        assert MaskFiller.from_dir(tmp_path / name).max_len == 24, name
+    config = json.loads((tmp_path / "hf24" / "tokenizer_config.json").read_text())
+    assert config["model_max_length"] == 24
 
 
 TEXTS = [

@@ -112,3 +112,18 @@ def test_an_id_that_no_piece_has_decodes_to_nothing(tmp_path):
     src, _ = load_marian_tokenizers(tmp_path)
     assert src.vocab_size == len(vocab) + 4 and src.decode([10]) == ""  # 10 holds no piece now
     assert src.decode([len(vocab) + 3]) == src.sp.decode_pieces([moved]).strip() != ""  # its new id, emitted
+
+
+def test_attention_labels_a_marian_piece_that_decodes_to_nothing_by_the_piece(marian_tokenizers):
+    """A lone word boundary and <unk> decode to nothing in a Marian vocabulary: labelled by their
+    pieces (a space shown, "<unk>"), not by their ids."""
+    from types import SimpleNamespace
+
+    from aiayn.decoding.maps import token_labels
+
+    src, _, _, vocab = marian_tokenizers
+    config = SimpleNamespace(pad_id=src.pad_id, bos_id=src.bos_id, eos_id=src.eos_id)
+    quiet = [i for p, i in vocab.items() if p in ("\u2581", "<unk>")]
+    assert quiet and all(src.decode([i]) == "" for i in quiet)
+    labels = token_labels(src, quiet, config)
+    assert labels == ["␣" if src.pieces[i] == "\u2581" else "<unk>" for i in quiet]

@@ -201,3 +201,17 @@ def test_a_dropout_holds_for_both_arms_and_the_recipe_default_adds_nothing(tmp_p
         recipe = ROOT / "recipes/sst2-finetune.toml"
         assert load_recipe(recipe, changed[kind][1]).model["dropout"] == 0.2, kind
         assert load_recipe(recipe, default[kind][1]).model["dropout"] == 0.1, kind
+
+
+def test_max_steps_ends_both_arms_schedules_and_the_default_keeps_the_budget(tmp_path):
+    """--max-steps 1000 ends both SST-2 arms' cosine by that update (the budget still bounds it, as
+    horizon='budget' reads the first of the two), not one arm's; without it the recipe's cap holds."""
+    import reproduce_sst2
+
+    recipe = ROOT / "recipes/sst2-finetune.toml"
+    default = reproduce_sst2.arms("clm-sentiment", tmp_path / "encoder", tmp_path, "bf16", 0.2)
+    changed = reproduce_sst2.arms("clm-sentiment", tmp_path / "encoder", tmp_path, "bf16", 0.2, 1000)
+    for kind in ("finetune", "scratch"):
+        cfg = load_recipe(recipe, changed[kind][1])
+        assert (cfg.max_steps, cfg.horizon, cfg.max_minutes) == (1000, "budget", 15), kind
+        assert load_recipe(recipe, default[kind][1]).max_steps == load_recipe(recipe).max_steps == 4000, kind

@@ -302,6 +302,18 @@ def test_clm_batches_shift_by_one_and_score_no_padding_nor_a_blocks_closing_eos(
     assert task.n_targets(batch) == (5 if packing == "blocks" else 7)
 
 
+def test_clm_scores_no_eos_after_a_sentence_cut_at_max_len(rule_data, tmp_path):
+    """A line longer than max_len - 2 pieces is cut, and its eos marks the cut, not the text's end:
+    no target, as a block's closing eos; a line that fits keeps its eos as a target."""
+    data = rule_data / "train.tsv"
+    trainer = Trainer(load_recipe(None, ["task=clm", f"dataset={data}", "packing=sentences", "max_len=5",
+                                         f"out_dir={tmp_path / 'r'}", *TINY]))  # fmt: skip
+    task, bos, eos, pad = trainer.task, 1, 2, 0
+    batch = task._batch([np.array([5, 6]), np.array([7, 8, 9, 10])])
+    assert batch.ids.tolist() == [[bos, 5, 6, eos], [bos, 7, 8, 9]]
+    assert batch.targets.tolist() == [[5, 6, eos, pad], [7, 8, 9, pad]]
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_init_from_a_clm_encoder_keeps_or_drops_the_look_ahead_mask(clm_run, rule_data, tmp_path, causal):
     run = tmp_path / "ft"

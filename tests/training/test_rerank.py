@@ -51,6 +51,15 @@ def test_a_bidirectional_scorer_is_refused_before_anything_is_decoded(pair):
         Reranked(l2r, scorer)
 
 
+def test_a_scorer_of_another_language_pair_is_refused(pair):
+    """A joint vocabulary can be the same file in both directions: the recorded languages tell them apart."""
+    l2r, r2l = pair[0], pair[1]
+    other = Translator(r2l.model, r2l.src_tokenizer, r2l.tgt_tokenizer, reverse=True, tgt_lang="de")
+    assert l2r.tgt_lang == "en"
+    with pytest.raises(ConfigError, match="the reranking model writes 'de', the model 'en'; rerank with"):
+        Reranked(l2r, other)
+
+
 def test_a_scorer_with_fewer_learned_positions_bounds_the_search_instead_of_failing_after_it(pair):
     tok = pair[0].tgt_tokenizer
     wide = Translator(tiny_transformer(tok.vocab_size, positional="learned", max_len=64), tok, tok)

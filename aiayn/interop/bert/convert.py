@@ -71,9 +71,10 @@ BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")  # 
 NOT_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")  # BertForPreTraining's pooler and NSP head
 OLD_NAMES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters in checkpoints converted from TF
 AIAYN_TOKENIZER = hf.AIAYN_TOKENIZER
-# A classifier's own config.json fields that an export keeps as ``aiayn_<name>``: how it reads long
-# texts, and the columns of the tables it was trained on (so ``aiayn evaluate`` reads them as it did)
-KEPT = ("long_text", "text_column", "label_column")
+# An encoder's own config.json fields that an export keeps as ``aiayn_<name>``: the positions it was
+# trained on (a learned table has rows past them that no update reached), and a classifier's way of
+# reading long texts and the columns of its tables (so ``aiayn evaluate`` reads them as it did)
+KEPT = ("trained_max_len", "long_text", "text_column", "label_column")
 
 
 def name_map(c: EncoderConfig, tie: bool | None = None) -> hf.NameMap:
@@ -287,10 +288,10 @@ def load_bert_dir(
             f"{model.config.vocab_size} (config.json vocab_size); the files do not belong together"
         )
     meta: dict = {"kind": "encoder"}
+    hf_config = hf.read_hf_config(directory)
     if model.config.n_classes:
-        hf_config = hf.read_hf_config(directory)
         meta["labels"] = bert_labels(hf_config)  # checked by load_bert
-        meta.update(kept_fields(hf_config))  # an aiayn export: read texts as the model was trained to
+    meta.update(kept_fields(hf_config))  # an aiayn export: read texts as the model was trained to
     return model.to(device).eval(), tok, meta
 
 
@@ -345,11 +346,12 @@ def export_bert(
     class names, become ``id2label``), and the model's tokenizer ``tok`` if given: WordPiece as HF's
     files, any other in ``aiayn_tokenizer/`` (module docstring). See there for what is rewritten.
 
-    ``kept`` (a classifier's ``config.json`` fields) gives those of ``KEPT`` to keep as
-    ``aiayn_<name>``, which ``load_bert_dir`` reads back: ``long_text`` (how it reads texts longer
-    than the ``max_len`` it was trained at, so the export classifies long texts as the model did; the
-    fast tokenizer truncates at that ``max_len``, not at the untrained positions beyond it) and the
-    ``text_column`` and ``label_column`` of its tables."""
+    ``kept`` (the model's ``config.json`` fields) gives those of ``KEPT`` to keep as
+    ``aiayn_<name>``, which ``load_bert_dir`` reads back: ``trained_max_len`` (so that the export's
+    ``fill-mask`` refuses a query past the trained positions, as the model's does), a classifier's
+    ``long_text`` (how it reads texts longer than the ``max_len`` it was trained at, so the export
+    classifies long texts as the model did) and the ``text_column`` and ``label_column`` of its
+    tables. The fast tokenizer truncates at the trained length, not at the untrained positions beyond."""
     check_exportable(model)
     c = model.config
     classify = c.n_classes > 0
@@ -383,11 +385,11 @@ def export_bert(
         ids = {y: i for i, y in enumerate(labels)}
         config.update(num_labels=c.n_classes, id2label=dict(enumerate(labels)), label2id=ids,
                       classifier_dropout=c.dropout)  # fmt: skip
-        config.update({f"aiayn_{k}": v for k, v in (kept or {}).items() if k in KEPT and v not in (None, "")})
+    config.update({f"aiayn_{k}": v for k, v in (kept or {}).items() if k in KEPT and v not in (None, "")})
     directory = hf.write_hf_directory(directory, config, tensors)
     long_text = config.get("aiayn_long_text")
-    trained = long_text.get("max_len") if isinstance(long_text, dict) else None
-    max_len = trained if isinstance(trained, int) else c.max_len  # where transformers' truncation cuts
+    trained = long_text.get("max_len") if isinstance(long_text, dict) else config.get("aiayn_trained_max_len")
+    max_len = min(trained, c.max_len) if isinstance(trained, int) else c.max_len  # transformers cuts there
     if isinstance(tok, WordPieceTokenizer):
         tok.save(directory, max_len)
     elif tok is not None:
