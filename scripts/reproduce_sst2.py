@@ -7,6 +7,8 @@
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16
     python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16 \
         --dropout 0.2                                                   # both arms at dropout 0.2
+    python scripts/reproduce_sst2.py PATH/sst2 PATH/imdb --objective clm-sentiment --precision bf16 \
+        --dropout 0.2 --max-steps 1000                        # both arms annealed by update 1,000
 
 ``PATH/sst2`` holds GLUE's ``train.tsv`` (or ``.tsv.gz``) and ``dev.tsv``; ``PATH/imdb`` holds the
 Large Movie Review Dataset's unlabelled reviews (``unsup.txt.gz``) and ``dev.tsv.gz``. Neither is
@@ -64,15 +66,23 @@ PRETRAINED_ARM = {"clm-sentiment": ["lr=1.5e-4"]}
 
 
 def arms(
-    objective: str, pretrained: Path, sst2: Path, precision: str = "fp32", dropout: float | None = None
+    objective: str,
+    pretrained: Path,
+    sst2: Path,
+    precision: str = "fp32",
+    dropout: float | None = None,
+    max_steps: int | None = None,
 ) -> dict[str, tuple[str, list[str]]]:
     """Each arm's run-name infix and recipe overrides (without the seed): ``finetune`` from the
     ``pretrained`` encoder (``-lr1.5e-4`` and so on when ``PRETRAINED_ARM`` changes its recipe),
     ``scratch`` from nothing; both in ``precision`` and, when given, with ``dropout`` instead of the
-    recipe's (the same for both arms, so that the comparison stays one of starting points)."""
+    recipe's and ``max_steps`` instead of its cap (the cosine ends at that update or at the budget,
+    whichever comes first) — the same for both arms, so that the comparison stays one of starting
+    points."""
     data = [f"dataset={sst2.resolve()}", *FINETUNE_OVERRIDES[objective]]
     data += encoder_runs.precision_overrides(precision)
     data += [] if dropout is None else [f"model.dropout={dropout:g}"]
+    data += [] if max_steps is None else [f"max_steps={max_steps}"]
     extra = PRETRAINED_ARM.get(objective, [])
     infix = "".join(f"-{o.replace('=', '')}" for o in extra)
     return {"finetune": (f"finetune{infix}", [*data, f"init_from={pretrained}", *extra]),
@@ -118,6 +128,9 @@ def main() -> int:
     ap.add_argument("--dropout", type=float,
                     help="both arms' dropout instead of the recipe's 0.1 (runs and results named "
                          "…-dropout0.2 and so on)")  # fmt: skip
+    ap.add_argument("--max-steps", type=int,
+                    help="both arms' schedule ends by this update instead of at the 15-minute budget (runs "
+                         "and results named …-steps1000 and so on)")  # fmt: skip
     ap.add_argument("--test", type=Path, help="unlabelled test table (default: SST2/test-unlabelled.tsv)")
     ap.add_argument("--tag", help=encoder_runs.TAG_HELP)
     args = ap.parse_args()
@@ -129,18 +142,22 @@ def main() -> int:
         ap.error(f"--test {args.test}: no such file")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         ap.error(f"--dropout {args.dropout:g}: give a probability in [0, 1)")
+    if args.max_steps is not None and args.max_steps < 1:
+        ap.error(f"--max-steps {args.max_steps}: give a positive number of updates")
     started = time.perf_counter()
     out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
     name += "" if args.dropout is None else f"-dropout{args.dropout:g}"
+    name += "" if args.max_steps is None else f"-steps{args.max_steps}"
     name = encoder_runs.tagged(name, args.tag, ap.error)
     results = ROOT / "results" / f"{name}.json"
-    planned = arms(args.objective, RUNS / "pre-trained", args.sst2, args.precision, args.dropout)
+    setting = (args.precision, args.dropout, args.max_steps)
+    planned = arms(args.objective, RUNS / "pre-trained", args.sst2, *setting)
     for _, overrides in planned.values():  # both arms' fine-tuning, checked before the pre-training's hour
         encoder_runs.check("sst2-finetune", [*overrides, f"seed={args.seeds[0]}"])
     pre = out["pretraining"] = pretrain(args.imdb, objective=args.objective, precision=args.precision)
-    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, args.precision, args.dropout)
+    runs = arms(args.objective, ROOT / pre["run_dir"], args.sst2, *setting)
     out["runs"] = earlier_runs(pre, args.seeds, results, {kind: o for kind, (_, o) in runs.items()})
     for seed in args.seeds:  # seed by seed, so that an early stop leaves both kinds of the first seeds
         for kind, (infix, overrides) in runs.items():
@@ -158,7 +175,8 @@ def main() -> int:
         predictions = ROOT / "results" / f"{name}-test-predictions.txt"
         out["test_predictions"] = publish_predictions(ROOT / best["run_dir"], test, predictions, "sentence")
     out["end_to_end_minutes"] = round((time.perf_counter() - started) / 60, 2)
-    curves(ROOT / pre["run_dir"], Path(pre["run_dir"]).name)  # imdb-clm-sentiment-bf16 and so on
+    # imdb-clm-sentiment-bf16 and so on; -TAG too: another machine's pre-training keeps its own curves
+    curves(ROOT / pre["run_dir"], encoder_runs.tagged(Path(pre["run_dir"]).name, args.tag, ap.error))
     for infix, _ in runs.values():
         curves(RUNS / f"{name}-{infix}-seed{args.seeds[0]}", f"{name}-{infix}-seed{args.seeds[0]}")
     write_json(results, out)
