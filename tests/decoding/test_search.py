@@ -326,6 +326,8 @@ def test_search_config_errors_name_the_field():
         # the input's length + max_len_b overflowed int64 in the limits' tensor: a traceback
         (dict(max_len_b=2**63 - 1), "max_len_b=9223372036854775807 is over 2147483647 tokens"),
         (dict(min_len=9, max_len=8), "min_len=9 is above max_len=8"),
+        # max_len_b sets the default max_len only: with max_len it was silently ignored
+        (dict(max_len=100, max_len_b=5), "max_len_b=5 does nothing with max_len=100"),
         (dict(min_len=9, max_len_cap=8), "min_len=9 is above max_len_cap=8"),  # a server's --max-len
     ]
     for bad, match in cases:
