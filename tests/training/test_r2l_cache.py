@@ -127,6 +127,13 @@ def test_cached_training_resumes_exactly_and_decoding_repeats_the_cache_search(c
     assert meta["r2l_beam"] == 2 and meta["config"]["bidirectional"] is True
     translator = Translator.from_dir(straight)
     assert translator.r2l_beam == 2  # the memory is built with the cache's search unless asked otherwise
+    src, ref = tmp_path / "t.de", tmp_path / "t.en"
+    src.write_text("hund läuft rot\n", encoding="utf-8")
+    ref.write_text("dog runs red\n", encoding="utf-8")
+    report = tmp_path / "scores.json"
+    files = ["--src", str(src), "--ref", str(ref), "--json", str(report)]
+    assert main(["evaluate", "--model", str(straight), *files, "--beam", "3"]) == 0
+    assert json.loads(report.read_text())["search"]["r2l_beam"] == 2  # what built the memory, not null
     sources, _ = translator.encode(["hund läuft rot"])
     from aiayn.decoding import bidirectional
 
