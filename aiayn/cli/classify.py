@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     classifier = quantized(args, load_classifier(directories, args.device, long_text_of(args)))
     with open_output(args.output) as out:  # a file appears whole once every chunk is written
         for _, lines in read_chunks(args):
-            texts = [i for i, line in enumerate(lines) if line.strip()]  # blank lines: nothing to label
-            labelled = iter(classifier.predict([lines[i] for i in texts], args.top_k, args.max_tokens))
+            texts = [line for line in lines if line.strip()]  # a blank line: nothing to label
+            labelled = iter(classifier.predict(texts, args.top_k, args.max_tokens))
             results = [next(labelled) if line.strip() else [] for line in lines]
             if args.json:
                 rows = [json.dumps({"labels": [y for y, _ in r],

@@ -222,9 +222,6 @@ def run(args: argparse.Namespace) -> int:
         if name in signatures:
             print(f"{name} signature: {signatures[name]}")
     if args.json:
-        search = asdict(config)
-        if search["r2l_beam"] is None and translator.r2l_beam is not None:  # the beam the model recorded
-            search["r2l_beam"] = translator.r2l_beam  # built its memories (Translator.search)
         report = {
             "corpus": corpus.name,
             "model": str(args.model),
@@ -234,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             "lowercase": translator.tgt_tokenizer.lowercase,
             **scores,
             "signatures": signatures,
-            "search": search,
+            "search": asdict(translator.resolved(config)),  # with the r2l beam the model recorded
         }
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

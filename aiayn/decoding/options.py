@@ -31,7 +31,7 @@ class SearchConfig:
     lenpen: float = 0.6  # α of the length penalty (§6.1); 0 = rank by log-probability
     lenpen_kind: str = "gnmt"  # "gnmt": ((5 + |Y|) / 6)^α; "simple": |Y|^α
     max_len: int | None = None  # generated tokens at most (eos included); None: see output_limit
-    max_len_b: int = 50  # the "+ 50" of §6.1 (MAX_LEN_B)
+    max_len_b: int = 50  # the "+ 50" of §6.1
     min_len: int = 0  # no eos before this many tokens (min_len = max_len: fixed-length output)
     sample: bool = False  # sample instead of searching
     temperature: float = 1.0  # sampling: divide log-probs by T (MIN_TEMPERATURE to MAX_TEMPERATURE)
@@ -111,7 +111,7 @@ class SearchConfig:
             fail("top_k", "must be at least 1 (or None for no top-k filtering)")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             fail("top_p", "must be in (0, 1] (or None for no nucleus filtering)")
-        if self.max_len is not None and self.max_len_b != MAX_LEN_B:  # it sets only the default max_len
+        if self.max_len is not None and self.max_len_b != SearchConfig.max_len_b:  # only the default's margin
             fail("max_len_b", f"does nothing with max_len={self.max_len} (the default length is input + "
                  "max_len_b): give one of them")  # fmt: skip
         for name, default in SAMPLING_DEFAULTS.items():  # given without sampling: it would be ignored
@@ -126,7 +126,5 @@ class SearchConfig:
         return limit if self.max_len_cap is None else min(limit, self.max_len_cap)
 
 
-# the default output length's margin over the input, which max_len replaces
-MAX_LEN_B = next(f.default for f in dataclasses.fields(SearchConfig) if f.name == "max_len_b")
 # sampling's fields at their defaults: what a search that does not sample holds
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SearchConfig) if f.name in SAMPLING_FIELDS}

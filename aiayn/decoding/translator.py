@@ -157,6 +157,13 @@ class Translator:
             sources.append(ids)
         return sources, cut
 
+    def resolved(self, config: SearchConfig) -> SearchConfig:
+        """``config`` as this translator searches with it: a bidirectional model's memories built with
+        the right-to-left beam it recorded (its cache's search) where ``config`` gives none."""
+        if config.r2l_beam is None and self.r2l_beam is not None:
+            return dataclasses.replace(config, r2l_beam=self.r2l_beam)
+        return config
+
     def search(
         self,
         sources: Sequence[list[int]],
@@ -187,8 +194,7 @@ class Translator:
             texts = [[self.detokenize(h) for h in hyps] for hyps in beam]
             order = [mbr_order(t, config.mbr, self.tgt_lang) for t in texts]
             return [[hyps[i] for i in o][: config.nbest] for hyps, o in zip(beam, order)]
-        if config.r2l_beam is None and self.r2l_beam is not None:
-            config = dataclasses.replace(config, r2l_beam=self.r2l_beam)
+        config = self.resolved(config)
         if repeats is None:  # only seeded sampling reads them
             seeded = config.sample and config.seed is not None
             repeats = occurrences(sources) if seeded else [0] * len(sources)

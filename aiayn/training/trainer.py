@@ -263,7 +263,7 @@ class Trainer:
     def _improved(self, metrics: dict[str, float]) -> bool:
         score = self.task.score(metrics)
         if self.best is None or score > self.best:
-            self.best, self.bad_evals = score, 0
+            self.best, self.best_step, self.bad_evals = score, self.step, 0
             return True
         self.bad_evals += 1
         return False
@@ -274,8 +274,6 @@ class Trainer:
         rank_rngs = all_gather(ckpt.rank_rng_state(self.device), self.dist, self.device)
         if not self.dist.is_main:
             return None
-        if improved:
-            self.best_step = self.step
         state = {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals,
                  "elapsed": self.elapsed,
                  "sampler": self.task.sampler.state_dict(), "scaler": self.scaler.state_dict() or None,
