@@ -148,22 +148,37 @@ class TranslationService:
     def _check_attention_size(
         self, sources: Sequence[list[int]], nbest: Sequence[Sequence[Hypothesis]], limit: int
     ) -> None:
-        """``OverLimit`` if one request's attention weights would number more than ``limit``: per
-        text h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder positions, and for a
-        bidirectional model h·L_dec·(R² + R·S + T·R) more for the R right-to-left positions."""
+        """``OverLimit`` if one request's attention weights would number more than ``limit`` (``_size``)."""
         c = self.model.config
         if isinstance(self.model, Ensemble):
             return  # no attention is returned
         total = 0
         for src, hyps in zip(sources, nbest):
             if hyps:
-                n_src, n_tgt = len(src) + 1, len(decoder_read(hyps[0].tokens, c.bos_id))
+                n_tgt = len(decoder_read(hyps[0].tokens, c.bos_id))
                 n_r2l = sum(i != c.eos_id for i in hyps[0].r2l.tokens) + 1 if c.bidirectional else 0
-                total += c.n_heads * (
-                    c.n_encoder_layers * n_src**2
-                    + c.n_decoder_layers
-                    * (n_tgt**2 + n_tgt * n_src + n_r2l**2 + n_r2l * n_src + n_tgt * n_r2l)
-                )
+                total += self._size(len(src) + 1, n_tgt, n_r2l)
+        self._over(total, limit)
+
+    def check_attention_floor(self, sources: Sequence[list[int]], limit: int) -> None:
+        """``OverLimit`` before any search when even the shortest translations (the decoder reading
+        only its ``bos``) would carry more than ``limit`` weights: the source side alone is too large."""
+        if isinstance(self.model, Ensemble):
+            return
+        floor = int(self.model.config.bidirectional)
+        self._over(sum(self._size(len(src) + 1, 1, floor) for src in sources if src), limit)
+
+    def _size(self, n_src: int, n_tgt: int, n_r2l: int) -> int:
+        """The attention weights of one text: h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder
+        positions, and for a bidirectional model h·L_dec·(R² + R·S + T·R) more for the R right-to-left ones."""
+        c = self.model.config
+        return c.n_heads * (
+            c.n_encoder_layers * n_src**2
+            + c.n_decoder_layers * (n_tgt**2 + n_tgt * n_src + n_r2l**2 + n_r2l * n_src + n_tgt * n_r2l)
+        )
+
+    @staticmethod
+    def _over(total: int, limit: int) -> None:
         if total > limit:
             raise OverLimit(f"the attention weights of this request would be {total:,} numbers, over this "
                             f"server's limit of {limit:,} (--max-attention-values); send fewer or shorter "

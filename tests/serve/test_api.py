@@ -988,6 +988,25 @@ def test_a_bidirectional_models_attention_is_what_its_decoders_read(tmp_path):
         assert client.post("/v1/translate", json=body).status_code == 200
 
 
+def test_attention_over_the_limit_whatever_the_translation_is_refused_before_any_search(tmp_path):
+    """Whether an answer's attention fits is known from its source alone when even a one-token
+    translation would not fit: 413 at once, the search never run (before: searched, then refused)."""
+    service = load_service("m", translation_dir(tmp_path / "m", eos_bias=1.5, seed=1))
+    c, text = service.model.config, "Zwei Hunde spielen im Schnee"
+    n_src = len(service.translator.encode([text])[0][0]) + 1
+    floor = c.n_heads * (c.n_encoder_layers * n_src**2 + c.n_decoder_layers * (1 + n_src))
+    searched, t = [], service.translator
+    for name in ("search", "batch"):  # a whole search, or the rows a running search adds
+        setattr(t, name, lambda *a, _f=getattr(t, name), **k: searched.append(1) or _f(*a, **k))
+    with TestClient(create_app([service], Settings(max_attention_values=floor - 1))) as client:
+        r = client.post("/v1/translate", json={"q": [text], "attention": True})
+        assert r.status_code == 413 and "max-attention-values" in r.json()["error"] and not searched
+        assert client.post("/v1/translate", json={"q": [text]}).status_code == 200 and len(searched) == 1
+    with TestClient(create_app([service], Settings(max_attention_values=floor))) as client:
+        r = client.post("/v1/translate", json={"q": [text], "attention": True, "max_len": 1})
+        assert r.status_code in (200, 413) and len(searched) == 2  # searched: the floor fits
+
+
 def test_a_text_longer_than_the_model_reads_is_translated_in_part_and_says_so(tmp_path):
     """The CLI warns when it cuts a line to the source tokens the model reads; the server cut it
     silently, and the page showed the first part's translation as the whole text's."""

@@ -64,6 +64,8 @@ async def translate(
                       "leave r2l_beam out")  # fmt: skip
     job = Translation(service.name, config, body.attention, limit)
     sources, cut = service.encode(texts)  # a text the tokenizer refuses fails here, not in a batch
+    if body.attention:  # a source too long for the limit is refused before any search, not after
+        service.check_attention_floor(sources, limit)
     results = await server.submit(job, sources, len(texts), request)
     for i in cut:  # translated in part: said, as the CLI warns
         results[i] = {**results[i], "truncated": True}
