@@ -160,6 +160,11 @@ class NativeTranslateRequest(SearchOptions):
     attention: bool = Field(
         False, description="add every layer's and head's attention weights, up to --max-attention-values"
     )
+    sentences: bool = Field(
+        False,
+        description="translate each text sentence by sentence (its lines, then their sentences, as "
+        "/translate does, up to --sentence-limit): each result then has its sentences' own results",
+    )
 
 
 class Hypothesis(BaseModel):
@@ -202,6 +207,11 @@ class TranslationResult(BaseModel):
     truncated: bool = Field(
         False,
         description="the text has more source tokens than the model reads: its first part is translated",
+    )
+    sentences: list[TranslationResult] | None = Field(
+        None,
+        description="with sentences: true, one result per sentence (attention there); the text's translation "
+        "and hypotheses join theirs, rank by rank, scores summed and tokens one sentence after another",
     )
 
 

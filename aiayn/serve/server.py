@@ -22,6 +22,7 @@ from aiayn.device import set_threads
 from aiayn.errors import AiaynError
 from aiayn.serve.batcher import Batcher, QueueFull
 from aiayn.serve.jobs import JobKind
+from aiayn.serve.sentences import Sentences
 from aiayn.serve.settings import Settings
 
 
@@ -175,6 +176,14 @@ class Server:
             if (problem := text_problem(t)) is not None:
                 raise invalid(f"q[{i}] {problem}" if isinstance(q, list) else f"q {problem}")
         return texts
+
+    def sentences(self, texts: list[str], language: str) -> list[Sentences]:
+        """Each text's lines and their sentences (``Sentences``), at most ``sentence_limit`` in all."""
+        split = [Sentences(t, language) for t in texts]
+        n, limit = sum(len(s.pieces) for s in split), self.settings.sentence_limit
+        if n > limit:
+            raise invalid(f"request ({n} sentences) exceeds sentence limit ({limit})")
+        return split
 
     def stuck(self) -> bool:
         """Whether every worker has been on one batch for longer than ``timeout_s`` (a request

@@ -169,8 +169,9 @@ class TranslationService:
         self._over(sum(self._size(len(src) + 1, 1, floor) for src in sources if src), limit)
 
     def _size(self, n_src: int, n_tgt: int, n_r2l: int) -> int:
-        """The attention weights of one text: h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T decoder
-        positions, and for a bidirectional model h·L_dec·(R² + R·S + T·R) more for the R right-to-left ones."""
+        """The attention weights of one text: h·(L_enc·S² + L_dec·(T² + T·S)) for S source and T
+        decoder positions, and for a bidirectional model h·L_dec·(R² + R·S + T·R) more for the R
+        right-to-left ones."""
         c = self.model.config
         return c.n_heads * (
             c.n_encoder_layers * n_src**2

@@ -625,6 +625,35 @@ def test_translate_reads_a_text_sentence_by_sentence_as_libretranslate_does(tmp_
         assert r.status_code == 400 and "(4 sentences) exceeds sentence limit (3)" in r.json()["error"]
 
 
+def test_native_translate_sentence_by_sentence_gives_each_sentences_result_and_joins_them(tmp_path):
+    """``sentences: true`` (what the page sends): each sentence's result is the one it gets alone,
+    attention included; the text's translation and n-best join theirs rank by rank, as /translate's
+    alternatives do, scores summed, tokens one sentence after another; the sentence limit holds."""
+    model = translation_dir(tmp_path / "m", seed=5)
+    de_en_meta(model)
+    text, sentences = "Ein Mann fährt. Zwei Hunde spielen!\nEine Frau liest.", [
+        "Ein Mann fährt.", "Zwei Hunde spielen!", "Eine Frau liest."]  # fmt: skip
+    with TestClient(create_app([load_service("de-en", model)], Settings(sentence_limit=3))) as c:
+        options = {"beam": 4, "nbest": 2, "attention": True}  # /translate's search for one alternative
+        alone = c.post("/v1/translate", json={"q": sentences, **options}).json()["results"]
+        r = c.post("/v1/translate", json={"q": [text, ""], "sentences": True, **options})
+        assert r.status_code == 200, r.text
+        got, blank = r.json()["results"]
+        assert got["sentences"] == alone and "attention" not in got
+        lt = c.post("/translate", json={"q": text, "source": "de", "target": "en", "alternatives": 1}).json()
+        assert (
+            got["translation"] == lt["translatedText"] == f"{alone[0]['translation'].strip()} "
+            f"{alone[1]['translation'].strip()}\n{alone[2]['translation'].strip()}"
+        )
+        assert [h["text"] for h in got["hypotheses"]] == [lt["translatedText"], *lt["alternatives"]]
+        second = [a["hypotheses"][1] for a in alone]
+        assert got["hypotheses"][1]["score"] == pytest.approx(sum(h["score"] for h in second), abs=2e-4)
+        assert got["hypotheses"][1]["tokens"] == [t for h in second for t in h["tokens"]]
+        assert blank == {"translation": "", "hypotheses": [], "sentences": [], "truncated": False}
+        r = c.post("/v1/translate", json={"q": [text, "Noch einer."], "sentences": True})
+        assert r.status_code == 400 and "(4 sentences) exceeds sentence limit (3)" in r.json()["error"]
+
+
 def test_libretranslate_clients_as_libretranslate_reads_them(client):
     """A JSON body after a byte order mark (Windows PowerShell 5's), the fields in the query string
     of a POST (Flask's request.values: the query first) and a negative ``alternatives`` (read as 0)
@@ -996,8 +1025,12 @@ def test_attention_over_the_limit_whatever_the_translation_is_refused_before_any
     n_src = len(service.translator.encode([text])[0][0]) + 1
     floor = c.n_heads * (c.n_encoder_layers * n_src**2 + c.n_decoder_layers * (1 + n_src))
     searched, t = [], service.translator
+
+    def counted(f):
+        return lambda *a, **k: searched.append(1) or f(*a, **k)
+
     for name in ("search", "batch"):  # a whole search, or the rows a running search adds
-        setattr(t, name, lambda *a, _f=getattr(t, name), **k: searched.append(1) or _f(*a, **k))
+        setattr(t, name, counted(getattr(t, name)))
     with TestClient(create_app([service], Settings(max_attention_values=floor - 1))) as client:
         r = client.post("/v1/translate", json={"q": [text], "attention": True})
         assert r.status_code == 413 and "max-attention-values" in r.json()["error"] and not searched

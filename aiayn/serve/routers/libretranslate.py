@@ -28,7 +28,6 @@ from aiayn.serve.schemas import (
     TranslateResponse,
     request_body,
 )
-from aiayn.serve.sentences import Sentences
 from aiayn.serve.server import HTTPError, Server, invalid
 from aiayn.serve.services import TranslationService, language_name
 
@@ -106,11 +105,8 @@ async def _translate_sentences(
     """Each text translated sentence by sentence (``Sentences``: its lines, then their sentences), all
     as one batch; its alternatives join the sentences' second, third, … hypotheses as the best are
     joined (Argos Translate's)."""
-    split = [Sentences(t, service.source) for t in texts]
+    split = server.sentences(texts, service.source)
     pieces = [piece for s in split for piece in s.pieces]
-    limit = server.settings.sentence_limit
-    if len(pieces) > limit:
-        raise invalid(f"request ({len(pieces)} sentences) exceeds sentence limit ({limit})")
     results = await _submit(server, service, config, pieces, request) if pieces else []
     best, others, start = [], [], 0
     for s in split:

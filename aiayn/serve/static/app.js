@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#2457c5", "#d1495b", "#00798c", "#edae49", "#66a182", "#8e5ea2", "#30638e", "#e07a5f"];
 const MAX_PNG_SIDE = 16384; // pixels; a larger canvas fails (or stalls the tab) in browsers
-let attention = null, models = [];
+let attention = null, sentences = [], models = [];
 
 function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
 
@@ -68,9 +68,10 @@ $("t-form").addEventListener("submit", async (event) => {
   $("t-r2l").hidden = true;
   $("t-note").hidden = true;
   attention = null;
+  sentences = [];
   setupExplorer();
-  try {
-    const body = { model: $("t-model").value, q: [$("t-src").value], beam, nbest, attention: true };
+  try { // sentence by sentence, as LibreTranslate translates: a model trained on sentences drops the rest
+    const body = { model: $("t-model").value, q: [$("t-src").value], beam, nbest, attention: true, sentences: true };
     let answer;
     try {
       answer = await api("/v1/translate", body);
@@ -97,7 +98,10 @@ $("t-form").addEventListener("submit", async (event) => {
       li.append(h.text, score);
       return li;
     }));
-    attention = result.attention || null;
+    sentences = (result.sentences || []).filter((r) => r.attention && r.attention.encoder);
+    fill($("a-sentence"), sentences.map((r, i) => [i, `${i + 1}: ${r.translation}`]));
+    $("a-sentence-box").hidden = sentences.length < 2; // each sentence's maps, one at a time
+    attention = sentences.length ? sentences[0].attention : null;
     setupExplorer();
   } catch (e) {
     showError(e);
@@ -231,6 +235,10 @@ function hover(node, on, off) {
   node.addEventListener("blur", () => { node.classList.remove("on"); off(); });
 }
 
+$("a-sentence").addEventListener("change", () => { // another sentence's maps, the same kind, layer and head
+  attention = sentences[Number($("a-sentence").value)].attention;
+  setupExplorer();
+});
 $("a-kind").addEventListener("change", setupLayers);
 for (const id of ["a-layer", "a-head", "a-view"]) $(id).addEventListener("change", render);
 
