@@ -50,7 +50,7 @@ def read_json(
     """The JSON object in ``path``: the errors of ``read_text``, and for text that is not one."""
     raw = _read(Path(path), missing, error)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))  # a byte order mark first, as some editors save it
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an int of > 4300 digits, nested too deep
         raise error(f"{path} is not valid JSON ({why_not_json(e)}); {fix}") from None
     if not isinstance(data, dict):

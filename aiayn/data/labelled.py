@@ -125,6 +125,9 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
             start = reader.line_num + 1
     except csv.Error as e:
         end, where = reader.line_num, f"{start}"
+        if "new-line character seen in unquoted field" in str(e):  # a lone \r (the file's lines end in \n)
+            raise DataError(f"{path}:{start}: a carriage return (\\r) inside a field that is not quoted; "
+                            'quote the field ("…") or remove the \\r') from None  # fmt: skip
         if end > start:  # the row began on an earlier line: where its quote opened
             where, e = f"{start}-{end}", f"{e}; a quote opened on line {start} runs on to line {end}"
         raise DataError(f"{path}:{where}: not valid CSV ({e}); a field holding quotes is quoted "
@@ -192,12 +195,13 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
         fields = [("text", text_column, TEXT_NAMES)] + (
             [("label", label_column, LABEL_NAMES)] if labelled else []
         )
-        if labelled and text_column and text_column == label_column:
-            raise DataError(f"{path}: the text and the label are the same key ({text_column!r}); set "
-                            "text_column and label_column to two keys")  # fmt: skip
-        values = []
+        values, keys = [], []
         for what, spec, names in fields:
             key = spec or next((n for n in names if n in obj), names[0])
+            if key in keys:  # given twice, or one given as the other's usual name
+                raise DataError(f"{path}: the text and the label are the same key ({key!r}); set "
+                                "text_column and label_column to two keys")  # fmt: skip
+            keys.append(key)
             if key not in obj:
                 raise DataError(f"{path}:{line}: no key {key!r} (the {what}); set {what}_column to its key")
             value = obj[key]

@@ -132,11 +132,15 @@ def pairs_report(
 ) -> str:
     """``report`` for a corpus of pairs: each sampled side of ``samples`` against ``plain`` (the
     deterministic ``EncodedParallel``). The samples are filtered on their own lengths, so text i
-    of a sample need not be pair i of ``plain``: only pieces per sentence are compared."""
+    of a sample need not be pair i of ``plain``: only pieces per sentence are compared, and the
+    pairs each kept (longer segmentations pass a length filter less often: said, not silent)."""
     named = {"source": "src", "target": "tgt"}
     compared = {f"{name}: ": (getattr(plain, side), [getattr(s, side) for s in samples])
                 for name, side in named.items() if sides in (name, "both")}  # fmt: skip
-    return report(dropout, "pairs", compared, aligned=False)
+    kept = sorted(len(s) for s in samples)
+    among = f"{kept[0]:,}" if kept[0] == kept[-1] else f"{kept[0]:,}–{kept[-1]:,}"
+    return (report(dropout, "pairs", compared, aligned=False)
+            + f"; {among} pairs kept by the filter in each against {len(plain):,} deterministic")  # fmt: skip
 
 
 Sides = dict[str, tuple[Ragged, Sequence[Ragged]]]  # a side's name: (deterministic, samples)

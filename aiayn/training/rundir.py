@@ -160,6 +160,9 @@ def check_resume_compatible(saved: dict, cfg: TrainConfig, run_dir: Path) -> Non
     under ``horizon="budget"``."""
     now, default = to_dict(cfg), default_dict(cfg)  # a field added since the run: its default
     was = {k: saved.get(k, default[k]) for k in now}
+    if not isinstance(was["model"], dict):
+        raise ModelDirError(f"{run_dir / TRAIN_CONFIG}: 'model' is {type(was['model']).__name__}, not the "
+                            "run's [model] table; restore the file or start a new run")  # fmt: skip
     models = [model_fields(cfg, fields.pop("model")) for fields in (was, now)]  # compared field by field
     for f in sorted(models[0].keys() | models[1].keys()):
         was[f"model.{f}"], now[f"model.{f}"] = (model.get(f, "unset") for model in models)

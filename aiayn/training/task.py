@@ -105,7 +105,13 @@ class Task:
     @classmethod
     def check_model(cls, cfg: TrainConfig) -> None:
         """The ``[model]`` table against ``model_config``, with placeholder vocabulary sizes; its
-        refusal is a ``ModelTableError``, which the recipe's reader names with the table's source."""
+        refusal is a ``ModelTableError``, which the recipe's reader names with the table's source.
+        The vocabulary's sizes and special ids come from the run's tokenizer: set there, they would be
+        replaced without a word, so they are refused."""
+        filled = sorted(set(cls.vocab_placeholder(1)) | {"pad_id", "bos_id", "eos_id", "unk_id"})
+        if given := [k for k in filled if k in cfg.model]:
+            raise ModelTableError(f"model.{given[0]} is set from the run's tokenizer: remove it from [model] "
+                                  "and give vocab_size (or init_from's tokenizer) instead")  # fmt: skip
         try:
             cls.model_config.from_dict({**cfg.model, **cls.vocab_placeholder(max(cfg.vocab_size, 256))})
         except ConfigError as e:

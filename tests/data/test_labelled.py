@@ -217,3 +217,24 @@ def test_a_csv_field_may_hold_a_document_past_pythons_default_limit(tmp_path):
         long,
         "short",
     ]
+
+
+def test_a_lone_carriage_return_in_a_csv_field_is_named_as_one(tmp_path):
+    """A bare \\r in an unquoted CSV field was refused with Python's advice to open the file with
+    newline=''; quoted, it is kept, as TSV and JSONL keep it."""
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"text,label\nit was\rgreat,pos\n")
+    with pytest.raises(
+        DataError, match=r"a.csv:2: a carriage return \(\\r\) inside a field that is not quoted"
+    ):
+        load_labelled(path)
+    path.write_bytes(b'text,label\n"it was\rgreat",pos\n')
+    assert load_labelled(path).texts == ["it was\rgreat"]
+
+
+def test_jsonl_refuses_a_label_key_that_is_the_texts_usual_one(tmp_path):
+    """``label_column=text`` with the text's key left to its usual name read one key as both (every
+    text its own class); TSV refused it, JSONL now does too."""
+    path = write(tmp_path / "d.jsonl", '{"text": "good", "label": 1}\n')
+    with pytest.raises(DataError, match=r"the text and the label are the same key \('text'\)"):
+        load_labelled(path, "", "text")

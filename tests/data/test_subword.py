@@ -185,9 +185,25 @@ def test_a_pairs_report_names_only_the_sampled_sides(tok, pairs):
     assert line == (
         "subword_dropout=0.1: 2 segmentations of the training pairs; target: "
         f"{tgt:.2f} pieces a text against {plain.tgt.lengths.mean():.2f} deterministic "
-        f"({tgt / plain.tgt.lengths.mean() - 1:+.1%})"
+        f"({tgt / plain.tgt.lengths.mean() - 1:+.1%}); {len(pairs):,} pairs kept by the filter in each "
+        f"against {len(pairs):,} deterministic"
     )  # filtered samples are not aligned with the pairs: no share of texts split otherwise
     # both sides named: the unsampled source is the deterministic one, piece for piece
     source = pairs_report(0.1, plain, samples).split("; ")[1]
     src = f"{plain.src.lengths.mean():.2f}"
     assert source == f"source: {src} pieces a text against {src} deterministic (+0.0%)"
+
+
+def test_a_pairs_report_says_how_many_pairs_a_length_filter_dropped_from_the_samples(tok, pairs):
+    """Sampled segmentations are longer, so a length filter the deterministic one passes drops some
+    of their pairs: the line says so (before, nothing did, and the pairs left every epoch silently)."""
+    longest = max(len(ids) for p in pairs for ids in tok.encode_batch(list(p)))
+    filt = CorpusFilter(max_len=longest, max_ratio=None, drop_empty=False)
+    plain = SampledParallel(*(to_ragged(tok.encode_batch([p[k] for p in pairs])) for k in (0, 1)))
+    samples = [Resegmenter(pairs, tok, tok, 0.5, filt).sample([1, k]) for k in (1, 2)]
+    kept = sorted(len(s) for s in samples)
+    assert kept[0] < len(pairs)  # the premise: p = 0.5 lengthens some pair past the deterministic longest
+    among = f"{kept[0]:,}" if kept[0] == kept[1] else f"{kept[0]:,}–{kept[1]:,}"
+    assert pairs_report(0.5, plain, samples).endswith(
+        f"; {among} pairs kept by the filter in each against {len(pairs):,} deterministic"
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.training.config import TrainConfig, to_dict
 from aiayn.training.recipe import config_from_dict, load_recipe
 from aiayn.training.rundir import check_resume_compatible
@@ -202,3 +202,36 @@ def test_a_bad_model_table_names_where_it_came_from(tmp_path, recipe, overrides,
         path.write_text('task = "lm"\n' + recipe)
     with pytest.raises(ConfigError, match=message):
         load_recipe(path, overrides if path else ["task=lm", *overrides])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        # before: accepted, and a German and an English piece of the same id shared one embedding
+        (
+            ["joint_vocab=false", "model.share_embeddings=true"],
+            r"model.share_embeddings=true with joint_vocab=false",
+        ),
+        # before: accepted, then replaced by the tokenizer's without a word
+        (["model.tgt_vocab_size=4000"], r"model.tgt_vocab_size is set from the run's tokenizer"),
+        (
+            ["task=lm", "dataset=shakespeare", "tokenizer=char", "model.vocab_size=500"],
+            r"model.vocab_size is set from",
+        ),
+        (["task=mlm", "dataset=sst2", "model.pad_id=3"], r"model.pad_id is set from the run's tokenizer"),
+        # before: an error about window_stride, whose fix was "use at most -1"
+        (["task=classify", "dataset=x.tsv", "max_len=1"], r"max_len=1 leaves no room"),
+    ],
+)
+def test_model_fields_the_run_sets_and_impossible_lengths_are_refused_by_name(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_recipe(RECIPE if overrides[0].startswith(("joint", "model.")) else None, overrides)
+
+
+def test_a_saved_config_whose_model_is_not_a_table_is_refused_in_one_line(tmp_path):
+    """A hand-edited train_config.json with ``"model": null`` was a TypeError traceback on --resume."""
+    saved = json.loads(BEFORE.read_text(encoding="utf-8"))
+    with pytest.raises(
+        ModelDirError, match=r"train_config.json: 'model' is NoneType, not the run's \[model\]"
+    ):
+        check_resume_compatible({**saved, "model": None}, load_recipe(RECIPE, OVERRIDES), tmp_path)

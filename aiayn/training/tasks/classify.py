@@ -133,7 +133,8 @@ class ClassifyOptions(EncoderOptions):
         if not 0 < self.layer_decay <= 1:
             fail(self, "layer_decay", "must be in (0, 1] (1 = one learning rate for all; 0.75–0.9 are usual)")
         super().validate(cfg)
-        LongText(self.long_text, self.window_stride).check(cfg.max_len)
+        if cfg.max_len >= 3:  # below, the encoder's own check names max_len (no window at all)
+            LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:

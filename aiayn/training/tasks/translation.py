@@ -108,6 +108,10 @@ class TranslationTask(Task):
         if o.r_drop and cfg.model.get("bidirectional"):
             raise ConfigError("r_drop > 0 with model.bidirectional=true: R-Drop is not implemented for the "
                               "right-to-left decoder; set r_drop=0 or bidirectional=false")  # fmt: skip
+        if not o.joint_vocab and cfg.model.get("share_embeddings"):  # equal sizes, other pieces
+            raise ConfigError("model.share_embeddings=true with joint_vocab=false would give a source piece "
+                              "and a target piece of the same id one embedding; set joint_vocab=true or "
+                              "model.share_embeddings=false")  # fmt: skip
         if o.reverse_target and cfg.model.get("bidirectional"):
             raise ConfigError("reverse_target=true and model.bidirectional=true: a bidirectional model "
                               "already has its right-to-left decoder; choose one")  # fmt: skip
