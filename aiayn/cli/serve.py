@@ -135,9 +135,14 @@ def run(args: argparse.Namespace) -> int:
         timeout_keep_alive=settings.keep_alive_s,
         backlog=backlog,
         h11_max_incomplete_event_size=H11_MAX_HEADERS,
+        # the guard counts connections in Python's accept() and its protocol's connection_lost: uvloop
+        # accepts in libuv, and a WebSocket upgrade hands the connection to another protocol, so each
+        # would escape --max-connections (and leak its count) where those extras are installed
+        loop="asyncio",
+        ws="none",
     )
-    print(f"aiayn serve: {', '.join(f'{s.name} ({s.kind})' for s in services)} on http://{args.host}:{args.port}/",
-          flush=True)  # fmt: skip
+    names = ", ".join(f"{s.name} ({s.kind})" for s in services)
+    print(f"aiayn serve: {names} on {url(args.host, args.port)}", flush=True)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:  # after a graceful stop the workers are gone already; after a forced one (a second
@@ -148,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 OWN = ("api_keys", "allowed_hosts", "cors_origins")  # Settings fields with an option of their own
+
+
+def url(host: str, port: int) -> str:
+    """The server's address as a URL: an IPv6 address in brackets (``http://[::1]:5000/``)."""
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def cors_origins(given: str | None) -> frozenset[str]:

@@ -35,6 +35,7 @@ from aiayn.serve.settings import Settings
 from aiayn.version import __version__
 
 log = logging.getLogger("aiayn.serve")
+ASKED = "aiayn.asked_method"  # the scope key HeadAsGet leaves: the method the client sent (HEAD)
 ROUTERS = (libretranslate.router, v1.router, operations.router, page.router)
 # the paths /metrics counts by name (any other is "other"): every route but the templated one, whose
 # few real paths are listed instead
@@ -121,7 +122,7 @@ class Observe:
             refusal = self._refused_host(scope) or self._refused_origin(scope)
             await (self.app if refusal is None else refusal)(scope, receive, send_watched)
         except Exception:  # a bug: logged, and answered 500 as JSON unless the answer had begun
-            log.exception("%s %s failed", scope["method"], shown)
+            log.exception("%s %s failed", scope.get(ASKED, scope["method"]), shown)
             if status is None:
                 await JSONResponse({"error": "internal error: the server failed on this request"}, 500)(
                     scope, receive, send_watched
@@ -136,7 +137,7 @@ class Observe:
         outcome = "cut off" if scope.get(CUT_OFF) else str(status)  # its answer aborted midway
         self.server.metrics.requests.labels(route, outcome).inc()
         self.server.metrics.latency.labels(route).observe(seconds)
-        log.info("%s %s %s %.1f ms", scope["method"], shown, outcome, 1000 * seconds)
+        log.info("%s %s %s %.1f ms", scope.get(ASKED, scope["method"]), shown, outcome, 1000 * seconds)
 
     def _refused_host(self, scope) -> JSONResponse | None:
         """400 for a Host header outside ``--allowed-hosts`` (a browser's request after DNS rebinding
@@ -200,4 +201,4 @@ class HeadAsGet:
                 message = {**message, "body": b""}
             await send(message)
 
-        await self.app({**scope, "method": "GET"}, receive, send_head)
+        await self.app({**scope, "method": "GET", ASKED: "HEAD"}, receive, send_head)  # logged as asked

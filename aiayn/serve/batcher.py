@@ -27,7 +27,10 @@ arrived (their encoder pass and first step run then) as long as the texts in fli
 up leaves the search at the next step. So a request never waits for another request's whole
 search, only for one step of it. Such a job starts at once even when nothing runs, with the jobs
 already queued beside it: later ones join at the next step, so waiting ``window`` for company (as
-whole batches do) would only delay it (measured: docs/serve.md, "The batch window").
+whole batches do) would only delay it (measured: docs/serve.md, "The batch window"). A job of more
+texts than ``max_items`` never joins a running search: it waits for the worker to be idle and runs
+as one call (whose search batches its texts by tokens). While a worker runs a whole batch (a kind
+that cannot run by step, or such a job), its running searches wait for it.
 """
 
 from __future__ import annotations
@@ -189,7 +192,7 @@ class Batcher:
         self.on_start()
         try:
             while True:
-                busy = bool(jobs)
+                busy, admitted = bool(jobs), 0.0
                 first = self._next(None if not busy else 0)
                 if first is _STOP:
                     if not busy or self.abandoning:
@@ -203,10 +206,12 @@ class Batcher:
                         self._run(*self._gather(first, self.max_items, wait=True))
                     elif busy and first.size > self._room(running):
                         self._put_back(first)  # it waits for texts to leave, or for an idle worker
+                    elif first.size > self.max_items > 0:  # more texts than may be in flight: one
+                        self._run([first], first.size)  # search, which batches them by tokens
                     else:
                         batch, _ = self._gather(first, max(self._room(running), first.size), wait=False)
-                        self._admit(search, batch, jobs)
-                self._step(running, jobs)
+                        admitted = self._admit(search, batch, jobs)
+                self._step(running, jobs, admitted)
         finally:
             self._abandon(jobs)
 
@@ -251,13 +256,13 @@ class Batcher:
                 self.cond.wait(remaining)
         return batch, items
 
-    def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> None:
+    def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> float:
         """Start ``batch``'s jobs in the running ``search`` (their encoder pass runs now, their first
-        token with the next step)."""
+        token with the next step); the seconds it took."""
         self._leave(len(batch))
         batch = [job for job in batch if not job.future.cancelled()]  # given up during the window
         if not batch:
-            return
+            return 0.0
         now = time.perf_counter()
         for job in batch:
             self.on_wait(now - job.queued)
@@ -267,9 +272,11 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 -- these jobs' callers get the error
             outcomes = [(id(job), None, e) for job in batch]
         self._settle_all(outcomes, jobs)
+        return time.perf_counter() - now
 
-    def _step(self, running: list[tuple[Any, Any]], jobs: dict[int, Job]) -> None:
-        """One decoding step of every running search; jobs whose callers gave up leave first."""
+    def _step(self, running: list[tuple[Any, Any]], jobs: dict[int, Job], admitted: float = 0.0) -> None:
+        """One decoding step of every running search; jobs whose callers gave up leave first. The
+        seconds just spent admitting jobs count with the first step's (``on_batch``)."""
         for entry in list(running):
             kind, search = entry
             gone = {key for key, job in jobs.items() if job.kind == kind and job.future.cancelled()}
@@ -287,7 +294,8 @@ class Batcher:
                 outcomes = [(key, None, e) for key, job in jobs.items() if job.kind == kind]
                 running.remove(entry)
             finished = [result for _, result, error in outcomes if error is None]
-            self.on_batch(len(search), texts, time.perf_counter() - t0, (kind, finished))
+            self.on_batch(len(search), texts, time.perf_counter() - t0 + admitted, (kind, finished))
+            admitted = 0.0
             self._count_flight(running)  # before the answers: a caller's next look at the gauges sees it
             self._settle_all(outcomes, jobs)
         self._count_flight(running)

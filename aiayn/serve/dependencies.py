@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect
 from aiayn.serve.server import HTTPError, Server, invalid
 
 M = TypeVar("M", bound=BaseModel)
+FORM_FIELDS = 32  # the fields a form may hold besides its texts (q): source, target, api_key, …
 
 
 async def get_server(request: Request) -> Server:
@@ -63,23 +64,24 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
     except ClientDisconnect:  # it left before its body was in: its choice, not a failure of ours
         raise HTTPError(499, "client closed the request") from None
     raw = b"".join(chunks)
+    most = server.settings.batch_limit + FORM_FIELDS  # a form's fields: its texts and the options
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json" and len(raw) + len(request.url.query) > limit:  # a form's query is read
         raise HTTPError(413, f"the body and its query string are over {limit} bytes")
     if kind == "multipart/form-data":
         parameters = request.headers["content-type"].partition(";")[2]  # the boundary
-        return _with_query(_form(_multipart(raw, f"{kind};{parameters}")), request)
+        return _with_query(_form(_multipart(raw, f"{kind};{parameters}", most)), request, most)
     try:
         text = raw.decode("utf-8-sig")  # a byte order mark first, as Windows PowerShell 5 sends it
     except UnicodeDecodeError as e:
         raise invalid(f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
     untyped_form = not kind and "=" in text and not text.lstrip().startswith("{")
     if kind == "application/x-www-form-urlencoded" or untyped_form:
-        return _with_query(_form(_parse_qsl(text, "the form")), request)
+        return _with_query(_form(_parse_qsl(text, "the form", most)), request, most)
     if kind not in ("application/json", ""):
         raise HTTPError(415, f"content type {kind!r} is not JSON or form-encoded")
     if not text.strip():  # nothing: a form's fields may all be in the query (not beside JSON)
-        return {} if kind == "application/json" else _with_query({}, request)
+        return {} if kind == "application/json" else _with_query({}, request, most)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -94,17 +96,19 @@ async def read_body(request: Request, server: ServerDep) -> dict[str, Any]:
 BodyDep = Annotated[dict[str, Any], Depends(read_body)]
 
 
-def _parse_qsl(text: str, what: str) -> list[tuple[str, str]]:
+def _parse_qsl(text: str, what: str, most: int) -> list[tuple[str, str]]:
     try:
-        return parse_qsl(text, keep_blank_values=True, errors="strict")
+        return parse_qsl(text, keep_blank_values=True, errors="strict", max_num_fields=most)
     except UnicodeDecodeError as e:
         raise invalid(f"{what} is not UTF-8 once decoded ({e.reason})") from None
+    except ValueError:  # counted before any is parsed: 700,000 empty fields are not parsed first
+        raise invalid(f"{what} has more than {most} fields") from None
 
 
-def _with_query(form: dict[str, Any], request: Request) -> dict[str, Any]:
+def _with_query(form: dict[str, Any], request: Request, most: int) -> dict[str, Any]:
     """A form's (or an empty body's) fields with the URL's query parameters, which win, as in
     LibreTranslate (Flask's ``request.values`` looks in the query first); a JSON body is read alone."""
-    return {**form, **_form(_parse_qsl(request.url.query, "the query string"))}
+    return {**form, **_form(_parse_qsl(request.url.query, "the query string", most))}
 
 
 def _form(fields: list[tuple[str, str]]) -> dict[str, Any]:
@@ -116,15 +120,21 @@ def _form(fields: list[tuple[str, str]]) -> dict[str, Any]:
     return {k: v if k == "q" and len(v) > 1 else v[-1] for k, v in values.items()}
 
 
-def _multipart(raw: bytes, content_type: str) -> list[tuple[str, str]]:
-    """The fields of a multipart/form-data body, in order (400 for a malformed one, a file part or a
-    field that is not UTF-8)."""
+def _multipart(raw: bytes, content_type: str, most: int) -> list[tuple[str, str]]:
+    """The fields of a multipart/form-data body, in order (400 for a malformed one, a file part, a
+    field that is not UTF-8, or more than ``most`` fields: the parser stops there)."""
     fields: list[tuple[bytes, bytes]] = []
     files: list[bytes] = []
+
+    def on_field(field) -> None:
+        if len(fields) == most:
+            raise invalid(f"the form has more than {most} fields")
+        fields.append((field.field_name or b"", field.value or b""))
+
     try:
         parser = create_form_parser(
             {"Content-Type": content_type.encode("latin-1")},
-            lambda field: fields.append((field.field_name or b"", field.value or b"")),
+            on_field,
             lambda file: files.append(file.field_name or b""),
             config={"MAX_MEMORY_FILE_SIZE": len(raw) + 1},  # never spilled to disk: the body is bounded
         )

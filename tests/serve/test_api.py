@@ -654,6 +654,40 @@ def test_native_translate_sentence_by_sentence_gives_each_sentences_result_and_j
         assert r.status_code == 400 and "(4 sentences) exceeds sentence limit (3)" in r.json()["error"]
 
 
+def test_a_form_of_too_many_fields_is_refused_before_they_are_parsed(client):
+    """A 2-MiB form of ``q=&`` repeated ~700,000 times was parsed whole on the event loop (every other
+    request waiting) before its texts were counted: now 400 once past the texts and options a request
+    may hold (here batch_limit 4 + 32)."""
+    body = "&".join(["q="] * 100 + ["target=en", "api_key=secret"])
+    r = client.post("/translate", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "the form has more than 36 fields" in r.json()["error"]
+    r = client.post("/translate?" + "&".join(["x=1"] * 40), data={"q": "Ein Mann", "target": "en", **KEY})
+    assert r.status_code == 400 and "the query string has more than 36 fields" in r.json()["error"]
+    r = client.post("/translate", files=[("q", (None, "a"))] * 40 + [("target", (None, "en"))])
+    assert r.status_code == 400 and "the form has more than 36 fields" in r.json()["error"]
+    fields = [("q", (None, "Ein Mann"))] * 4 + [("target", (None, "en")), ("api_key", (None, "secret"))]
+    assert client.post("/translate", files=fields).status_code == 200
+
+
+def test_libretranslate_and_native_requests_of_the_same_options_are_one_kind_of_job(client, monkeypatch):
+    """/v1/translate without attention carried the attention limit in its job kind, so it never shared
+    a batch or a running search with /translate's requests of the very same search."""
+    server, kinds = client.app.state.server, []
+    submit = server.submit
+
+    async def recorded(kind, *args):
+        kinds.append(kind)
+        return await submit(kind, *args)
+
+    monkeypatch.setattr(server, "submit", recorded)
+    assert (
+        client.post("/translate", json={"q": "Ein Mann", "source": "de", "target": "en", **KEY}).status_code
+        == 200
+    )
+    assert client.post("/v1/translate", json={"q": "Ein Mann", "model": "de-en", **KEY}).status_code == 200
+    assert len(kinds) == 2 and kinds[0] == kinds[1]
+
+
 def test_libretranslate_clients_as_libretranslate_reads_them(client):
     """A JSON body after a byte order mark (Windows PowerShell 5's), the fields in the query string
     of a POST (Flask's request.values: the query first) and a negative ``alternatives`` (read as 0)
@@ -933,6 +967,13 @@ def test_a_path_cannot_forge_a_log_line(client, caplog):
         assert client.get("/%0aFORGED%20200%20line%00").status_code == 404
     (line,) = [r.getMessage() for r in caplog.records if "FORGED" in r.getMessage()]
     assert line.startswith("GET /\\nFORGED 200 line\\x00 404 ") and line.isprintable()
+
+
+def test_a_head_request_is_logged_as_head(client, caplog):
+    """HEAD is answered as its GET without the body, and was logged as a GET."""
+    with caplog.at_level("INFO", logger="aiayn.serve"):
+        assert client.head("/health").status_code == 200
+    assert any(r.getMessage().startswith("HEAD /health 200 ") for r in caplog.records)
 
 
 def test_a_bug_is_answered_500_as_json_logged_and_counted(served, caplog):

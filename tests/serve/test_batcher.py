@@ -390,6 +390,42 @@ def test_texts_in_flight_stay_within_max_items_and_the_rest_wait():
     assert max(search.in_flight) == 4 and search.steps >= 15  # two jobs at a time, five in all
 
 
+def test_a_job_of_more_texts_than_max_items_runs_as_one_call_not_whole_in_the_running_search():
+    """Before: on an idle worker it joined the running search whole (10 texts in flight with
+    ``max_items`` 4: a LibreTranslate request of 512 sentences in one encoder pass)."""
+    search, run = FakeRunning(delay=0.002), Recorder()
+    b = Batcher(run, max_queue=16, window=0.0, max_items=4, stepwise=_stepwise(search))
+
+    async def go():
+        return await b.submit("steps", 7, size=10), await b.submit("steps", 3, size=2)
+
+    big, small = asyncio.run(go())
+    b.close()
+    assert big == "steps:7" and run.calls == [("steps", [7])]  # one call: its search batches by tokens
+    assert small.startswith("done after") and max(search.in_flight) == 2
+
+
+def test_the_seconds_spent_admitting_jobs_count_as_busy_seconds():
+    """Admitting a job (its encoder pass and join) was left out of ``on_batch``'s seconds, so
+    ``aiayn_decode_seconds_total`` understated how busy a worker was by the admissions' share."""
+
+    class SlowAdmission(FakeRunning):
+        def add(self, jobs):
+            time.sleep(0.3)
+            return super().add(jobs)
+
+    seconds = []
+    b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(SlowAdmission(delay=0)),
+                on_batch=lambda jobs, texts, s, step: seconds.append(s))  # fmt: skip
+
+    async def go():
+        return await b.submit("steps", 2, size=2)
+
+    assert asyncio.run(go()).startswith("done after")
+    b.close()
+    assert sum(seconds) >= 0.3 and seconds[0] >= 0.3
+
+
 def test_a_caller_who_gives_up_leaves_the_running_search_at_the_next_step():
     search = FakeRunning(delay=0.005)
     b = Batcher(Recorder(), max_queue=16, window=0.0, max_items=8, stepwise=_stepwise(search))

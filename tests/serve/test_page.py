@@ -302,3 +302,17 @@ def test_keys_layers_per_kind_errors_and_an_encoder(browser, served, tmp_path):
 def _kinds(tab) -> list[str]:
     """The attention kinds the explorer offers (its visible options)."""
     return tab.eval_on_selector_all("#a-kind option", "els => els.filter(e => !e.hidden).map(e => e.value)")
+
+
+def test_a_refused_health_check_shows_the_servers_error(browser, server):
+    """A /health that is not 200 (a proxy's Host refused: 400 with the server's error) showed
+    "Cannot read properties of undefined" instead of what the server said."""
+    tab = browser.new_page()
+    try:
+        tab.route("**/health", lambda r: r.fulfill(status=400, content_type="application/json",
+                                                   body='{"error": "Host refused"}'))  # fmt: skip
+        tab.goto(server[0])
+        tab.wait_for_function("document.getElementById('error').textContent !== ''")
+        assert tab.text_content("#error") == "Host refused"
+    finally:
+        tab.close()

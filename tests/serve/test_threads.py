@@ -36,7 +36,8 @@ def test_serve_loads_the_models_off_the_main_thread_and_hands_the_threads_to_the
     app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(batcher=batcher)))
     monkeypatch.setattr("aiayn.serve.app.create_app", lambda services, settings, threads: apps.append(
         (services, threads)) or app)  # fmt: skip
-    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets: None)
+    configs = []
+    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets: configs.append(self.config))
     parser = argparse.ArgumentParser()
     serve_cli.add_parser(parser.add_subparsers())
     with socket.socket() as s:  # a free port
@@ -51,3 +52,11 @@ def test_serve_loads_the_models_off_the_main_thread_and_hands_the_threads_to_the
     assert all(t is not threading.main_thread() and n == 1 for _, t, n in loads)
     assert torch.get_num_threads() == before  # the main thread's are untouched
     assert closed == [False]  # once uvicorn is done, whatever its workers still hold stops
+    # asyncio's loop and no WebSocket protocol, whatever extras are installed: uvloop accepts outside
+    # the connection guard, and an upgraded connection would never be counted out of it
+    assert (configs[0].loop, configs[0].ws) == ("asyncio", "none")
+
+
+def test_the_printed_address_is_a_url_for_ipv6_too():
+    assert serve_cli.url("::1", 5000) == "http://[::1]:5000/"
+    assert serve_cli.url("127.0.0.1", 5000) == "http://127.0.0.1:5000/"

@@ -63,7 +63,7 @@ async def translate(
     if config.r2l_beam is not None and not service.translator.model.config.bidirectional:  # as the CLI says
         raise invalid(f"r2l_beam: {service.name!r} is not a bidirectional model (model.bidirectional=true); "
                       "leave r2l_beam out")  # fmt: skip
-    job = Translation(service.name, config, body.attention, limit)
+    job = Translation(service.name, config, body.attention, limit if body.attention else 0)  # == /translate's
     split = server.sentences(texts, service.source) if body.sentences else None
     pieces = [piece for s in split for piece in s.pieces] if split is not None else texts
     sources, cut = service.encode(pieces)  # a text the tokenizer refuses fails here, not in a batch

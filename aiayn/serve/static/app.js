@@ -42,7 +42,9 @@ async function api(path, body) {
 }
 
 async function init() {
-  models = (await (await fetch("/health")).json()).models;
+  const r = await fetch("/health"), health = await r.json().catch(() => ({}));
+  if (!r.ok || !health.models) throw new Error(health.error || `/health answered ${r.status} ${r.statusText}`);
+  models = health.models;
   $("models").textContent = "models: " + models.map((m) => `${m.name} (${m.kind})`).join(", ");
   const translators = models.filter((m) => m.kind === "translation");
   const lms = models.filter((m) => m.kind === "lm");
