@@ -28,9 +28,10 @@ EXAMPLES = """examples:
 
 A Transformer must be post-norm with sinusoidal positions (either layout) and LayerNorm ε 1e-5;
 a LanguageModel must be pre-norm; an EncoderModel needs BERT's fields (docs/interop.md).
-CTranslate2 takes any translation model but a bidirectional one; neither layout takes a model
-that writes its target right to left (reverse_target=true). Anything else is refused with the
-reason.
+CTranslate2 takes an aiayn translation model with sentencepiece vocabularies, but not a bidirectional
+one, nor heads narrower than d_model / n_heads (an imported OPUS-MT model's vocab.json ids are not its
+sentencepiece ids: refused); neither layout takes a model that writes its target right to left
+(reverse_target=true). Anything else is refused with the reason.
 
 OUT is written whole or not at all. It may not be the model being exported (nor contain it); a
 directory that already holds a model is replaced only with --force, and any other non-empty

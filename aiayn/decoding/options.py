@@ -120,9 +120,11 @@ class SearchConfig:
 
     def output_limit(self, input_len: int) -> int:
         """The maximum number of generated tokens for an input of ``input_len`` tokens. The default
-        (``max_len=None``) is input + ``max_len_b``, or ``min_len`` where that is more: a short
-        input's default must not cut the output that ``min_len`` asked for before it could end."""
-        limit = self.max_len if self.max_len is not None else max(input_len + self.max_len_b, self.min_len)
+        (``max_len=None``) is input + ``max_len_b``, or ``min_len`` + 1 where that is more: a short
+        input's default must not cut the output that ``min_len`` asked for before it could end (its
+        eos, the earliest allowed, is token ``min_len`` + 1)."""
+        floor = self.min_len + 1 if self.min_len else 0
+        limit = self.max_len if self.max_len is not None else max(input_len + self.max_len_b, floor)
         return limit if self.max_len_cap is None else min(limit, self.max_len_cap)
 
 

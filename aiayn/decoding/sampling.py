@@ -46,8 +46,8 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
         logits: (N, V) -> (N, V)
     """
     if top_k is not None and top_k < logits.size(-1):
-        kth = topk(logits, top_k)[0][:, -1:]  # (N, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        kept = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, topk(logits, top_k)[1], True)
+        logits = logits.masked_fill(~kept, float("-inf"))  # by index: a tie with the k-th stays out
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)

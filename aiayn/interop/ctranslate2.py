@@ -30,6 +30,7 @@ import torch
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import position_rows
+from aiayn.models.io import check_float32
 from aiayn.models.transformer import Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16",
@@ -47,7 +48,8 @@ def check_exportable(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer)
     for side, tok in (("source", src_tok), ("target", tgt_tok)):
         if not isinstance(tok, SentencePieceTokenizer):
             problems.append(
-                f"its {side} tokenizer is {type(tok).__name__}; CTranslate2 needs sentencepiece pieces"
+                f"its {side} tokenizer is {type(tok).__name__}; CTranslate2 reads aiayn's sentencepiece "
+                "vocabularies, whose ids are their pieces' (an OPUS-MT model's vocab.json ids are not)"
             )
     if problems:
         raise ModelDirError("cannot export to CTranslate2: " + "; ".join(problems))
@@ -148,6 +150,7 @@ def export_ctranslate2(
         ) from None
     if quantization not in QUANTIZATIONS:
         raise ModelDirError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    check_float32(model, "export")  # CTranslate2 quantizes the float32 weights itself (quantization)
     check_exportable(model, src_tok, tgt_tok)
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):

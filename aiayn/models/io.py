@@ -58,13 +58,20 @@ def build_model(kind: str, config: dict) -> nn.Module:
     return (build_transformer if cls is Transformer else cls)(cfg_cls.from_dict(config))
 
 
+def check_float32(model: nn.Module, doing: str) -> None:
+    """A ``ConfigError`` for a model made for inference only (int8, bfloat16, prepacked: ``quantize``,
+    ``prepack``): its weights are not the float32 ones a model directory or an export holds (a packed
+    one's are not all there)."""
+    if is_quantized(model) or is_packed(model) or any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ConfigError(f"this model was quantized or prepacked for inference: {doing} the float32 model "
+                          f"(load it again, {doing} it, then quantize or prepack)")  # fmt: skip
+
+
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:
     """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``.
     A model made for inference only (int8, bfloat16, prepacked: ``quantize``, ``prepack``) is refused:
     its weights are not the float32 ones a model directory holds (a packed one's are not all there)."""
-    if is_quantized(model) or is_packed(model) or any(p.dtype != torch.float32 for p in model.parameters()):
-        raise ConfigError("this model was quantized or prepacked for inference: save the float32 model "
-                          "(load it again, save it, then quantize or prepack)")  # fmt: skip
+    check_float32(model, "save")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:

@@ -129,10 +129,25 @@ def test_max_and_min_length():
 def test_the_default_length_limit_grows_to_min_len():
     """A short input's default limit (input + max_len_b) cut the output ``min_len`` asked for, with
     no end, while an explicit max_len below min_len is refused."""
-    config = SearchConfig(min_len=80)
-    assert [config.output_limit(n) for n in (3, 29, 30, 100)] == [80, 80, 80, 150]
+    config = SearchConfig(min_len=80)  # 80 tokens, then the earliest eos: 81 (before: 80, no eos possible)
+    assert [config.output_limit(n) for n in (3, 30, 31, 100)] == [81, 81, 81, 150]
     assert SearchConfig(min_len=80, max_len=100).output_limit(3) == 100
-    assert SearchConfig(min_len=80, max_len_cap=90).output_limit(3) == 80  # was 53: min_len cut short
+    assert SearchConfig(min_len=80, max_len_cap=90).output_limit(3) == 81  # was 53: min_len cut short
+    assert SearchConfig(min_len=80, max_len=80).output_limit(3) == 80  # fixed length: asked for, no eos
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_min_len_alone_leaves_room_for_the_end(tmp_path, beam):
+    """With only ``min_len`` given, a short input's output ends with eos right after min_len tokens
+    (a model that wants to stop); before, the default limit was min_len itself: cut, no eos."""
+    from aiayn.decoding.translator import Translator
+    from tests.decoding.fixtures import translation_dir
+
+    t = Translator.from_dir(translation_dir(tmp_path / "m", eos_bias=4.0))
+    src = t.encode(["ab"])[0]
+    assert len(src[0]) + SearchConfig.max_len_b < 60  # the default limit is min_len's, not the input's
+    hyp = t.search(src, SearchConfig(beam=beam, min_len=60))[0][0]
+    assert len(hyp.tokens) == 61 and hyp.tokens[-1] == t.model.config.eos_id
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -662,3 +662,16 @@ def test_a_converter_that_splits_unlike_sentencepiece_writes_no_tokenizer_json(
         transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     exported = TextClassifier.from_dir(tmp_path / "hf")  # aiayn still reads its own tokenizer there
     assert exported.tokenizer.encode("a good film") == sentencepiece.encode("a good film")
+
+
+def test_a_character_vocabulary_export_is_refused_by_auto_tokenizer_not_read_as_unknowns(tmp_path):
+    """An encoder with aiayn's character tokenizer exports its own tokenizer only (aiayn_tokenizer/):
+    AutoTokenizer then built a BertTokenizer of a five-token vocabulary, every word [UNK]; now it fails."""
+    from aiayn.data import CharTokenizer
+
+    tok = CharTokenizer.train(["a good film", "a bad film"])
+    m = EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, n_classes=2, pooling="first", pooler=True,
+                                   **{**BERT, "max_len": 64}))  # fmt: skip
+    export_bert(m, tmp_path / "hf", ["neg", "pos"], tok)
+    with pytest.raises(ValueError, match="backend tokenizer"):
+        transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

@@ -90,6 +90,8 @@ def test_a_sinusoidal_language_model_exports_the_context_it_trained_on(tmp_path)
     export_gpt2(ours, tmp_path, trained_max_len=40)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert hf.config.n_positions == 40
+    with pytest.raises(ValueError, match="backend tokenizer"):  # no GPT-2 files: not an empty GPT2Tokenizer
+        transformers.AutoTokenizer.from_pretrained(tmp_path)
     ids = torch.randint(0, 40, (2, 40))
     with torch.no_grad():
         assert_close("export GPT-2 past max_len, in transformers", ours(ids), hf(ids).logits, atol=1e-4)
@@ -227,3 +229,22 @@ def test_language_model_export_keeps_its_tokenizer_and_generates_as_the_original
         assert main([*args, "--greedy"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and len(outputs[0]) > 10
+
+
+@pytest.mark.parametrize("made", ["int8", "bf16", "prepacked"])
+def test_a_model_made_for_inference_is_refused_by_export_in_one_line(tmp_path, made):
+    """An int8 or prepacked model's Linear weights are not in its state dict (the export raised
+    AttributeError), a bfloat16 one became a file of mixed dtypes: refused by name, as save_model does."""
+    from aiayn.errors import ConfigError
+    from aiayn.interop.ctranslate2 import export_ctranslate2
+    from aiayn.models.prepack import prepack
+    from aiayn.models.quantize import quantize
+
+    model = random_transformer()
+    model = prepack(model) if made == "prepacked" else quantize(model, made)
+    with pytest.raises(ConfigError, match="quantized or prepacked for inference: export the float32 model"):
+        export_hf(model, tmp_path / "hf")
+    pytest.importorskip("ctranslate2")
+    tok = CharTokenizer.train(["abc"])
+    with pytest.raises(ConfigError, match="export the float32 model"):
+        export_ctranslate2(model, tok, tok, tmp_path / "ct2")

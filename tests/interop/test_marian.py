@@ -118,6 +118,11 @@ def test_unsupported_and_broken_directories(tmp_path):
         ModelDirError, match=r"architectures=\['MarianForCausalLM'\]: aiayn reads MarianMTModel"
     ):
         from_pretrained(tmp_path)
+    # a base MarianModel (no lm_head, keys without "model."): refused by name; before, accepted by name
+    # and then "tensor model.shared.weight is missing"
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MarianModel"]}))
+    with pytest.raises(ModelDirError, match=r"architectures=\['MarianModel'\]: aiayn reads MarianMTModel$"):
+        from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(ModelDirError, match="model_type 't5' is not supported"):
         from_pretrained(tmp_path)

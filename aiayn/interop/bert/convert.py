@@ -48,6 +48,7 @@ from aiayn.interop.bert.fast_tokenizer import save_fast_tokenizer
 from aiayn.interop.bert.tokenizer import WordPieceTokenizer, load_bert_tokenizer
 from aiayn.models.config import EncoderConfig
 from aiayn.models.encoder import EncoderModel
+from aiayn.models.io import check_float32
 
 # BertConfig's defaults, for fields a config.json leaves out
 DEFAULTS = dict(
@@ -352,6 +353,7 @@ def export_bert(
     ``long_text`` (how it reads texts longer than the ``max_len`` it was trained at, so the export
     classifies long texts as the model did) and the ``text_column`` and ``label_column`` of its
     tables. The fast tokenizer truncates at the trained length, not at the untrained positions beyond."""
+    check_float32(model, "export")
     check_exportable(model)
     c = model.config
     classify = c.n_classes > 0
@@ -396,4 +398,6 @@ def export_bert(
         tok.save(directory / AIAYN_TOKENIZER)
     if isinstance(tok, SentencePieceTokenizer):  # and the files transformers' AutoTokenizer reads
         save_fast_tokenizer(tok, directory, max_len)
+    elif not isinstance(tok, WordPieceTokenizer):  # none for transformers: AutoTokenizer must say so
+        hf.write_tokenizer_config(directory, max_len)
     return directory

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from aiayn.atomic import write_json, write_text
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer
+from aiayn.interop.hf import write_tokenizer_config
 
 # texts the built tokenizer must split as sentencepiece does: first words, runs of spaces, tabs and
 # newlines, accents, case
@@ -36,10 +37,9 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` for ``tok`` into ``directory``; False
     (``tokenizer_config.json`` alone) without transformers (5 or later) or when its converter splits
     ``PROBES`` differently from ``tok`` (a warning names the first such text)."""
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
     fast = _converted(tok)
     if fast is None:
-        write_json(directory / "tokenizer_config.json", config)
+        write_tokenizer_config(directory, max_len)
         return False
     from tokenizers import AddedToken, processors
 
@@ -57,6 +57,7 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
                 "unk_token": name(UNK_ID), "pad_token": name(PAD_ID)}  # fmt: skip
     if tok.mask_id is not None:
         specials["mask_token"] = name(tok.mask_id)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
     write_json(directory / "tokenizer_config.json", {**config, **specials})
     return True
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
 from aiayn.models.config import LMConfig
+from aiayn.models.io import check_float32
 from aiayn.models.lm import LanguageModel
 from aiayn.modules.embedding import sinusoidal_table
 
@@ -158,6 +159,7 @@ def export_gpt2(
     Embedding scaling, which GPT-2 lacks, is folded into untied matrices: ``"emb"`` writes
     wte = E·√d_model with lm_head = E; ``"prj"`` writes lm_head = E/√d_model.
     """
+    check_float32(model, "export")
     c = model.config
     check_exportable(c)
     state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -203,4 +205,5 @@ def export_gpt2(
         config["aiayn_untrained_ids"] = list(untrained_ids)
     out = hf.write_hf_directory(directory, config, tensors)
     hf.write_generation_config(out, pad, untrained_ids, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
+    hf.write_tokenizer_config(out, trained_max_len or c.max_len)  # no GPT-2 byte BPE: AutoTokenizer fails
     return out

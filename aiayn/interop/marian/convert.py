@@ -28,6 +28,7 @@ from torch import Tensor
 from aiayn.errors import ModelDirError
 from aiayn.interop import hf
 from aiayn.models.config import TransformerConfig
+from aiayn.models.io import check_float32
 from aiayn.models.transformer import Transformer
 from aiayn.modules.embedding import sinusoidal_table
 
@@ -197,7 +198,7 @@ def load_marian(directory: str | os.PathLike) -> Transformer:
     the file."""
     directory = Path(directory)
     hf_config = hf.read_hf_config(directory)
-    hf.check_architectures(hf_config, ("MarianMTModel", "MarianModel"), directory / hf.HF_CONFIG)
+    hf.check_architectures(hf_config, ("MarianMTModel",), directory / hf.HF_CONFIG)
     state = hf.read_hf_weights(directory)
     unk = _vocab_unk(directory)  # a broken vocab.json is named alone, not as config.json's fault
     try:
@@ -260,6 +261,7 @@ def export_marian(model: Transformer, directory: str | os.PathLike) -> Path:
     ``emb_scale="prj"`` (output ÷ √d_model) becomes an untied ``lm_head`` holding the scaled
     matrix; ``bias=False`` becomes zero biases; the interleaved sinusoid layout is permuted.
     """
+    check_float32(model, "export")
     c = model.config
     check_exportable(c)
     state = {k: v.detach() for k, v in model.state_dict().items()}
