@@ -33,12 +33,12 @@ def test_batching_by_tokens_restores_the_input_order(model_dirs):
     assert one_batch[: len(LINES)] == alone
 
 
-def test_default_output_limit_is_source_length_plus_50_or_min_len(tmp_path):
+def test_default_output_limit_is_source_length_plus_50_or_min_len_plus_its_eos(tmp_path):
     translator = Translator.from_dir(translation_dir(tmp_path / "m", eos_bias=-50.0))  # never ends
     sources, _ = translator.encode(["Zwei Hunde"])
     assert len(translator.search(sources, SearchConfig(beam=1))[0][0].tokens) == len("Zwei Hunde") + 50
-    hyp = translator.search(sources, SearchConfig(beam=1, min_len=100))[0][0]  # was cut at 60
-    assert len(hyp.tokens) == 100
+    hyp = translator.search(sources, SearchConfig(beam=1, min_len=100))[0][0]  # was cut at 60, then at 100
+    assert len(hyp.tokens) == 101  # room for the eos a model that would end may put there
 
 
 def test_long_lines_are_truncated_or_refused(model_dirs):
