@@ -60,6 +60,11 @@ def model_meta(directory: str | os.PathLike) -> dict:
         meta.update({k: v for k, v in zip(("src_lang", "tgt_lang"), langs, strict=True) if v})
     if hf_type == "bert":  # an aiayn export's own fields (its tables' columns, its long-text policy)
         meta.update(kept_fields(read_hf_config(directory)))
+    if hf_type == "gpt2":  # an aiayn export's trained context and never-trained ids: a re-export keeps them
+        config = read_hf_config(directory)
+        meta.update(
+            {k: config[f"aiayn_{k}"] for k in ("trained_max_len", "untrained_ids") if f"aiayn_{k}" in config}
+        )
     return meta
 
 

@@ -248,3 +248,21 @@ def test_a_model_made_for_inference_is_refused_by_export_in_one_line(tmp_path, m
     tok = CharTokenizer.train(["abc"])
     with pytest.raises(ConfigError, match="export the float32 model"):
         export_ctranslate2(model, tok, tok, tmp_path / "ct2")
+
+
+def test_re_exporting_a_gpt2_export_keeps_its_trained_context_and_untrained_ids(tmp_path):
+    """``aiayn export`` of an aiayn GPT-2 export read no kept fields (BERT's were read): the second
+    export lost ``aiayn_trained_max_len``, ``aiayn_untrained_ids`` and their ``bad_words_ids``."""
+    from aiayn.interop.gpt2 import export_gpt2
+
+    torch.manual_seed(0)
+    ours = randomise_(
+        LanguageModel(LMConfig(vocab_size=40, n_layers=1, max_len=16, **{**SMALL, **LMS["gpt2-shaped"]}))
+    )
+    export_gpt2(ours, tmp_path / "a", trained_max_len=12, untrained_ids=(1, 2))
+    assert main(["export", "--model", str(tmp_path / "a"), "--to", "hf", str(tmp_path / "b")]) == 0
+    first, again = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("a", "b"))
+    assert again["aiayn_trained_max_len"] == first["aiayn_trained_max_len"] == 12
+    assert again["aiayn_untrained_ids"] == first["aiayn_untrained_ids"] == [1, 2]
+    generation = [json.loads((tmp_path / d / "generation_config.json").read_text()) for d in ("a", "b")]
+    assert generation[1]["bad_words_ids"] == generation[0]["bad_words_ids"]
