@@ -100,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
         model = from_pretrained(args.model)
     trained = meta.get("trained_max_len")
     with atomic_dir(out) as tmp:
-        if isinstance(model, LanguageModel) and isinstance(trained, int):
+        if isinstance(model, LanguageModel):  # an HF GPT-2's own tokenizer files are copied as they are
             untrained = meta.get("untrained_ids")
-            export_gpt2(model, tmp, trained,  # the context it trained on, which aiayn generate keeps to
-                        tuple(untrained) if isinstance(untrained, list) else ())  # fmt: skip
+            export_gpt2(model, tmp, trained if isinstance(trained, int) else None,  # its trained context
+                        tuple(untrained) if isinstance(untrained, list) else (),
+                        tokenizer_config="config" in meta or "trained_max_len" in meta)  # fmt: skip
         else:
             export_hf(model, tmp)
         if tokenizers is not None:  # source.spm, target.spm, vocab.json: MarianTokenizer.from_pretrained(OUT)

@@ -126,7 +126,7 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
     except csv.Error as e:
         end, where = reader.line_num, f"{start}"
         if "new-line character seen in unquoted field" in str(e):  # a lone \r (the file's lines end in \n)
-            raise DataError(f"{path}:{start}: a carriage return (\\r) inside a field that is not quoted; "
+            raise DataError(f"{path}:{end}: a carriage return (\\r) inside a field that is not quoted; "
                             'quote the field ("…") or remove the \\r') from None  # fmt: skip
         if end > start:  # the row began on an earlier line: where its quote opened
             where, e = f"{start}-{end}", f"{e}; a quote opened on line {start} runs on to line {end}"

@@ -150,7 +150,7 @@ def export_ctranslate2(
         ) from None
     if quantization not in QUANTIZATIONS:
         raise ModelDirError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
-    check_float32(model, "export")  # CTranslate2 quantizes the float32 weights itself (quantization)
+    check_float32(model, "export")  # CTranslate2 quantizes the float32 weights itself
     check_exportable(model, src_tok, tgt_tok)
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):

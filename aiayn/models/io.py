@@ -59,12 +59,14 @@ def build_model(kind: str, config: dict) -> nn.Module:
 
 
 def check_float32(model: nn.Module, doing: str) -> None:
-    """A ``ConfigError`` for a model made for inference only (int8, bfloat16, prepacked: ``quantize``,
-    ``prepack``): its weights are not the float32 ones a model directory or an export holds (a packed
-    one's are not all there)."""
+    """A ``ConfigError`` for a model whose weights are not all float32: made for inference (int8,
+    bfloat16, prepacked: ``quantize``, ``prepack``) or cast (``model.half()``). A model directory holds
+    float32 weights, and so does an export (a packed model's are not all there; a cast one's would
+    be written beside float32 tensors the export adds)."""
     if is_quantized(model) or is_packed(model) or any(p.dtype != torch.float32 for p in model.parameters()):
-        raise ConfigError(f"this model was quantized or prepacked for inference: {doing} the float32 model "
-                          f"(load it again, {doing} it, then quantize or prepack)")  # fmt: skip
+        raise ConfigError(f"this model is not float32 (quantized, prepacked or cast for inference): "
+                          f"{doing} the float32 model (load it again, {doing} it, then quantize or "
+                          "prepack)")  # fmt: skip
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:

@@ -124,7 +124,10 @@ def _multipart(raw: bytes, content_type: str, most: int) -> list[tuple[str, str]
     """The fields of a multipart/form-data body, in order (400 for a malformed one, a file part, a
     field that is not UTF-8, or more than ``most`` fields: the parser stops there)."""
     fields: list[tuple[bytes, bytes]] = []
-    files: list[bytes] = []
+
+    def on_file(file) -> None:  # refused at the first: the rest of the body is not parsed
+        name = (file.field_name or b"").decode("utf-8", "replace")
+        raise invalid(f"file parts are not read (field {name!r}): send text fields")
 
     def on_field(field) -> None:
         if len(fields) == most:
@@ -135,16 +138,13 @@ def _multipart(raw: bytes, content_type: str, most: int) -> list[tuple[str, str]
         parser = create_form_parser(
             {"Content-Type": content_type.encode("latin-1")},
             on_field,
-            lambda file: files.append(file.field_name or b""),
+            on_file,
             config={"MAX_MEMORY_FILE_SIZE": len(raw) + 1},  # never spilled to disk: the body is bounded
         )
         parser.write(raw)
         parser.finalize()
     except (FormParserError, UnicodeEncodeError) as e:
         raise invalid(f"malformed multipart body ({e})") from None
-    if files:
-        name = files[0].decode("utf-8", "replace")
-        raise invalid(f"file parts are not read (field {name!r}): send text fields")
     try:
         return [(name.decode("utf-8"), value.decode("utf-8")) for name, value in fields]
     except UnicodeDecodeError as e:

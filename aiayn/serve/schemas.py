@@ -129,7 +129,7 @@ class SearchOptions(Body):
     max_len: int | None = Field(
         None,
         description="output tokens at most, up to the server's --max-len (default: input + max_len_b, or "
-        "min_len if more)",
+        "min_len + 1 if more)",
     )
     max_len_b: int = Field(
         SearchConfig.max_len_b, description="the + 50 of the default max_len (≤ --max-len)"

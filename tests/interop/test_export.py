@@ -242,7 +242,7 @@ def test_a_model_made_for_inference_is_refused_by_export_in_one_line(tmp_path, m
 
     model = random_transformer()
     model = prepack(model) if made == "prepacked" else quantize(model, made)
-    with pytest.raises(ConfigError, match="quantized or prepacked for inference: export the float32 model"):
+    with pytest.raises(ConfigError, match=r"not float32 \(quantized, prepacked or cast .*\): export the"):
         export_hf(model, tmp_path / "hf")
     pytest.importorskip("ctranslate2")
     tok = CharTokenizer.train(["abc"])
@@ -266,3 +266,14 @@ def test_re_exporting_a_gpt2_export_keeps_its_trained_context_and_untrained_ids(
     assert again["aiayn_untrained_ids"] == first["aiayn_untrained_ids"] == [1, 2]
     generation = [json.loads((tmp_path / d / "generation_config.json").read_text()) for d in ("a", "b")]
     assert generation[1]["bad_words_ids"] == generation[0]["bad_words_ids"]
+
+
+def test_an_hf_gpt2_exported_again_gets_no_tokenizer_config_over_its_own_files(tmp_path):
+    """The tokenizer_config.json that makes AutoTokenizer refuse an aiayn LM's export is not written for
+    a Hugging Face GPT-2, whose own tokenizer files are copied beside the export as they are."""
+    sizes = dict(vocab_size=40, n_positions=16, n_embd=32, n_layer=1, n_head=4)
+    cfg = transformers.GPT2Config(**sizes, bos_token_id=1, eos_token_id=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    assert main(["export", "--model", str(tmp_path / "hf"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert not (tmp_path / "out" / "tokenizer_config.json").exists()

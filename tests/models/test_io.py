@@ -175,7 +175,7 @@ def test_a_model_made_for_inference_only_is_not_saved_over_a_good_one(made, tmp_
         prepack(m, "onednn")
     else:
         quantize(m, made)
-    with pytest.raises(ConfigError, match="quantized or prepacked for inference"):
+    with pytest.raises(ConfigError, match="quantized, prepacked or cast for inference"):
         save_model(m, tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before
     load_model(tmp_path)

@@ -1075,6 +1075,7 @@ def test_attention_over_the_limit_whatever_the_translation_is_refused_before_any
     with TestClient(create_app([service], Settings(max_attention_values=floor - 1))) as client:
         r = client.post("/v1/translate", json={"q": [text], "attention": True})
         assert r.status_code == 413 and "max-attention-values" in r.json()["error"] and not searched
+        assert r.json()["error"].startswith("the attention weights")  # as the refusal after a search reads
         assert client.post("/v1/translate", json={"q": [text]}).status_code == 200 and len(searched) == 1
     with TestClient(create_app([service], Settings(max_attention_values=floor))) as client:
         r = client.post("/v1/translate", json={"q": [text], "attention": True, "max_len": 1})

@@ -314,5 +314,11 @@ def test_a_refused_health_check_shows_the_servers_error(browser, server):
         tab.goto(server[0])
         tab.wait_for_function("document.getElementById('error').textContent !== ''")
         assert tab.text_content("#error") == "Host refused"
+        tab.unroute("**/health")  # a 503 "stuck" still lists the models: the page works (as it did)
+        stuck = json.dumps({"status": "stuck", "models": [{"name": "de-en", "kind": "translation"}]})
+        tab.route("**/health", lambda r: r.fulfill(status=503, content_type="application/json", body=stuck))
+        tab.goto(server[0])
+        tab.wait_for_selector("#translator:not([hidden])")
+        assert tab.text_content("#error") == ""
     finally:
         tab.close()

@@ -147,12 +147,16 @@ def export_gpt2(
     directory: str | os.PathLike,
     trained_max_len: int | None = None,
     untrained_ids: tuple[int, ...] = (),
+    tokenizer_config: bool = True,
 ) -> Path:
     """Write ``model`` as a GPT2LMHeadModel directory that HF loads; ``trained_max_len`` (the context
     an aiayn run trained on) is kept as ``aiayn_trained_max_len``, so that aiayn's generation reads
     no more of the export than of the original (``decoding/generator.py``), and ``untrained_ids``
     (the special ids an aiayn LM run never had as targets) as ``aiayn_untrained_ids`` and in
     generation_config.json's ``bad_words_ids``: neither aiayn nor transformers emits them.
+    ``tokenizer_config`` (an aiayn model, which has no GPT-2 byte BPE) writes a ``tokenizer_config.json``
+    that makes ``AutoTokenizer`` fail instead of building an empty ``GPT2Tokenizer``; ``False`` for a
+    model whose own GPT-2 tokenizer files are to be copied beside it.
 
     Sinusoidal positions become GPT-2's learned table (``max_len`` rows, or the trained context where
     that is more: a hard limit in HF).
@@ -205,5 +209,6 @@ def export_gpt2(
         config["aiayn_untrained_ids"] = list(untrained_ids)
     out = hf.write_hf_directory(directory, config, tensors)
     hf.write_generation_config(out, pad, untrained_ids, bos_token_id=c.bos_id, eos_token_id=c.eos_id)
-    hf.write_tokenizer_config(out, trained_max_len or c.max_len)  # no GPT-2 byte BPE: AutoTokenizer fails
+    if tokenizer_config:
+        hf.write_tokenizer_config(out, trained_max_len or c.max_len)
     return out

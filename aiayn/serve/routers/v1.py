@@ -35,7 +35,7 @@ from aiayn.serve.schemas import (
 )
 from aiayn.serve.sentences import Sentences
 from aiayn.serve.server import HTTPError, invalid, text_problem
-from aiayn.serve.services import EncoderService, LMService, TranslationService
+from aiayn.serve.services import EncoderService, LMService, OverLimit, TranslationService
 
 log = logging.getLogger("aiayn.serve")
 router = APIRouter(prefix="/v1", tags=["native"], responses=ERRORS)
@@ -68,7 +68,10 @@ async def translate(
     pieces = [piece for s in split for piece in s.pieces] if split is not None else texts
     sources, cut = service.encode(pieces)  # a text the tokenizer refuses fails here, not in a batch
     if body.attention:  # a source too long for the limit is refused before any search, not after
-        service.check_attention_floor(sources, limit)
+        try:
+            service.check_attention_floor(sources, limit)
+        except OverLimit as e:  # answered as the same refusal after a search is
+            raise HTTPError(413, str(e)) from None
     results = await server.submit(job, sources, len(pieces), request) if pieces else []
     for i in cut:  # translated in part: said, as the CLI warns
         results[i] = {**results[i], "truncated": True}

@@ -43,7 +43,8 @@ async function api(path, body) {
 
 async function init() {
   const r = await fetch("/health"), health = await r.json().catch(() => ({}));
-  if (!r.ok || !health.models) throw new Error(health.error || `/health answered ${r.status} ${r.statusText}`);
+  // a 503 "stuck" still lists the models: the page works once the workers are free again
+  if (!health.models) throw new Error(health.error || `/health answered ${r.status} ${r.statusText}`);
   models = health.models;
   $("models").textContent = "models: " + models.map((m) => `${m.name} (${m.kind})`).join(", ");
   const translators = models.filter((m) => m.kind === "translation");
