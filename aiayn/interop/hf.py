@@ -285,13 +285,13 @@ def write_generation_config(
     write_json(directory / GENERATION_CONFIG, {**banning, "pad_token_id": pad_id, **ids})
 
 
-def write_tokenizer_config(directory: Path, max_len: int) -> None:
-    """``tokenizer_config.json`` naming the fast tokenizer class and its length: with no
-    ``tokenizer.json`` beside it (an export without transformers' tokenizer files), ``AutoTokenizer``
-    then fails loudly, where the ``model_type``'s own class (``BertTokenizer``, ``GPT2Tokenizer``)
-    would be built with no vocabulary at all and encode every word as its unknown token."""
-    write_json(directory / "tokenizer_config.json",
-               {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len})  # fmt: skip
+def write_tokenizer_config(directory: Path, max_len: int, **specials: str) -> None:
+    """``tokenizer_config.json`` naming the fast tokenizer class, its length and its ``specials``
+    (``bos_token=…``). With no ``tokenizer.json`` beside it (an export without transformers' tokenizer
+    files), ``AutoTokenizer`` then fails loudly, where the ``model_type``'s own class (``BertTokenizer``,
+    ``GPT2Tokenizer``) would be built with no vocabulary at all and encode every word as unknown."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **specials}
+    write_json(directory / "tokenizer_config.json", config)
 
 
 def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:

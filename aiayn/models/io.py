@@ -70,9 +70,8 @@ def check_float32(model: nn.Module, doing: str) -> None:
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike, **extra: object) -> Path:
-    """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``.
-    A model made for inference only (int8, bfloat16, prepacked: ``quantize``, ``prepack``) is refused:
-    its weights are not the float32 ones a model directory holds (a packed one's are not all there)."""
+    """Write ``config.json`` (kind, config, version, ``extra`` fields) and ``model.safetensors``; a
+    model that is not float32 is refused (``check_float32``)."""
     check_float32(model, "save")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ its first sentence or two and drops the rest; a text past the model's positions 
 splits a text at its newlines into paragraphs and each paragraph into sentences with ``sentencex``
 (Wikimedia's segmenter: rules for about 300 languages, abbreviations such as "Dr." and "z.B."
 included), and ``join`` puts the translations back: a paragraph's sentences joined by one space, its
-lines by their newlines, a blank line kept blank.
+lines by their newlines, a blank line kept blank; ``joined`` does the same for whole results (their
+n-best too), as both translation routes answer a text translated sentence by sentence.
 """
 
 from __future__ import annotations
@@ -36,3 +37,24 @@ class Sentences:
             lines.append(" ".join(t.strip() for t in translations[start : start + n]))
             start += n
         return "\n".join(lines)
+
+    def joined(self, results: Sequence[dict], ranks: int | None = None) -> dict:
+        """The text's result from its sentences' (``TranslationService`` answers, one per piece): the
+        translations joined as ``join`` puts them back; ``ranks`` hypotheses (default: the most a
+        sentence has), the n-th from each sentence's n-th (its last where it has fewer), scores summed
+        and tokens one sentence after another (Argos Translate's alternatives); ``truncated`` if any
+        sentence was cut, and a bidirectional model's ``r2l`` translations joined too."""
+        none = {"text": "", "score": 0.0, "tokens": []}
+        hypotheses = []
+        for i in range(max((len(r["hypotheses"]) for r in results), default=0) if ranks is None else ranks):
+            mine = [r["hypotheses"][min(i, len(r["hypotheses"]) - 1)] if r["hypotheses"] else none
+                    for r in results]  # fmt: skip
+            hypotheses.append({"text": self.join([h["text"] for h in mine]),
+                               "score": round(sum(h["score"] for h in mine), 4),
+                               "tokens": [t for h in mine for t in h["tokens"]]})  # fmt: skip
+        joined = {"translation": self.join([r["translation"] for r in results]), "hypotheses": hypotheses,
+                  "truncated": any(r.get("truncated") for r in results),
+                  "sentences": list(results)}  # fmt: skip
+        if any("r2l" in r for r in results):
+            joined["r2l"] = self.join([r.get("r2l", "") for r in results])
+        return joined

@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from aiayn.atomic import write_json, write_text
+from aiayn.atomic import write_text
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer
 from aiayn.interop.hf import write_tokenizer_config
 
@@ -57,8 +57,7 @@ def save_fast_tokenizer(tok: SentencePieceTokenizer, directory: Path, max_len: i
                 "unk_token": name(UNK_ID), "pad_token": name(PAD_ID)}  # fmt: skip
     if tok.mask_id is not None:
         specials["mask_token"] = name(tok.mask_id)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
-    write_json(directory / "tokenizer_config.json", {**config, **specials})
+    write_tokenizer_config(directory, max_len, **specials)
     return True
 
 

@@ -110,10 +110,10 @@ async def _translate_sentences(
     results = await _submit(server, service, config, pieces, request) if pieces else []
     best, others, start = [], [], 0
     for s in split:
-        mine, start = results[start : start + len(s.pieces)], start + len(s.pieces)
-        best.append(s.join([r["translation"] for r in mine]))
-        hyps = [[h["text"] for h in r["hypotheses"]] for r in mine]
-        others.append([s.join([h[min(i, len(h) - 1)] for h in hyps]) for i in range(1, config.nbest)])
+        joined = s.joined(results[start : start + len(s.pieces)], config.nbest)
+        start += len(s.pieces)
+        best.append(joined["translation"])
+        others.append([h["text"] for h in joined["hypotheses"][1:]])
     return best, others
 
 

@@ -33,7 +33,6 @@ from aiayn.serve.schemas import (
     NativeTranslateResponse,
     request_body,
 )
-from aiayn.serve.sentences import Sentences
 from aiayn.serve.server import HTTPError, invalid, text_problem
 from aiayn.serve.services import EncoderService, LMService, OverLimit, TranslationService
 
@@ -78,29 +77,11 @@ async def translate(
     if split is not None:
         results, start = [], results
         for s in split:
-            results.append(_joined(s, start[: len(s.pieces)]))
+            results.append(s.joined(start[: len(s.pieces)]))
             start = start[len(s.pieces) :]
     return NativeTranslateResponse(
         model=service.name, source=service.source, target=service.target, results=results
     )
-
-
-def _joined(text: Sentences, results: list[dict]) -> dict:
-    """A text's result from its sentences': the translations joined as ``text`` puts them back, the
-    n-th hypothesis from each sentence's n-th (its last where it has fewer), scores summed."""
-    none = {"text": "", "score": 0.0, "tokens": []}
-    hypotheses = []
-    for i in range(max((len(r["hypotheses"]) for r in results), default=0)):
-        mine = [r["hypotheses"][min(i, len(r["hypotheses"]) - 1)] if r["hypotheses"] else none
-                for r in results]  # fmt: skip
-        hypotheses.append({"text": text.join([h["text"] for h in mine]),
-                           "score": round(sum(h["score"] for h in mine), 4),
-                           "tokens": [t for h in mine for t in h["tokens"]]})  # fmt: skip
-    joined = {"translation": text.join([r["translation"] for r in results]), "hypotheses": hypotheses,
-              "truncated": any(r.get("truncated") for r in results), "sentences": results}  # fmt: skip
-    if any("r2l" in r for r in results):
-        joined["r2l"] = text.join([r.get("r2l", "") for r in results])
-    return joined
 
 
 @router.post(
