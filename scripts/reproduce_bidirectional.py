@@ -118,6 +118,16 @@ def check_r2l(dirs: list[Path]) -> list[float | None]:
     return best
 
 
+# the vocabulary's fields: they train stage 1's tokenizer, which the later stages read through r2l_model
+VOCABULARY = ("tokenizer=", "vocab_size=", "joint_vocab=")
+
+
+def after_r2l(overrides: list[str]) -> list[str]:
+    """``overrides`` for a stage that reads the right-to-left model: without the vocabulary's fields
+    (given again there, they would be refused as doing nothing)."""
+    return [o for o in overrides if not o.startswith(VOCABULARY)]
+
+
 def r2l_overrides(dirs: list[Path]) -> list[str]:
     jack = [f"r2l_jackknife={dirs[1]}"] if len(dirs) == 2 else []
     return [f"r2l_model={dirs[0]}", *jack]
@@ -151,7 +161,7 @@ def pipeline(recipe: str, overrides: list[str], final: list[str], name: str, arg
     stage1 = [*overrides, *getattr(args, "r2l", [])]
     dirs, r2l_s = train_r2l(path, stage1, budget * args.r2l_share, r2l_dir, args.processes, args.jackknife)
     r2l_bleu = check_r2l(dirs)
-    reads = [*overrides, *final, *r2l_overrides(dirs)]
+    reads = [*after_r2l(overrides), *final, *r2l_overrides(dirs)]
     cache_s = build_cache(path, reads)
     left = budget - (r2l_s + cache_s) / 60
     if left < 1:
@@ -231,7 +241,8 @@ def main() -> int:
     # every stage's overrides, checked before the first one trains (and an earlier pipeline's runs go)
     path, r2l_dir = ROOT / "recipes" / f"{args.recipe}.toml", ROOT / "runs" / f"reproduce-{name}-r2l"
     load_recipe(path, [*args.overrides, *args.r2l, "reverse_target=true"])
-    load_recipe(path, [*args.overrides, *final, *r2l_overrides([r2l_dir] * (2 if args.jackknife else 1))])
+    stage3 = [*after_r2l(args.overrides), *final, *r2l_overrides([r2l_dir] * (2 if args.jackknife else 1))]
+    load_recipe(path, stage3)
     out = pipeline(args.recipe, args.overrides, final, name, args)
     print(json.dumps({k: out[k] for k in ("name", "stages", "total_minutes", "test")}, indent=1))
     return 0

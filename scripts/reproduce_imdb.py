@@ -96,7 +96,7 @@ def main() -> int:
     name = encoder_runs.tagged((pre_name or prefix + tag) + suffix, args.tag, ap.error)
     tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
               *args.overrides]  # fmt: skip
-    encoder_runs.check("imdb-finetune", tuning)  # before the pre-training's hour
+    encoder_runs.check("imdb-finetune", [*tuning, "init_from=PRETRAINED"])  # before the pre-training's hour
     pre = pretrain(args.imdb, budget, objective=args.objective, name=pre_name, precision=args.precision)
     out["pretraining"] = pre
     overrides = [*tuning[:1], f"init_from={ROOT / pre['run_dir']}", *tuning[1:]]

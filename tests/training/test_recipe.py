@@ -78,6 +78,22 @@ def test_each_task_owns_its_fields():
         (["task=lm", "max_len=100"], "max_len=100 does nothing: task='lm' trains on windows of block_size"),
         (["task=lm", "max_tokens=100"], "max_tokens=100 does nothing: task='lm' batches batch_size windows"),
         (["task=lm", "tokenizer=char", "vocab_size=100"], "vocab_size=100 does nothing: tokenizer='char'"),
+        (
+            ["task=classify", "init_from=x", "vocab_size=100"],
+            "vocab_size=100 does nothing: init_from='x' brings",
+        ),
+        (
+            ["task=classify", "init_from=x", "tokenizer=unigram"],
+            "tokenizer=unigram does nothing: init_from='x'",
+        ),
+        (
+            ["r2l_model=m", "r2l_distill=true", "joint_vocab=false"],
+            "joint_vocab=false does nothing: r2l_model='m'",
+        ),
+        (
+            ["r2l_model=m", "r2l_distill=true", "vocab_size=100"],
+            "vocab_size=100 does nothing: r2l_model='m' brings",
+        ),
     ],
 )
 def test_an_override_that_would_do_nothing_is_refused(overrides, message):

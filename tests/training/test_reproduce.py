@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.decoding.options import SearchConfig
+from aiayn.errors import ConfigError
 from aiayn.models.ensemble import Ensemble
 from aiayn.training.recipe import load_recipe
 from tests.training.conftest import tiny_args
@@ -80,6 +81,7 @@ def test_a_wrong_recipe_or_override_is_one_line(args, message):
         ("reproduce_bidirectional", ["multi30k-de-en", "--rerank", "--jackknife"], "--rerank reads one"),
         ("reproduce_bidirectional", ["multi30k-de-en", "--members", "1"], "--members 1: give 2 or more"),
         ("reproduce_imdb", ["IMDB", "sed=2"], "unknown key 'sed'"),
+        ("reproduce_imdb", ["IMDB", "vocab_size=100"], "vocab_size=100 does nothing: init_from="),
         ("reproduce_sst2", ["SST2", "IMDB", "--dropout", "1.5"], "--dropout 1.5: give a probability"),
     ],
 )  # fmt: skip
@@ -304,3 +306,36 @@ def test_the_bidirectional_pipeline_gives_r2l_overrides_to_stage_1_only(tmp_path
     assert module.run_name(args) == "multi30k-de-en-bidirectional-members2"
     args = module.parser().parse_args(["multi30k-de-en", "--jackknife", "--name", "x", "--tag", "zen5"])
     assert module.run_name(args) == "x-zen5"
+
+
+def test_the_vocabulary_overrides_train_stage_1s_tokenizer_and_the_later_stages_read_it(
+    tmp_path, monkeypatch
+):
+    """``vocab_size`` given to the pipeline trains the right-to-left model's tokenizer; the cache and the
+    bidirectional model read that tokenizer through ``r2l_model``, where the field would do nothing (and
+    is refused), so they are given the other overrides only."""
+    module = load_script("reproduce_bidirectional")
+    seen, r2l = {}, tmp_path / "r2l"
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(
+        module, "train_r2l", lambda path, o, *a: (seen.setdefault("stage1", o), ([r2l], 60.0))[1]
+    )
+    monkeypatch.setattr(module, "build_cache", lambda path, o: (seen.setdefault("cache", o), 6.0)[1])
+    final = lambda recipe, o, *a: (seen.setdefault("final", o), {"train_wall_minutes": 1})[1]  # noqa: E731
+    monkeypatch.setattr(module, "train_final", final)
+    monkeypatch.setattr(module, "check_r2l", lambda dirs: [30.5])
+    (tmp_path / "results").mkdir()
+    overrides = ["vocab_size=6000", "joint_vocab=true", "weight_decay=0.1"]
+    args = module.parser().parse_args(["multi30k-de-en", *overrides, "--minutes", "10"])
+    module.pipeline(
+        args.recipe, args.overrides, ["model.bidirectional=true", "r2l_memory_from=cache"], "bd", args
+    )
+    assert seen["stage1"] == overrides
+    assert seen["cache"] == seen["final"] and seen["final"][0] == "weight_decay=0.1"
+    assert not [o for o in seen["final"] if o.startswith(("vocab_size", "joint_vocab"))]
+    recipe = ROOT / "recipes" / "multi30k-de-en.toml"
+    assert load_recipe(recipe, seen["final"]).options.r2l_model == str(r2l)  # accepted: nothing inert left
+    with pytest.raises(
+        ConfigError, match="vocab_size=6000 does nothing: r2l_model=.* brings its own tokenizer"
+    ):
+        load_recipe(recipe, ["vocab_size=6000", *seen["final"]])

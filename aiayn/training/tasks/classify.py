@@ -136,6 +136,13 @@ class ClassifyOptions(EncoderOptions):
         if cfg.max_len >= 3:  # below, the encoder's own check names max_len (no window at all)
             LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
+    def inert(self, cfg: TrainConfig) -> dict[str, str]:
+        inert = super().inert(cfg)
+        if self.init_from:
+            for name in ("tokenizer", "vocab_size"):
+                inert[name] = f"init_from={self.init_from!r} brings its own tokenizer"
+        return inert
+
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
     """``row`` without each piece independently with probability ``p``, keeping at least one (word

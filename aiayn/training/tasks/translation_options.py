@@ -105,6 +105,9 @@ class TranslationOptions(TaskOptions):
             inert["r2l_cache_beam"] = "it is the search that translates with r2l_model, which is not given"
         if not self.eval_bleu:
             inert["eval_max_sentences"] = "eval_bleu=false turns off the validation BLEU it limits"
+        if self.r2l_model:  # its translations are in its ids: the run takes its vocabulary
+            for name in ("tokenizer", "vocab_size", "joint_vocab"):
+                inert[name] = f"r2l_model={self.r2l_model!r} brings its own tokenizer"
         return inert
 
     def _validate_r2l(self, cfg: TrainConfig) -> None:
