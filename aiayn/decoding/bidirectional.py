@@ -1,30 +1,50 @@
 """Asynchronous bidirectional decoding (Zhang et al. 2018): right to left first, then left to right.
 
 ``BidirectionalAdapter.start`` encodes the source once, runs a whole search with the right-to-left
-decoder (beam ``r2l_beam``), feeds ``[bos] + its best hypothesis`` (eos dropped) back through that
-decoder in one teacher-forced pass (exactly as training computes the states the left-to-right
-decoder learnt to read), and hands those states, with their padding mask, to the left-to-right
-search as ``r2l_memory``. The fourth sublayer's keys and values are projected from them once per
-sentence (a static ``"cross_r2l"`` cache) and reused at every step and by every beam. Any search
-strategy (greedy, beam, sampling) then runs over this adapter as over a plain one.
+decoder (``memory_search``: beam ``r2l_beam``, the training cache's search and length limit), feeds
+``[bos] + its best hypothesis`` (eos dropped) back through that decoder in one teacher-forced pass
+(exactly as training computes the states the left-to-right decoder learnt to read), and hands those
+states, with their padding mask, to the left-to-right search as ``r2l_memory``. The fourth
+sublayer's keys and values are projected from them once per sentence (a static ``"cross_r2l"``
+cache) and reused at every step and by every beam. Any search strategy (greedy, beam, sampling) then
+runs over this adapter as over a plain one.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
+import torch
 from torch import Tensor
 
 from aiayn.data.batching import pad_rows
 from aiayn.decoding.adapters import R2LAdapter, Seq2SeqAdapter
 from aiayn.decoding.ensemble import EnsembleAdapter
-from aiayn.decoding.options import SAMPLING_DEFAULTS, SearchConfig
+from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.scoring import Hypothesis
 from aiayn.decoding.search import search
 from aiayn.models.bidirectional import BidirectionalTransformer
 from aiayn.models.ensemble import Ensemble
 from aiayn.models.transformer import Transformer
 from aiayn.modules.layers import DecoderContext
+
+# a right-to-left memory's tokens beyond its source's (eos not counted): a weak model's runaway
+# repetitions would otherwise fill it with max_len_b tokens more, each padding its whole batch
+R2L_MARGIN = 10
+
+
+def memory_search(beam: int, use_cache: bool = True) -> SearchConfig:
+    """The search that writes a right-to-left memory: the training cache's (``pseudo_targets``) and
+    decoding's alike, whatever the left-to-right search does (sampling, its length penalty, min_len)."""
+    return SearchConfig(beam=beam, max_len_b=R2L_MARGIN, use_cache=use_cache)
+
+
+def memory_limits(src: Tensor, pad_id: int, limit: int | Tensor | None = None) -> Tensor:
+    """Each source's limit on its memory's tokens: ``memory_search``'s (its length without eos +
+    ``R2L_MARGIN``), within ``limit`` (the left-to-right search's) when given.
+
+    Shape: src (B, S) right-padded ids + eos -> (B,)
+    """
+    own = (src != pad_id).sum(1) - 1 + R2L_MARGIN
+    return own if limit is None else torch.minimum(own, torch.as_tensor(limit, device=src.device))
 
 
 def r2l_inputs(hyps: list[list[Hypothesis]], bos_id: int, eos_id: int, pad_id: int, device) -> Tensor:
@@ -71,18 +91,17 @@ class BidirectionalAdapter(Seq2SeqAdapter):
 
     def __init__(self, model: BidirectionalTransformer, config: SearchConfig, max_len: int | Tensor):
         super().__init__(model, config.use_cache)
-        beam = config.r2l_beam or config.beam
-        self.r2l_config = dataclasses.replace(  # a search, whatever the left-to-right pass does
-            config, beam=beam, nbest=1, sample=False, r2l_beam=None, **SAMPLING_DEFAULTS
-        )
+        self.r2l_config = memory_search(config.r2l_beam or config.beam, config.use_cache)
         self.max_len = max_len
         self.r2l_hypotheses: list[list[Hypothesis]] = []
 
     def start(self, src: Tensor, n: int = 1) -> Tensor:
         m = self.model
         context = m.context(src)  # the encoder memory, shared by both passes
-        self.r2l_hypotheses, r2l_in = r2l_translation(m, src, context, self.r2l_config, self.max_len,
-                                                      self.use_cache)  # fmt: skip
+        limits = memory_limits(src, m.config.pad_id, self.max_len)  # the cache's, within the search's
+        self.r2l_hypotheses, r2l_in = r2l_translation(
+            m, src, context, self.r2l_config, limits, self.use_cache
+        )
         # the states of r2l_in, teacher-forced as in training, under their padding mask (B, 1, 1, T')
         return self.start_from(m.with_r2l_memory(context, r2l_in), n)
 

@@ -39,13 +39,10 @@ from aiayn.data.batching import (
     reverse_targets,
 )
 from aiayn.data.replacing import DetectionBatch
-from aiayn.decoding.bidirectional import r2l_translation
-from aiayn.decoding.greedy import GREEDY
+from aiayn.decoding.bidirectional import memory_limits, memory_search, r2l_translation
 from aiayn.models import BidirectionalTransformer, EncoderModel, LanguageModel, R2LMemory, Transformer
 from aiayn.modules.embedding import OutputProjection
 from aiayn.modules.loss import r_drop_loss as r_drop_loss_of_logits
-
-R2L_MARGIN = 10  # greedy_memory_input: the translation's tokens beyond the source length
 
 
 class LossSums(NamedTuple):
@@ -133,11 +130,10 @@ def cached_memory_input(batch: TranslationBatch, config) -> Tensor:
 
 @torch.compiler.disable  # a search loop: never traced, whatever wraps the objective
 def greedy_memory_input(model: BidirectionalTransformer, src: Tensor) -> Tensor:
-    """``[bos] +`` the right-to-left decoder's greedy translation of ``src`` (no dropout, no gradient,
-    at most source length + R2L_MARGIN tokens, and no more than learned positions allow): the sequence
-    whose states the left-to-right decoder reads at decoding time (so for decoding with ``r2l_beam=1``
-    wherever the translation ends within the margin; decoding allows source + ``max_len_b`` tokens, so a
-    translation that runs on is read longer there; a wider backward beam reads a better translation).
+    """``[bos] +`` the right-to-left decoder's greedy translation of ``src`` (no dropout, no gradient;
+    ``memory_search`` and ``memory_limits``, so at most the source's length + ``R2L_MARGIN`` tokens,
+    and no more than learned positions allow): the sequence whose states the left-to-right decoder
+    reads at decoding time with ``r2l_beam=1`` (a wider backward beam reads a better translation).
 
     Shape: src (B, S) -> (B, 1 + longest translation)
     """
@@ -145,10 +141,8 @@ def greedy_memory_input(model: BidirectionalTransformer, src: Tensor) -> Tensor:
     model.eval()
     try:
         with torch.no_grad():
-            limit = (src != model.config.pad_id).sum(1) + R2L_MARGIN  # (B,)
-            if model.config.positional == "learned":  # decoder positions: bos + output − 1
-                limit = limit.clamp(max=model.config.max_len)
-            _, r2l_in = r2l_translation(model, src, model.context(src), GREEDY, limit)
+            limit = memory_limits(src, model.config.pad_id)  # (B,)
+            _, r2l_in = r2l_translation(model, src, model.context(src), memory_search(1), limit)
     finally:
         model.train(was_training)
     return r2l_in

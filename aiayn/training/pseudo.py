@@ -5,8 +5,8 @@ translation of every training source by a separately trained right-to-left model
 so that a training step costs one teacher-forced pass more than a plain one instead of a search.
 ``pseudo_targets`` makes that file for an encoded corpus: each source through a model trained with
 ``reverse_target=true``, by greedy or beam search, the best hypothesis kept in the model's own
-(right-to-left) order, eos dropped, at most ``R2L_MARGIN`` tokens longer than its source (as
-``greedy_memory_input``'s: a weak model's runaway repetitions would otherwise fill the cache with
+(right-to-left) order, eos dropped, at most ``R2L_MARGIN`` tokens longer than its source (``memory_search``,
+which decoding repeats: a weak model's runaway repetitions would otherwise fill the cache with
 sequences 50 tokens longer than their sources, each padding its whole batch). With two models (a
 jackknife: trained with ``train_half=1`` and ``train_half=2``) each translates only the pairs of the
 half it did not train on, so that no cached translation comes from a model that saw its pair: a small
@@ -33,14 +33,13 @@ from aiayn.data.cache import EncodedParallel, EncodedSequences, cache_sequences
 from aiayn.data.files import record_file
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.data.views import halves
-from aiayn.decoding.options import SearchConfig
+from aiayn.decoding.bidirectional import R2L_MARGIN, memory_search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import load_translation_dir, model_meta
 from aiayn.models.bidirectional import BidirectionalTransformer
 from aiayn.models.io import WEIGHTS_FILE, load_model, resolve_model_dir
 from aiayn.textfiles import absent
-from aiayn.training.criteria import R2L_MARGIN
 
 CHUNK = 2048  # sources per chunk written (and per progress line)
 
@@ -112,7 +111,7 @@ def pseudo_targets(
     key = {"corpus": corpus.directory.name, "models": [fingerprint(d) for d in dirs], "beam": beam,
            "max_len_b": R2L_MARGIN}  # fmt: skip
     who = translator_of(corpus, dirs)
-    search = SearchConfig(beam=beam, max_len_b=R2L_MARGIN)
+    search = memory_search(beam)
 
     def make() -> Iterator[list[list[int]]]:
         t0, n = time.perf_counter(), len(corpus)

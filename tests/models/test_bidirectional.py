@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from aiayn import BidirectionalTransformer, Transformer, TransformerConfig
 from aiayn.data.batching import TranslationBatch, pad_rows, reverse_targets
-from aiayn.decoding.bidirectional import BidirectionalAdapter, r2l_inputs, r2l_translation
+from aiayn.decoding.bidirectional import R2L_MARGIN, BidirectionalAdapter, r2l_inputs, r2l_translation
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.search import search
 from aiayn.errors import ConfigError
@@ -124,20 +124,25 @@ def test_memory_of_another_sequence_feeds_the_l2r_loss_only():
 
 
 def test_training_builds_the_memory_sequence_the_greedy_search_reads():
-    """``r2l_memory_from="greedy"`` and decoding with beam 1 use the same right-to-left translation."""
+    """``r2l_memory_from="greedy"`` and decoding with beam 1 use the same right-to-left translation,
+    within the memory's margin (``R2L_MARGIN``) whatever the left-to-right search's limit is."""
     m = model()
     src, _, _ = batch()
-    limits = (src != 0).sum(1) + criteria.R2L_MARGIN
-    adapter = BidirectionalAdapter(m, SearchConfig(beam=1), limits)
+    limits = (src != 0).sum(1) - 1 + SearchConfig().max_len_b  # the left-to-right search's default
+    adapter = BidirectionalAdapter(m, SearchConfig(beam=1, min_len=3, lenpen=1.0), limits)
     with torch.no_grad():
         search(adapter, src, SearchConfig(beam=1), limits)
     m.train()
     built = criteria.greedy_memory_input(m, src)
     assert m.training, "the training mode was not restored"
     assert torch.equal(built, r2l_inputs(adapter.r2l_hypotheses, 1, 2, 0, src.device))
+    own = (src != 0).sum(1) - 1 + R2L_MARGIN
     with torch.no_grad():
-        _, again = r2l_translation(m.eval(), src, m.context(src), SearchConfig(beam=1), limits)
+        hyps, again = r2l_translation(m.eval(), src, m.context(src), SearchConfig(beam=1), own)
+        _, longer = r2l_translation(m, src, m.context(src), SearchConfig(beam=1), limits)
     assert torch.equal(built, again)
+    assert [len(h[0].tokens) for h in hyps] == own.tolist(), "an untrained model runs to its limit"
+    assert longer.shape[1] > built.shape[1], "the margin made no difference: the test proves nothing"
 
 
 @pytest.mark.parametrize("beam", [1, 4])

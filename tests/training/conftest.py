@@ -35,8 +35,11 @@ def corpus_module(tmp_path_factory):
 
 
 def tiny_args(corpus, out_dir, *extra):
+    # a run reading another's tokenizer (r2l_model, init_from) takes its vocabulary: no vocab_size
+    reads = any(e.startswith(("r2l_model=", "init_from=")) and not e.endswith("=") for e in extra)
     return [
-        f"dataset={corpus}", f"out_dir={out_dir}", "vocab_size=300", "max_tokens=256", "eval_bleu=false",
+        f"dataset={corpus}", f"out_dir={out_dir}", *([] if reads else ["vocab_size=300"]), "max_tokens=256",
+        "eval_bleu=false",
         "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_encoder_layers=1",
         "model.n_decoder_layers=1", "model.dropout=0.1", "schedule=constant", "lr=0.003", "warmup=5",
         "log_every=1", "progress=false", "threads=1", *extra,

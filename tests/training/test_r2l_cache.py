@@ -153,6 +153,30 @@ def test_cached_training_resumes_exactly_and_decoding_repeats_the_cache_search(c
     assert seen == [2, 1]
 
 
+def test_decoding_reads_the_memory_the_cache_holds_whatever_the_left_to_right_search(
+    corpus_module, r2l, tmp_path
+):
+    """With the right-to-left model's encoder and decoder copied and kept (``r2l_init``, ``r2l_freeze``,
+    lr ≈ 0), the memory that decoding builds for a training source is that source's cached translation,
+    token for token, under a left-to-right search with another beam, length penalty, min_len and limit."""
+    dirs, _ = r2l
+    run = tmp_path / "run"
+    args = [*CACHED, f"r2l_model={dirs['all']}", "r2l_init=true", "r2l_freeze=true", "max_steps=2"]
+    assert main(["train", *tiny_args(corpus_module, run, *args, "lr=1e-12")]) == 0
+    train = task(corpus_module, tmp_path / "t", *args).train
+    cached = pseudo_targets(train, [dirs["all"]])
+    translator, rows = Translator.from_dir(run), range(0, 64)
+    min_len = min(len(cached[i]) for i in rows) + 1  # over the shortest memory's length
+    hyps = translator.search(
+        [train.src[i].tolist() for i in rows], SearchConfig(beam=3, lenpen=1.0, min_len=min_len)
+    )
+    eos = translator.model.config.eos_id
+    read = [[t for t in h[0].r2l.tokens if t != eos] for h in hyps]
+    assert read == [cached[i].tolist() for i in rows]
+    at_margin = [i for i in rows if len(cached[i]) == len(train.src[i]) + SEARCH.max_len_b]
+    assert at_margin, "no translation at the margin: the test proves nothing"
+
+
 def test_a_run_resumed_after_its_r2l_model_changed_is_refused(corpus_module, r2l, tmp_path, capsys):
     """The right-to-left model's weights are data the run read: retrained (its ``best`` moved, say),
     the resumed run would translate the training set again and train on other memories."""

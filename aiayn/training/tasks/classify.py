@@ -137,11 +137,8 @@ class ClassifyOptions(EncoderOptions):
             LongText(self.long_text, self.window_stride).check(cfg.max_len)
 
     def inert(self, cfg: TrainConfig) -> dict[str, str]:
-        inert = super().inert(cfg)
-        if self.init_from:
-            for name in ("tokenizer", "vocab_size"):
-                inert[name] = f"init_from={self.init_from!r} brings its own tokenizer"
-        return inert
+        why = f"init_from={self.init_from!r} brings its own tokenizer"
+        return {**super().inert(cfg), **({"tokenizer": why, "vocab_size": why} if self.init_from else {})}
 
 
 def drop_words(row: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
