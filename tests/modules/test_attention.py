@@ -9,6 +9,7 @@ from torch import nn
 
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.modules import MultiHeadAttention, attention, scaled_dot_product_attention
+from aiayn.modules import dropout as dropout_module
 from aiayn.modules.kv_cache import KVCache
 from tests.helpers import assert_close, copy_mha, random_mask
 
@@ -184,6 +185,36 @@ def test_self_attention_matches_nn_multihead_attention(need_weights, kernel):
     assert_close("MultiHeadAttention vs nn.MultiheadAttention (self)", out, ref_out)
     if need_weights:
         assert_close("MultiHeadAttention weights vs nn.MultiheadAttention", w, ref_w)
+
+
+def test_attention_dropout_sits_where_nn_puts_it_and_only_in_training(monkeypatch):
+    """``dropout`` (the config's ``attn_dropout``) drops attention weights, after the softmax and before
+    ·V, as nn.MultiheadAttention's does. Every mask is made a constant 0.5 on the explicit path, ours
+    through the mask function and nn's through ``F.dropout``, so a dropout left out, moved or applied
+    at evaluation would differ; the fused kernel's own dropout is random in training and off in eval."""
+    ref = nn.MultiheadAttention(32, 4, dropout=0.1, batch_first=True)
+    ours = MultiHeadAttention(32, 4, dropout=0.1)
+    copy_mha(ours, ref)
+    x, ids = torch.randn(3, 6, 32), torch.tensor([[5] * 6, [5] * 4 + [0] * 2, [5] * 2 + [0] * 4])
+    mask = padding_mask(ids, 0) & causal_mask(6)
+    kw = dict(key_padding_mask=ids == 0, attn_mask=~causal_mask(6), need_weights=True)
+    with torch.no_grad():
+        plain, _ = ref.eval()(x, x, x, **kw)
+        assert_close("attention dropout: off at evaluation", ours.eval()(x, x, x, mask)[0], plain)
+        with monkeypatch.context() as m:
+            m.setattr(dropout_module, "_scaled_mask", lambda t, p: torch.full_like(t, 0.5))
+            real = F.dropout
+            m.setattr(F, "dropout", lambda t, p=0.5, training=True, inplace=False: 0.5 * t if training else t)
+            halved, _ = ref.train()(x, x, x, **kw)
+            out, _ = ours.train()(x, x, x, mask, need_weights=True)
+            assert F.dropout is not real
+        assert_close("attention dropout placement vs nn.MultiheadAttention", out, halved)
+        assert not torch.allclose(halved, plain, atol=1e-3), "the dropout made no difference"
+        monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)  # the fused kernel
+        torch.manual_seed(0)
+        a, b = ours.train()(x, x, x, mask)[0], ours(x, x, x, mask)[0]
+        assert not torch.allclose(a, b), "the fused kernel dropped nothing in training"
+        assert_close("fused attention dropout: off at evaluation", ours.eval()(x, x, x, mask)[0], plain)
 
 
 @pytest.mark.parametrize(("batch", "t_q"), [(0, 4), (2, 0)])

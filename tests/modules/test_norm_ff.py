@@ -1,5 +1,7 @@
 """LayerNorm and the feed-forward network against torch.nn."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,12 +46,27 @@ def test_layer_norm_without_bias_and_under_bf16():
     torch.testing.assert_close(y.float(), F.layer_norm(x.bfloat16().float(), (16,)), atol=2e-2, rtol=0)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+# each activation by its paper's formula: ReLU; GELU x·Φ(x) and its tanh approximation (Hendrycks and
+# Gimpel 2016; GPT-2's and BERT's "gelu_new"); SiLU x·σ(x) (Elfwing et al. 2017; Marian's "swish")
+FORMULAS = {
+    "relu": lambda h: h.clamp(min=0),
+    "gelu": lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2))),
+    "gelu_tanh": lambda h: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3))),
+    "silu": lambda h: h / (1 + torch.exp(-h)),
+}
+
+
+@pytest.mark.parametrize("activation", list(FORMULAS))
 def test_feed_forward_is_two_linears_around_the_activation(activation):
-    ff = FeedForward(8, 32, activation=activation)
-    x = torch.randn(2, 3, 8)
-    act = F.relu if activation == "relu" else F.gelu
-    expected = act(x @ ff.w_1.weight.T + ff.w_1.bias) @ ff.w_2.weight.T + ff.w_2.bias
-    assert_close(f"FeedForward({activation}) vs max(0, xW1+b1)W2+b2", ff(x), expected)
+    """Inputs wide enough (|xW1 + b1| up to ~10) that the two GELUs differ by up to 5e-4 (their
+    difference peaks near 2.7): each one is told from the others at the tolerance used here."""
+    ff = FeedForward(8, 32, activation=activation).double()
+    x = 3 * torch.randn(2, 3, 8, dtype=torch.float64)
+    h = x @ ff.w_1.weight.T + ff.w_1.bias
+    expected = FORMULAS[activation](h) @ ff.w_2.weight.T + ff.w_2.bias
+    assert_close(f"FeedForward({activation}) vs its formula", ff(x), expected, atol=1e-9)
+    for other, formula in FORMULAS.items():
+        if other != activation:
+            assert not torch.allclose(ff(x), formula(h) @ ff.w_2.weight.T + ff.w_2.bias, atol=1e-6), other
     with pytest.raises(ValueError, match="activation='swish'"):
         FeedForward(8, 32, activation="swish")
