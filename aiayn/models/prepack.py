@@ -103,7 +103,7 @@ def prepack(model: nn.Module, gemm: str = "onednn") -> nn.Module:
             f"--gemm onednn: this CPU has no oneDNN kernels for {dtype} weights (they need AVX-512 or "
             "AVX-NE-CONVERT); use --gemm blas or auto"
         )
-    split_sliced_weights(model, self_attention=False)
+    split_sliced_weights(model)
     linears = children_of_type(model, nn.Linear)
     shapes = {_shape(child) for _, _, child in linears}
     packed = shapes if gemm == "onednn" else faster_kernels(shapes, dtype=dtype)

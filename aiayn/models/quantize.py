@@ -156,13 +156,13 @@ def to_bfloat16(model: nn.Module) -> nn.Module:
     return model
 
 
-def split_sliced_weights(model: nn.Module, self_attention: bool = True) -> None:
+def split_sliced_weights(model: nn.Module) -> None:
     """Give every weight slice a module applies its own ``nn.Linear``, so that converting Linears
-    (int8, oneDNN packing) reaches them: cross-attention's row blocks of ``w_qkv`` and an
-    ``output_pieces`` head's piece rows. ``self_attention=False`` leaves self-attention whole (its
-    forward never slices ``w_qkv``). Outputs are unchanged."""
+    (int8, oneDNN packing) reaches them: the row blocks of ``w_qkv`` that attention over a memory
+    applies (``MultiHeadAttention.split_row_blocks``; self-attention's one product of ``w_qkv`` is
+    left whole) and an ``output_pieces`` head's piece rows. Outputs are unchanged."""
     for path, m in model.named_modules():
-        if isinstance(m, MultiHeadAttention) and (self_attention or not path.endswith("self_attn")):
+        if isinstance(m, MultiHeadAttention) and not path.endswith("self_attn"):
             m.split_row_blocks()
         elif isinstance(m, OutputProjection):
             m.split_pieces()

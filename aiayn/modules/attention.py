@@ -178,27 +178,31 @@ class MultiHeadAttention(nn.Module):
         self._split = (hk, hk, hv)
         # the row blocks of w_qkv that cross-attention applies on their own
         self._rows = {"q": (0, hk), "kv": (hk, 2 * hk + hv), "k": (hk, 2 * hk), "v": (2 * hk, 2 * hk + hv)}
-        self.row_blocks: nn.ModuleDict | None = None  # set by split_row_blocks (quantized models)
+        self.row_blocks: nn.ModuleDict | None = None  # set by split_row_blocks (quantized, packed models)
 
     def split_row_blocks(self) -> None:
-        """Copy each row block of ``w_qkv`` into a Linear of its own.
-
-        A quantized Linear packs its weight and cannot be sliced; after this, a dynamic quantization
-        (``aiayn.models.quantize``) turns these copies into quantized Linears too. Outputs are unchanged.
-        """
+        """For attention over a memory (cross-attention): copy the rows of ``w_qkv`` it applies, W^Q's
+        and [W^K; W^V], into Linears of their own, and drop ``w_qkv``, whose whole product it never
+        computes (its keys and values come from one memory). A quantized or packed Linear cannot be
+        sliced; after this, ``aiayn.models.quantize`` and ``prepack`` convert these copies as well.
+        Outputs are unchanged; self-attention (one product of ``w_qkv``) is never split."""
         w, b = self.w_qkv.weight.detach(), self.w_qkv.bias
         blocks = nn.ModuleDict()
-        for name, (start, stop) in self._rows.items():
+        for name in ("q", "kv"):
+            start, stop = self._rows[name]
             block = nn.Linear(w.size(1), stop - start, bias=b is not None).to(w)
             block.weight.data.copy_(w[start:stop])
             if b is not None:
                 block.bias.data.copy_(b.detach()[start:stop])
             blocks[name] = block
-        self.row_blocks = blocks
+        self.row_blocks, self.w_qkv = blocks, None
 
     def _project(self, x: Tensor, rows: str) -> Tensor:
         """A row block of the stacked projection (``self._rows[rows]``) applied to x."""
         if self.row_blocks is not None:
+            if rows not in self.row_blocks:
+                raise RuntimeError(f"this attention was split to read one memory (split_row_blocks): "
+                                   f"it has no {rows!r} block")  # fmt: skip
             return self.row_blocks[rows](x)
         start, stop = self._rows[rows]
         b = self.w_qkv.bias

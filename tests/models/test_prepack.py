@@ -158,7 +158,7 @@ def test_a_mis_wired_packed_block_would_be_caught():
     packed = prepack(copy.deepcopy(model), "onednn")
     crossed = [m for m in packed.modules() if isinstance(m, MultiHeadAttention) and m.row_blocks is not None]
     assert len(crossed) == 2  # the decoder layers' cross-attention; self-attention needs no blocks
-    for m in crossed:
-        m.row_blocks["q"], m.row_blocks["k"] = m.row_blocks["k"], m.row_blocks["q"]
+    first, second = (m.row_blocks for m in crossed)
+    first["kv"], second["kv"] = second["kv"], first["kv"]  # each layer reads the other's keys and values
     with torch.no_grad():
         assert (packed(*inputs) - model(*inputs)).abs().max() > 1e-2

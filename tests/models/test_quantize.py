@@ -19,7 +19,14 @@ from aiayn import device as device_module
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError
 from aiayn.models import quantize as quantize_module
-from aiayn.models.quantize import Int8Linear, exact_8_bit_inputs, int8_qconfig, is_quantized, quantize
+from aiayn.models.quantize import (
+    Int8Linear,
+    exact_8_bit_inputs,
+    int8_qconfig,
+    is_quantized,
+    quantize,
+    split_sliced_weights,
+)
 from aiayn.modules.attention import MultiHeadAttention
 from tests.decoding.fixtures import tiny_lm, tiny_transformer
 from tests.helpers import assert_close, randomise_
@@ -52,27 +59,40 @@ def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("name", ["transformer", "lm", "encoder"])
-def test_split_row_blocks_changes_no_output(name):
-    model, inputs = _models()[name]
+def test_split_row_blocks_changes_no_output_and_keeps_only_the_blocks_read():
+    """Cross-attention split into W^Q's and [W^K; W^V]'s rows (the whole ``w_qkv`` dropped) computes
+    what it did; the blocks it never applies are not kept (an int8 model would carry them)."""
+    model, inputs = _models()["transformer"]
     with torch.no_grad():
         before = model(*inputs)
-        for m in model.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.split_row_blocks()
+        split_sliced_weights(model)
         after = model(*inputs)
-    assert_close(f"row blocks ({name})", after, before, atol=1e-5)
+    assert_close("row blocks (transformer)", after, before, atol=1e-5)
+    for path, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention):
+            split = not path.endswith("self_attn")
+            assert (m.w_qkv is None) == split and (split == (m.row_blocks is not None)), path
+            assert not split or list(m.row_blocks) == ["q", "kv"]
+    cross = model.decoder.layers[0].cross_attn
+    x, k, v = (torch.randn(2, 3, cross.row_blocks["q"].in_features) for _ in range(3))
+    with pytest.raises(RuntimeError, match="no 'k' block"):  # keys and values from two tensors
+        cross(x, k, v)
 
 
 @pytest.mark.parametrize("name", list(_models()))
 def test_int8_quantizes_every_linear_and_stays_close_to_float32(name):
     model, inputs = _models()[name]
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    n_attention = sum(isinstance(m, MultiHeadAttention) for m in model.modules())
+    attention = [p for p, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    n_cross = sum(not p.endswith("self_attn") for p in attention)
     q = quantize(copy.deepcopy(model), "int8")
     assert is_quantized(q) and not is_quantized(model)
     assert not any(type(m) is nn.Linear for m in q.modules())  # nothing left in float32
-    assert sum(isinstance(m, QUANTIZED_LINEAR) for m in q.modules()) == n_linear + 4 * n_attention
+    n_cross = sum(
+        isinstance(m, MultiHeadAttention) and not p.endswith("self_attn") for p, m in model.named_modules()
+    )
+    # each cross-attention's w_qkv (one Linear) becomes two row blocks: W^Q's and [W^K; W^V]'s
+    assert sum(isinstance(m, QUANTIZED_LINEAR) for m in q.modules()) == n_linear + n_cross
     with torch.no_grad():
         ref, ours = model(*inputs), q(*inputs)
     # int8 weights (per output row) and activations (per tensor): about 2% here
@@ -174,9 +194,8 @@ def test_a_wrong_block_would_be_caught():
     """The closeness bound above is tight enough to see a mis-wired cross-attention block."""
     model, inputs = _models()["transformer"]
     q = quantize(copy.deepcopy(model), "int8")
-    for m in q.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.row_blocks["q"], m.row_blocks["k"] = m.row_blocks["k"], m.row_blocks["q"]
+    first, second = (layer.cross_attn.row_blocks for layer in q.decoder.layers)
+    first["kv"], second["kv"] = second["kv"], first["kv"]  # each layer reads the other's keys and values
     with torch.no_grad():
         assert _relative_error(q(*inputs), model(*inputs)) > 0.1
 
