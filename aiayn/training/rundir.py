@@ -56,23 +56,23 @@ class RunLock:
     """An exclusive ``flock`` on ``run_dir/LOCK``, taken by rank 0 before it looks at the directory
     and held until ``release``. The OS drops it when the holder dies (even by SIGKILL), so a lock
     of a dead process is never in the way; the PID in the file is only for the message.
-    ``created``: the outermost folder this lock had to make (None if ``run_dir`` existed), which a
-    run that never starts removes again."""
+    ``made``: the folders this lock had to make, outermost first, which a run that never starts
+    removes again (``remove_made``)."""
 
     def __init__(self, run_dir: Path, out_dir: str):
         if run_dir.exists() and not run_dir.is_dir():
             raise OutputError(f"out_dir={out_dir!r} is a file; choose a directory for the run")
-        self.path, self.fd, self.created = run_dir / LOCK, None, None
+        self.run_dir, self.path, self.fd, self.made = run_dir, run_dir / LOCK, None, []
         try:
-            for folder in reversed([run_dir, *run_dir.absolute().parents]):  # outermost first
+            target = run_dir.absolute()
+            for folder in reversed([target, *target.parents]):  # outermost first
                 if not folder.exists():
                     with contextlib.suppress(FileExistsError):  # made by another process: not ours
                         folder.mkdir()
-                        self.created = self.created or folder
+                        self.made.append(folder)
             self.fd = self._lock(run_dir)
         except BaseException:
-            if self.created is not None:
-                shutil.rmtree(self.created, ignore_errors=True)
+            self.remove_made()
             raise
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
@@ -104,6 +104,20 @@ class RunLock:
             if same:
                 return fd
             os.close(fd)
+
+    def remove_made(self) -> None:
+        """Remove the run directory if this lock made it, and then each folder above it that it made
+        while that is empty: a parent made for this run (``sweep/`` of ``sweep/a``) may meanwhile hold
+        another run's directory, which is never touched."""
+        if self.made and self.made[-1] == self.run_dir.absolute():  # made last, innermost
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # ours: this lock keeps other runs out
+        for folder in reversed(self.made):  # innermost first
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:  # not empty: someone else's now
+                break
 
     def release(self) -> None:
         """Remove the lock file and drop the lock (removing it while held is safe: a process that

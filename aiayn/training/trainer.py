@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import signal
 import sys
 import time
@@ -93,8 +92,8 @@ class Trainer:
             barrier(self.dist)
             self._setup(checkpoints)
         except BaseException:
-            if self.lock is not None and self.lock.created:  # a run that never started leaves nothing
-                shutil.rmtree(self.lock.created, ignore_errors=True)
+            if self.lock is not None:  # a run that never started leaves nothing
+                self.lock.remove_made()
             self.release()
             raise
 

@@ -128,3 +128,30 @@ def test_a_lock_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path):
     with pytest.raises(OutputError, match="symbolic link"):
         RunLock(run, str(run))
     assert victim.read_text() == "precious data" and (run / LOCK).is_symlink()
+
+
+def test_a_run_that_cannot_start_removes_no_other_runs_folder_inside_the_parent_it_made(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """``out_dir=sweep/a`` makes ``sweep/``; a run started meanwhile in ``sweep/b`` lives there. When
+    the first run then fails to start, it removes ``sweep/a`` and keeps ``sweep/`` with ``sweep/b``."""
+    from aiayn.cli.main import main
+    from aiayn.training import trainer
+
+    other = tmp_path / "sweep" / "b"
+
+    def meanwhile(*args, **kwargs):  # the other run starts, then this one's setup fails
+        other.mkdir()
+        (other / "train_config.json").write_text("{}\n", encoding="utf-8")
+        raise OutputError("setup failed")
+
+    monkeypatch.setattr(trainer, "plan_run_dir", meanwhile)
+    assert main(["train", *tiny_args(corpus, tmp_path / "sweep" / "a", "max_steps=1")]) == 1
+    assert "setup failed" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["b"]
+    assert sorted(p.name for p in other.iterdir()) == ["train_config.json"]
+    (other / "train_config.json").unlink()
+    lock = RunLock(tmp_path / "new" / "run", "new/run")  # alone: every folder it made goes
+    lock.remove_made()
+    lock.release()
+    assert not (tmp_path / "new").exists()
