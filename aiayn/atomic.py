@@ -182,14 +182,43 @@ def replace_dir(new: Path, path: Path) -> None:
         journal.unlink()
 
 
+def sync(path: Path) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to the disk. A file system that cannot sync
+    a directory (some network ones) is left to its own order."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP) or not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """Every file and folder under ``folder``, and ``folder``, flushed to the disk (innermost first)."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in [*files, *dirs]:
+            if not os.path.islink(os.path.join(root, name)):
+                sync(Path(root, name))
+    sync(folder)
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike, keep: Callable[[Path], bool] | None = None, durable: bool = False
+) -> Iterator[Path]:
     """Yield an empty temporary directory; on success it replaces ``path`` (``replace_dir``). On
     failure nothing changes. What killed writers left in the folder is cleaned first (``recover``).
 
     ``keep(path)``, asked once the new directory is complete, may keep what is there instead: a
     content-addressed cache entry that another process published meanwhile is as good as ours,
-    and replacing it would pull it from under that process."""
+    and replacing it would pull it from under that process.
+
+    ``durable``: the new directory's content is on the disk before it takes the name, and the name
+    once this returns, so that a machine that crashes after (a power cut, not only a killed process)
+    finds it whole: what a writer that deletes older copies next (checkpoints) needs. A rename alone
+    may reach the disk before the data it names."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     recover(path.parent)
@@ -200,7 +229,11 @@ def atomic_dir(path: str | os.PathLike, keep: Callable[[Path], bool] | None = No
             yield tmp
             if keep is not None and keep(path):
                 return
+            if durable:
+                _sync_tree(tmp)
             replace_dir(tmp, path)
+            if durable:
+                sync(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from aiayn.atomic import atomic_dir, write_json
+from aiayn.atomic import atomic_dir, sync, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
 from aiayn.temporaries import temporary_name, usual_mode
@@ -129,7 +129,8 @@ def save_checkpoint(
     model_meta: dict | None = None,
     rank_rngs: list[torch.Tensor] | None = None,
 ) -> Path:
-    """Write ``RUN/step-{step}`` atomically; ``state`` is the trainer's JSON-able state.
+    """Write ``RUN/step-{step}`` atomically and durably (on the disk before ``prune`` deletes an
+    older one); ``state`` is the trainer's JSON-able state.
 
     ``write_extra(dir)`` writes further files (the tokenizer) into the temporary directory;
     ``model_meta`` goes into ``config.json`` (e.g. the languages of a translation model);
@@ -138,7 +139,7 @@ def save_checkpoint(
     """
     run_dir = Path(run_dir)
     final = run_dir / f"step-{step:06d}"
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final, durable=True) as tmp:
         save_model(model, tmp, step=step, **(model_meta or {}))
         if write_extra is not None:
             write_extra(tmp)
@@ -220,6 +221,7 @@ def mark_best(run_dir: Path, checkpoint: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    sync(run_dir)  # the new link on the disk before prune deletes what the old one named
 
 
 def prune(run_dir: Path, keep_last: int) -> None:

@@ -451,6 +451,38 @@ def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_
     assert left.name.startswith(TMP_PREFIX + "step-000001-")  # what remove_temporaries deletes
 
 
+def test_a_checkpoint_is_on_the_disk_before_its_name_and_older_ones_go_after_both(
+    corpus, tmp_path, monkeypatch
+):
+    """A machine crash (not only a killed process) must not leave a named but empty checkpoint once the
+    older ones are pruned: every file of ``step-N`` is flushed before the rename, the run directory
+    (the new name, then the new ``best`` link) after it, and only then does ``prune`` delete."""
+    from aiayn import atomic
+
+    events, real_sync, real_replace = [], atomic.sync, atomic.replace_dir
+
+    def sync(path):
+        events.append(("sync", Path(path).name))
+        real_sync(path)
+
+    def replace_dir(new, path):
+        events.append(("rename", Path(path).name))
+        real_replace(new, path)
+
+    monkeypatch.setattr(atomic, "sync", sync)
+    monkeypatch.setattr(ckpt, "sync", sync)
+    monkeypatch.setattr(atomic, "replace_dir", replace_dir)
+    monkeypatch.setattr(ckpt, "prune", lambda run_dir, keep: events.append(("prune", run_dir.name)))
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=2", "eval_every=2")]) == 0
+    at = events.index(("rename", "step-000002"))
+    flushed = {name for kind, name in events[:at] if kind == "sync"}
+    files = {p.name for p in (run / "step-000002").rglob("*")}
+    assert files and files <= flushed, files - flushed
+    assert events[at + 1 : at + 3] == [("sync", "run"), ("sync", "run")]  # the name; the best link
+    assert events[at + 3] == ("prune", "run")
+
+
 def test_marking_the_best_replaces_a_planted_link_not_the_file_it_points_to(tmp_path):
     run, victim = tmp_path / "run", tmp_path / "bashrc"
     (run / "step-000100").mkdir(parents=True)
