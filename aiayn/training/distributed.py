@@ -15,6 +15,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from aiayn.errors import ConfigError
+
 T = TypeVar("T")
 GLOO_DRAIN_S = 0.05  # shutdown: the GIL released for gloo's worker thread to drop its last collective
 
@@ -34,11 +36,17 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: torch.device) -> DistInfo:
-    """Join the process group that torchrun describes in the environment (if any)."""
+def init_distributed(device: torch.device, name: str = "") -> DistInfo:
+    """Join the process group that torchrun describes in the environment (if any). ``name``: the
+    config's device, refused (``ConfigError``) before any process joins where the processes could not
+    share it: a numbered GPU (``cuda:1``: every process on that one; ``cuda`` gives each its
+    ``LOCAL_RANK``'s), or MPS (no process-group backend)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return DistInfo()
+    if device.type == "mps" or (device.type == "cuda" and ":" in name):
+        raise ConfigError(f"device={name or str(device)!r} under torchrun: give device=cuda (each process "
+                          "takes its LOCAL_RANK's GPU) or device=cpu")  # fmt: skip
     info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -74,7 +74,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         self.cfg, self.run_dir = cfg, Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
-        self.dist = init_distributed(self.device)
+        self.dist = init_distributed(self.device, cfg.device)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = resolve_device(cfg.device, self.dist.local_rank)
             torch.cuda.set_device(self.device)

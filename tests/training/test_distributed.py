@@ -240,3 +240,26 @@ def test_shutdown_meets_at_a_barrier_and_releases_the_gil_before_destroying_the_
     calls.clear()
     distributed.shutdown(distributed.DistInfo())  # one process: nothing to tear down
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    "name, device",
+    [("cuda:0", torch.device("cuda", 0)), ("cuda:1", torch.device("cuda", 1)), ("mps", torch.device("mps"))],
+)
+def test_a_device_the_processes_cannot_share_is_refused_before_any_joins(name, device, monkeypatch):
+    """Under torchrun ``device=cuda:N`` put every process on GPU N (NCCL then fails or hangs on its first
+    collective) and MPS has no backend: one line, before ``init_process_group``; ``cuda`` and ``cpu`` pass."""
+    from aiayn.errors import ConfigError
+    from aiayn.training import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    joined = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.append(backend))
+    with pytest.raises(ConfigError, match=rf"device='{name}' under torchrun: give device=cuda \(each"):
+        distributed.init_distributed(device, name)
+    assert joined == []
+    assert distributed.init_distributed(torch.device("cuda", 1), "cuda").rank == 1  # its LOCAL_RANK's GPU
+    distributed.init_distributed(torch.device("cpu"), "cpu")
+    assert joined == ["nccl", "gloo"]
