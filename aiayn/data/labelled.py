@@ -207,6 +207,8 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
             value = obj[key]
             if isinstance(value, bool):
                 value = str(value).lower()
+            elif isinstance(value, float) and value.is_integer():  # 1.0 (a float column's) is the label 1
+                value = int(value)
             if not isinstance(value, str | int | float):
                 raise DataError(
                     f"{path}:{line}: the {what} {key!r} is a {type(value).__name__}, not a string"

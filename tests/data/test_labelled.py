@@ -59,9 +59,11 @@ def test_a_header_of_other_names_read_by_column_numbers_is_warned_about(tmp_path
 
 
 def test_jsonl_labels_of_any_form(tmp_path):
-    rows = [{"text": "a", "label": 1}, {"text": "b", "label": True}, {"sentence": "c", "label": "x"}]
+    """A float column's 1.0 (pandas writes a column with a NaN so) is the label 1, as a TSV's "1" is."""
+    rows = [{"text": "a", "label": 1}, {"text": "b", "label": True}, {"sentence": "c", "label": "x"},
+            {"text": "d", "label": 1.0}, {"text": "e", "label": 0.5}]  # fmt: skip
     c = load_labelled(write(tmp_path / "a.jsonl", "\n".join(map(json.dumps, rows)) + "\n\n"))
-    assert c.texts == ["a", "b", "c"] and c.labels == ["1", "true", "x"]
+    assert c.texts == ["a", "b", "c", "d", "e"] and c.labels == ["1", "true", "x", "1", "0.5"]
 
 
 @pytest.mark.parametrize(
