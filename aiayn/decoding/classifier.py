@@ -224,6 +224,17 @@ class Filler:
     sequence: str
 
 
+def _partial_bytes(tok: Tokenizer) -> list[int]:
+    """The byte-fallback pieces that are not text on their own: bytes 0x80–0xFF (a part of some
+    character's UTF-8, a filler that would read "\ufffd") and control bytes; the 95 printable ASCII
+    characters stay."""
+    sp = getattr(tok, "sp", None)
+    if sp is None:
+        return []
+    values = {i: int(sp.id_to_piece(i)[1:-1], 16) for i in range(sp.get_piece_size()) if sp.is_byte(i)}
+    return [i for i, byte in values.items() if not 0x20 <= byte < 0x7F]
+
+
 class MaskFiller:
     """A masked-LM encoder and its tokenizer: the most probable pieces at each ``<mask>``."""
 
@@ -237,6 +248,7 @@ class MaskFiller:
         self.max_len = _max_len(model)
         if isinstance(trained_max_len, int) and model.config.positional == "learned":  # rows past: untrained
             self.max_len = min(self.max_len, trained_max_len)
+        self.partial_bytes = _partial_bytes(tokenizer)
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> MaskFiller:
@@ -288,12 +300,13 @@ class MaskFiller:
         logits = self.model(batch)[0].float()  # (T, V)
         # never predict <mask> itself, a special or what comes before <mask> (aiayn's specials, a
         # BERT's [unused] rows) — a vocabulary may put [MASK] first (its specials are named by id) —
-        # nor a row past the vocabulary (a BERT's padding)
+        # nor a row past the vocabulary (a BERT's padding), nor a byte that is no text on its own
         banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         banned[: tok.mask_id + 1] = True
         specials = (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)
         banned[[i for i in specials if i is not None and i >= 0]] = True
         banned[tok.vocab_size :] = True
+        banned[self.partial_bytes] = True
         logits[:, banned] = -torch.inf
         probs = logits.softmax(-1)
         out = []

@@ -225,3 +225,26 @@ def test_a_query_that_starts_with_a_mask_reads_as_training_masked_its_first_word
     first, middle = filler.query_ids("<mask> great movie ."), filler.query_ids("a <mask> movie .")
     assert first == [mask, *tok.encode("great movie .")]  # the word after it keeps its own "▁"
     assert middle[: len(tok.encode("a")) + 1] == [*tok.encode("a"), mask]
+
+
+def test_fill_mask_never_offers_a_byte_that_is_no_text_on_its_own(originals):
+    """A byte-fallback piece of 0x80–0xFF is a part of some character's UTF-8 (and 0x00–0x1F a control
+    byte): as a filler it reads "\ufffd". Made the model's favourite, it is passed over; a byte that is
+    a character of its own (ASCII "A") stays a candidate."""
+    from aiayn.decoding.classifier import MaskFiller
+
+    filler = MaskFiller.from_dir(originals["mlm"])
+    sp = filler.tokenizer.sp
+    partial, ascii_a = sp.piece_to_id("<0xC3>"), sp.piece_to_id("<0x41>")
+    assert sp.is_byte(partial) and sp.is_byte(ascii_a) and partial in filler.partial_bytes
+    assert len(filler.partial_bytes) == 256 - 95  # every byte but the 95 printable ASCII characters
+    real = filler.model.forward
+
+    def favouring(ids):  # the partial byte first, "A" second, at every position
+        logits = real(ids)
+        logits[..., partial], logits[..., ascii_a] = 1e4, 1e3
+        return logits
+
+    filler.model.forward = favouring
+    (fillers,) = filler.fill("the film is <mask>", top_k=3)
+    assert [f.token for f in fillers][0] == "A" and all("\ufffd" not in f.token for f in fillers)
