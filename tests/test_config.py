@@ -30,6 +30,10 @@ def test_defaults_are_the_paper_base_model():
         ({"src_vocab_size": 3, "tgt_vocab_size": 3}, r"unk_id=3 is outside the vocabulary"),
         ({"n_decoder_layers": 0}, r"n_decoder_layers=0 must be a positive integer"),
         ({"ln_eps": 0.0}, r"ln_eps=0.0 must be a positive float"),
+        (
+            {"bidirectional": True, "bos_id": 0},
+            r"pad_id=0 equals bos_id=0 with bidirectional=True: the right",
+        ),
     ],
 )
 def test_invalid_values_raise_naming_field_value_and_fix(kwargs, message):

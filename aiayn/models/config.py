@@ -42,6 +42,10 @@ class TransformerConfig(LayerConfig):
         if self.bidirectional and self.r2l_memory:
             self._fail("r2l_memory", "is set with bidirectional=True", "leave it false: a bidirectional "
                        "model builds its decoder's right-to-left memory itself")  # fmt: skip
+        if self.bidirectional and self.pad_id == self.bos_id:  # a memory's first state is bos's
+            self._fail("pad_id", f"equals bos_id={self.bos_id} with bidirectional=True: the right-to-left "
+                       "memory's padding mask would hide its bos state",
+                       "give padding its own id")  # fmt: skip
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             self._fail(
                 "share_embeddings",
