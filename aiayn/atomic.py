@@ -189,7 +189,7 @@ def sync(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP) or not path.is_dir():
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF) or not path.is_dir():
             raise
     finally:
         os.close(fd)

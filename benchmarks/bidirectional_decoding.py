@@ -2,8 +2,10 @@
 fourth sublayer) against one, same sizes, same sources, side by side in one run.
 
 Random models (no training needed for a cost): the plain recipe's sizes (4+4 layers, d_model 128)
-and the same model with ``bidirectional=True``; outputs are forced to a fixed length (``min_len =
-max_len``) so that both do the same number of steps whatever the weights predict.
+and the same model with ``bidirectional=True``; the left-to-right outputs are forced to a fixed length
+(``min_len = max_len``) so that both do the same number of steps whatever the weights predict. The
+right-to-left pass runs the training cache's search (``memory_search``: no ``min_len``), up to the
+source's length + ``R2L_MARGIN`` tokens; a random model seldom ends it sooner.
 
     python benchmarks/bidirectional_decoding.py                 # greedy and beam 4, 256 sentences
     python benchmarks/bidirectional_decoding.py --threads 1 --sentences 128

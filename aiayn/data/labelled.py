@@ -284,13 +284,25 @@ class LabelMap:
         return len(self.labels)
 
     def ids(self, corpus: LabelledCorpus) -> list[int]:
-        """Class ids of ``corpus``'s labels; a ``DataError`` naming the line of an unknown one."""
+        """Class ids of ``corpus``'s labels; a ``DataError`` naming the line of an unknown one. An
+        integer label finds the model's label of the same value written as a float (``1`` its
+        ``1.0``, which a JSONL file's float column gave models trained before such labels were read
+        as integers), and the other way round."""
         out = []
         for label, line in zip(corpus.labels, corpus.lines, strict=True):
-            if label not in self.index:
+            i = self.index.get(label)
+            if i is None and (value := _integer(label)) is not None:
+                same = [j for name, j in self.index.items() if _integer(name) == value]
+                i = same[0] if len(same) == 1 else None
+            if i is None:
                 raise DataError(
                     f"{corpus.path}:{line}: label {label!r} is not one the model was trained on "
                     f"({', '.join(map(repr, self.labels))})"
                 )
-            out.append(self.index[label])
+            out.append(i)
         return out
+
+
+def _integer(label: str) -> int | None:
+    """The value of an integer label, written as one (``-3``) or as a float (``-3.0``); else None."""
+    return int(label.split(".")[0]) if re.fullmatch(r"-?[0-9]+(\.0+)?", label) else None

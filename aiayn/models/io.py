@@ -30,6 +30,7 @@ from aiayn.models.lm import LanguageModel
 from aiayn.models.prepack import is_packed
 from aiayn.models.quantize import is_quantized
 from aiayn.models.transformer import Transformer
+from aiayn.modules.attention import MultiHeadAttention
 from aiayn.modules.config import LayerConfig
 from aiayn.textfiles import absent, read_json
 from aiayn.version import __version__
@@ -62,8 +63,10 @@ def check_float32(model: nn.Module, doing: str) -> None:
     """A ``ConfigError`` for a model whose weights are not all float32: made for inference (int8,
     bfloat16, prepacked: ``quantize``, ``prepack``) or cast (``model.half()``). A model directory holds
     float32 weights, and so does an export (a packed model's are not all there; a cast one's would
-    be written beside float32 tensors the export adds)."""
-    if is_quantized(model) or is_packed(model) or any(p.dtype != torch.float32 for p in model.parameters()):
+    be written beside float32 tensors the export adds; a prepared one's cross-attention lacks ``w_qkv``)."""
+    split = any(isinstance(m, MultiHeadAttention) and m.row_blocks is not None for m in model.modules())
+    cast = any(p.dtype != torch.float32 for p in model.parameters())
+    if is_quantized(model) or is_packed(model) or split or cast:
         raise ConfigError(f"this model is not float32 (quantized, prepacked or cast for inference): "
                           f"{doing} the float32 model (load it again, {doing} it, then quantize or "
                           "prepack)")  # fmt: skip

@@ -185,7 +185,10 @@ class MultiHeadAttention(nn.Module):
         and [W^K; W^V], into Linears of their own, and drop ``w_qkv``, whose whole product it never
         computes (its keys and values come from one memory). A quantized or packed Linear cannot be
         sliced; after this, ``aiayn.models.quantize`` and ``prepack`` convert these copies as well.
-        Outputs are unchanged; self-attention (one product of ``w_qkv``) is never split."""
+        Outputs are unchanged; self-attention (one product of ``w_qkv``) is never split. Once is
+        enough: a split attention is left as it is."""
+        if self.row_blocks is not None:
+            return
         w, b = self.w_qkv.weight.detach(), self.w_qkv.bias
         blocks = nn.ModuleDict()
         for name in ("q", "kv"):

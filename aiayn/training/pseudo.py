@@ -20,6 +20,7 @@ and half, and the search: a second run reuses it; a retrained model or another c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -111,7 +112,10 @@ def pseudo_targets(
     key = {"corpus": corpus.directory.name, "models": [fingerprint(d) for d in dirs], "beam": beam,
            "max_len_b": R2L_MARGIN}  # fmt: skip
     who = translator_of(corpus, dirs)
-    search = memory_search(beam)
+    search, c = memory_search(beam), translators[0].model.config
+    if c.positional == "learned":  # [bos] + a translation cut at its limit (no eos) fits the positions,
+        search = dataclasses.replace(search, max_len_cap=c.max_len - 1)  # as decoding's memory does
+        key["max_len_cap"] = search.max_len_cap
 
     def make() -> Iterator[list[list[int]]]:
         t0, n = time.perf_counter(), len(corpus)

@@ -125,6 +125,14 @@ def test_label_map_orders_and_rejects(tmp_path):
     unseen = load_labelled(write(tmp_path / "c.tsv", "text\tlabel\na\t9\nb\t11\n"))
     with pytest.raises(DataError, match=r"c.tsv:3: label '11' is not one the model was trained on"):
         LabelMap.from_corpus(c).ids(unseen)
+    # an integer label finds the same value written as a float (a model's labels from a JSONL file's
+    # float column, as read before 1.0 became 1), and the other way round; a name is not a number
+    floats = load_labelled(write(tmp_path / "f.tsv", "text\tlabel\na\t1.0\nb\t0\nc\t-1\nd\t01\n"))
+    assert LabelMap(["-1.0", "0.0", "1.0", "x"]).ids(floats) == [2, 1, 0, 2]
+    with pytest.raises(DataError, match=r"label '1.5' is not one"):
+        LabelMap(["1", "2"]).ids(load_labelled(write(tmp_path / "g.tsv", "text\tlabel\na\t1.5\n")))
+    with pytest.raises(DataError, match=r"label '1' is not one"):  # two labels of that value: no guess
+        LabelMap(["1.0", "01"]).ids(load_labelled(write(tmp_path / "h.tsv", "text\tlabel\na\t1\n")))
 
 
 def test_folder_splits_and_tenth_held_out(tmp_path):

@@ -160,19 +160,26 @@ def test_from_dict_refuses_a_non_object():
         LMConfig.from_dict([("d_model", 16)])
 
 
-@pytest.mark.parametrize("made", ["int8", "bf16", "prepacked"])
-def test_a_model_made_for_inference_only_is_not_saved_over_a_good_one(made, tmp_path):
+@pytest.mark.parametrize("made", ["int8", "bf16", "prepacked", "prepared, nothing packed"])
+def test_a_model_made_for_inference_only_is_not_saved_over_a_good_one(made, tmp_path, monkeypatch):
     """Quantized and prepacked models hold other weights than a model directory's float32 ones (a
-    packed model's are not all in its state dict): saving one is refused, and the directory keeps
-    the model it held."""
-    from aiayn.models.prepack import prepack
+    packed model's are not all in its state dict; one that ``--gemm auto`` prepared but found nothing
+    to pack has its cross-attention split, without ``w_qkv``): saving one is refused, and the directory
+    keeps the model it held."""
+    from aiayn.models import prepack as prepack_module
     from aiayn.models.quantize import quantize
 
     m = _small()
     save_model(m, tmp_path)
     before = (tmp_path / "model.safetensors").read_bytes()
     if made == "prepacked":
-        prepack(m, "onednn")
+        prepack_module.prepack(m, "onednn")
+    elif made.startswith("prepared"):
+        if not prepack_module.available() or not prepack_module.packs_dtype(torch.float32):
+            pytest.skip("no oneDNN kernels for float32 here: auto prepares nothing")
+        monkeypatch.setattr(prepack_module, "faster_kernels", lambda shapes, dtype: set())
+        prepack_module.prepack(m, "auto")
+        prepack_module.prepack(m, "auto")  # twice: the split attention is left as it is
     else:
         quantize(m, made)
     with pytest.raises(ConfigError, match="quantized, prepacked or cast for inference"):

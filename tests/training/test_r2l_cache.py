@@ -16,7 +16,9 @@ from aiayn.data.views import halves, jackknife_half
 from aiayn.decoding.options import SearchConfig
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
-from aiayn.models.io import WEIGHTS_FILE, resolve_model_dir
+from aiayn.models import Transformer
+from aiayn.models.config import TransformerConfig
+from aiayn.models.io import WEIGHTS_FILE, resolve_model_dir, save_model
 from aiayn.training.distributed import DistInfo
 from aiayn.training.pseudo import fingerprint, pseudo_targets, translator_of
 from aiayn.training.recipe import load_recipe
@@ -251,3 +253,22 @@ def test_a_missing_r2l_model_is_one_clear_error(corpus_module, tmp_path, capsys)
     assert main(["train", *args]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nowhere" in err[0], err
+
+
+def test_with_learned_positions_the_cache_holds_what_the_positions_fit(corpus_module, r2l, tmp_path):
+    """``[bos]`` + a cached translation cut at its limit (no eos) must fit a learned position table, as
+    the memory decoding builds does (``r2l_translation``): at most ``max_len - 1`` tokens. The
+    right-to-left model here: the fixture's, its weights replaced by a learned-position model's whose
+    table holds the longest source and its eos, but not that source's memory margin."""
+    dirs, _ = r2l
+    train = task(corpus_module, tmp_path / "t", *CACHED, f"r2l_model={dirs['all']}").train
+    rows = max(len(train.src[i]) for i in range(len(train))) + 2
+    learned = tmp_path / "learned"
+    shutil.copytree(dirs["all"] / "best", learned)
+    meta = json.loads((learned / "config.json").read_text())
+    config = TransformerConfig.from_dict({**meta.pop("config"), "positional": "learned", "max_len": rows})
+    save_model(Transformer(config), learned, **{k: v for k, v in meta.items() if k != "kind"})
+    cached = pseudo_targets(train, [learned])
+    assert max(len(cached[i]) for i in range(len(cached))) == rows - 1, (
+        "none reached the limit: proves nothing"
+    )
