@@ -32,7 +32,8 @@ Without --tgt the target is the model's greedy translation. The decoder rows are
 reads: <s> then the target, each predicting the next. A bidirectional model adds its right-to-left
 decoder (r2l_self, r2l_cross) and the fourth sublayer (cross_r2l: the decoder reading the
 right-to-left decoder's states, of its own greedy translation or of the reversed --tgt).
-A map holds at most 256 tokens on an axis (and no more than the model reads).
+A map holds at most 256 tokens on an axis (and no more than the model reads): a longer --src or --tgt
+is refused, a greedy translation is cut there. Every weight reads off one colour scale (0 to 1).
 """
 
 
@@ -89,12 +90,13 @@ def _translation_maps(args: argparse.Namespace) -> tuple[dict, dict]:
         greedy = SearchConfig(beam=1, r2l_beam=translator.r2l_beam)
         limit = greedy.output_limit(len(src) - 1)  # eos excluded, as Translator counts
         limit = min(limit, translator.max_tgt_len or limit)  # learned positions: the decoder's table
+        limit = min(limit, MAX_MAP_TOKENS - 1)  # a map's axis: [bos] + the memory's tokens
         adapter = BidirectionalAdapter(model, greedy, limit)
         with torch.inference_mode():
             out = search(adapter, torch.tensor([src], device=device), greedy, limit)[0][0].tokens
         r2l_in = [c.bos_id] + [t for t in adapter.r2l_hypotheses[0][0].tokens if t != c.eos_id]
     else:
-        out = translator.search([src[:-1]], SearchConfig(beam=1))[0][0].tokens
+        out = translator.search([src[:-1]], SearchConfig(beam=1, max_len_cap=MAX_MAP_TOKENS))[0][0].tokens
     tgt_in = [c.bos_id, *out] if args.tgt is not None else decoder_read(out, c.bos_id)
     extra = {"r2l_tgt": torch.tensor([r2l_in], device=device)} if c.bidirectional else {}
     src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)
@@ -132,8 +134,8 @@ def _encoder_maps(args: argparse.Namespace) -> tuple[dict, dict]:
     c = model.config
     trained = meta.get("trained_max_len") if c.positional == "learned" else None  # rows past it: untrained
     ids = tok.encode(args.src)
-    if not ids:
-        raise ConfigError("--src is empty; give some text")
+    if not ids or not args.src.strip():  # blank: no text, as classify reads it
+        raise ConfigError("--src is blank; give some text")
     ids = [c.bos_id, *ids, c.eos_id]
     limit = min(MAX_MAP_TOKENS, c.max_len, trained if isinstance(trained, int) and trained > 0 else c.max_len)
     check_length("--src", len(ids), limit, " with <s> and </s>")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.interop.marian.tokenizer import MarianTokenizer
 
-VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # pieces that would print as nothing
+VISIBLE = str.maketrans({" ": "␣", "\n": "\\n", "\t": "\\t"})  # what would print as nothing
 
 
 def decoder_read(tokens: Sequence[int], bos_id: int) -> list[int]:
@@ -25,18 +25,25 @@ def decoder_read(tokens: Sequence[int], bos_id: int) -> list[int]:
 
 def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
     """A printable label per id: special ids by name (bos before pad where the two are one id, as in
-    Marian models), the others as the text they decode to (a space, tab or line break shown)."""
-    names = {config.pad_id: "<pad>", config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win
-    return [names.get(i) or VISIBLE.get(s := _text(tok, i), s) or f"<{i}>" for i in ids]
+    Marian models; unk and mask too), the others as the text of their piece with its spaces shown
+    ("␣"), so that a word's pieces read as one word ("␣unbelie", "v", "ably") and the space a piece
+    starts with (sentencepiece's "▁", GPT-2's) is seen; a byte that is no character on its own as its
+    piece ("<0xE4>"), not as the "\ufffd" it decodes to."""
+    names = {tok.mask_id: "<mask>", getattr(config, "unk_id", None): "<unk>", config.pad_id: "<pad>",
+             config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win  # fmt: skip
+    return [names.get(i) or _text(tok, i).translate(VISIBLE) or f"<{i}>" for i in ids]
 
 
 def _text(tok: Tokenizer, i: int) -> str:
-    """The text of one id; sentencepiece's lone word boundary "▁", which decodes to nothing (a
-    leading space is dropped), is the space it stands for; a Marian vocabulary's piece that decodes
-    to nothing (that boundary, ``<unk>``) is its piece."""
+    """The text of one id's piece: a sentencepiece (or Marian) piece with its word boundary "▁" as
+    the space it stands for (decoding drops a leading one) and its bytes as pieces; another
+    tokenizer's decoded text, or its token where that text is no character."""
+    if isinstance(tok, SentencePieceTokenizer):  # its ids are sentencepiece's own
+        piece = tok.sp.id_to_piece(i)
+        return piece if tok.sp.is_byte(i) else piece.replace("\u2581", " ")
+    if isinstance(tok, MarianTokenizer):  # ids of vocab.json, not of the .spm files
+        return tok.pieces.get(i, "").replace("\u2581", " ")
     text = tok.decode([i])
-    if not text and isinstance(tok, SentencePieceTokenizer):  # its ids are sentencepiece's own
-        text = tok.sp.id_to_piece(i).replace("\u2581", " ")
-    elif not text and isinstance(tok, MarianTokenizer):  # ids of vocab.json, not of the .spm files
-        text = tok.pieces.get(i, "").replace("\u2581", " ")
+    if "\ufffd" in text and (token := getattr(getattr(tok, "bpe", None), "id_to_token", None)):
+        return token(i) or text  # GPT-2's byte-level piece of part of a character
     return text

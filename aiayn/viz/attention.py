@@ -41,17 +41,20 @@ def plot_heads(weights: Tensor, queries: list[str], keys: list[str], title: str)
     rows = math.ceil(n_heads / cols)
     cell = 0.22  # inches per token
     w, h = max(2.5, 1.2 + cell * t_k), max(2.5, 1.2 + cell * t_q)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * w, rows * h + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * w + 0.8, rows * h + 0.6), squeeze=False)
+    image = None
     for i, ax in enumerate(axes.flat):
         if i >= n_heads:
             ax.axis("off")
             continue
-        ax.imshow(weights[i].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        image = ax.imshow(weights[i].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {i}", fontsize=9)
         ax.set_xticks(range(t_k), _plain(keys), rotation=90, fontsize=7)
         ax.set_yticks(range(t_q), _plain(queries), fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
+    if image is not None:  # one scale for every head: the weight a colour stands for
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     return fig
 
 

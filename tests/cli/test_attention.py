@@ -4,6 +4,8 @@ import argparse
 import json
 import shutil
 
+import pytest
+
 from aiayn.cli.attention import _translation_maps, token_labels
 from aiayn.cli.main import main
 from aiayn.decoding.options import SearchConfig
@@ -141,6 +143,21 @@ def test_a_translation_cut_at_its_length_limit_is_drawn_as_the_decoder_read_it(t
     assert main(["attention", "--model", str(model), "--src", "Ein Mann", "--tgt", "x" * 16,
                  "--out", str(tmp_path / "o")]) == 1  # fmt: skip
     assert "--tgt has 17 tokens with <s>; this model reads at most 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_greedy_translation_is_drawn_over_no_more_tokens_than_a_map_holds(tmp_path, bidirectional):
+    """A 251-token source may translate to 301 tokens (its length + 50) where eos never comes: the
+    greedy translation is cut at the 256 tokens an axis holds, and so is a bidirectional model's
+    memory ([bos] + its tokens, here under its margin of the source's length + 10)."""
+    model = translation_dir(tmp_path / "m", eos_bias=-20.0, seed=1, bidirectional=bidirectional)
+    src = " ".join(["Ein Mann"] * 28)  # 251 characters: 251 pieces and </s>
+    maps, labels = _translation_maps(argparse.Namespace(model=str(model), device="cpu", src=src, tgt=None))
+    assert len(labels["src"]) == 252
+    assert len(labels["tgt"]) == (255 if bidirectional else 256)
+    assert maps["cross"][0].shape[-2:] == (len(labels["tgt"]), 252)
+    if bidirectional:
+        assert len(labels["r2l"]) == 256 and maps["cross_r2l"][0].shape[-1] == 256
 
 
 def test_a_language_model_is_drawn_over_no_more_than_the_context_it_was_trained_on(

@@ -176,6 +176,7 @@ CASES = [
     (["classify", "--model", "classifier", "--top-k", "0", "--input", "in.txt"], "top_k=0"),
     (["classify", "--model", "classifier", "--input", "in.txt", "--output", "in.txt"], "in.txt"),
     (["fill-mask", "--model", "mlm", "a great movie ."], "has no <mask>"),
+    (["attention", "--model", "classifier", "--src", "   ", "--out", "maps"], "--src is blank; give some"),
     (["fill-mask", "--model", "translation", "a <mask> ."], "holds a translation model"),
     (["evaluate", "--model", "classifier", "--data", "unseen.tsv"], "unseen.tsv:3: label 'neutral'"),
     (["evaluate", "--model", "classifier", "--data", "short.tsv"], "short.tsv:3: 1 fields where line 1"),

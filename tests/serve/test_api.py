@@ -1143,6 +1143,25 @@ def test_a_seeded_sample_is_the_same_alone_and_batched_with_another_request(tmp_
     assert tokens(after_another[0]) == tokens(alone[0]) != tokens(after_another[1])  # a repeat: new samples
 
 
+def test_map_labels_show_where_words_start_and_name_bytes_and_specials():
+    """A word's pieces read as one word (the piece that starts it shows its space), a byte of part of a
+    character is its piece, not the U+FFFD it decodes to, and unk and mask are named, not numbered."""
+    from types import SimpleNamespace
+
+    from aiayn.data import SentencePieceTokenizer
+    from aiayn.decoding.maps import token_labels
+
+    tok = SentencePieceTokenizer.train(TEXTS, 300, mask=True)
+    config = SimpleNamespace(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id)
+    ids = tok.encode("the movie 中")
+    pieces = [tok.sp.id_to_piece(i) for i in ids]
+    labels = token_labels(tok, ids, config)
+    assert labels == [p if p.startswith("<0x") else p.replace("\u2581", "␣") for p in pieces]
+    assert "<0xE4>" in labels and not any("\ufffd" in label for label in labels), pieces
+    assert len([x for x in labels if x.startswith("␣")]) == 3  # three words, whatever their pieces
+    assert token_labels(tok, [tok.unk_id, tok.mask_id], config) == ["<unk>", "<mask>"]
+
+
 def test_sentencepieces_lone_word_boundary_is_labelled_a_space():
     """ "▁" alone (before a word split another way) decodes to nothing: it was labelled by its id."""
     from types import SimpleNamespace
