@@ -1,20 +1,23 @@
 r"""Training throughput: aiayn's training step against the plain recipe a user would write instead.
 
-The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions +
-an untied ``nn.Linear`` head (``--plain-tied``: one embedding shared by source, target and head, as in
+The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions + an
+untied ``nn.Linear`` head (``--plain-tied``: one embedding shared by source, target and head, as in
 aiayn's default and the paper's §3.4, so both have the same parameters) +
 ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained with ``torch.optim.Adam`` as a user
 writes it; aiayn steps with the optimizer ``aiayn train`` builds (``make_optimizer``), same
-hyper-parameters. Both see the same batches (lengths drawn like Multi30k's, bucketed to a token budget,
-padding included), in the same precision, and alternate step by step in one process so that machine
-noise hits both alike (on CUDA, after one untimed step on every batch: a shape's first step there
-pays the allocator's growth and the kernels' choice). Reported: target tokens/s (median over steps, and
-over all steps together: batches of different lengths take different paths), the ratios, the
-parameters, and peak memory of each implementation measured alone in a child process (RSS growth on
-the CPU, max allocated on CUDA, each above what models, optimizers and batches hold). ``--profile``
-(CPU) also measures, under the PyTorch profiler after the timed steps, the share of each step spent
-in matrix products, and from it the ceiling of the ratio: the plain step's time over aiayn's products
-alone, which no saving outside the products can pass (both sides do the same products, on the same machine).
+hyper-parameters. Dropout is the paper's on both sides (§5.4: on the embeddings and each sublayer's
+output, p = 0.1): ``nn.Transformer(dropout=0.1)`` also drops attention weights and the feed-forward's
+inner activations, more work than aiayn's default does, which is switched off unless ``--plain-dropout
+nn`` keeps it (measured so before 2026-12-04). Both see the same batches (lengths drawn like Multi30k's,
+bucketed to a token budget, padding included), in the same precision, and alternate step by step in one
+process so that machine noise hits both alike (on CUDA, after one untimed step on every batch: a shape's
+first step there pays the allocator's growth and the kernels' choice). Reported: target tokens/s (median
+over steps, and over all steps together: batches of different lengths take different paths), the ratios,
+the parameters, and peak memory of each implementation measured alone in a child process (RSS growth on
+the CPU, max allocated on CUDA, each above what models, optimizers and batches hold). ``--profile`` (CPU)
+also measures, under the PyTorch profiler after the timed steps, the share of each step spent in matrix
+products, and from it the ceiling of the ratio: the plain step's time over aiayn's products alone, which
+no saving outside the products can pass (both sides do the same products, on the same machine).
 
     python benchmarks/train_vs_nn.py --size tiny --precision fp32
     python benchmarks/train_vs_nn.py --size base --precision bf16 --steps 6
@@ -63,7 +66,7 @@ MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten
 class PlainRecipe(nn.Module):
     """What a user writes with torch.nn: embeddings, positions, nn.Transformer, a linear head."""
 
-    def __init__(self, d_model, n_heads, d_ff, layers, vocab, tied=False):
+    def __init__(self, d_model, n_heads, d_ff, layers, vocab, tied=False, nn_dropout=False):
         super().__init__()
         self.src_emb = nn.Embedding(vocab, d_model, PAD)
         self.tgt_emb = self.src_emb if tied else nn.Embedding(vocab, d_model, PAD)
@@ -71,6 +74,12 @@ class PlainRecipe(nn.Module):
         self.transformer = nn.Transformer(
             d_model, n_heads, layers, layers, d_ff, dropout=0.1, batch_first=True
         )
+        if not nn_dropout:  # the paper's dropout only, as aiayn's (attn_dropout = ff_dropout = 0)
+            for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+                for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                    if attention is not None:
+                        attention.dropout = 0.0  # on the attention weights
+                layer.dropout = nn.Identity()  # inside the feed-forward
         self.generator = nn.Linear(d_model, vocab, bias=not tied)
         if tied:
             self.generator.weight = self.src_emb.weight
@@ -182,6 +191,13 @@ def main() -> None:
         action="store_true",
         help="the plain recipe shares one embedding for source, target and head (as aiayn)",
     )
+    ap.add_argument(
+        "--plain-dropout",
+        choices=["paper", "nn"],
+        default="paper",
+        help="paper: the plain recipe drops what aiayn drops (embeddings, sublayer outputs); nn: "
+        "nn.Transformer's own dropout on attention weights and inside the feed-forward too",
+    )
     ap.add_argument("--profile", action="store_true", help="also the matrix products' share of a step (CPU)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--memory-of", choices=["aiayn", "nn.Transformer"], help=argparse.SUPPRESS)
@@ -198,7 +214,8 @@ def main() -> None:
                             n_heads=s["n_heads"], d_ff=s["d_ff"], n_encoder_layers=s["layers"],
                             n_decoder_layers=s["layers"])  # fmt: skip
     ours = Transformer(cfg).to(device)
-    plain = PlainRecipe(s["d_model"], s["n_heads"], s["d_ff"], s["layers"], s["vocab"], args.plain_tied)
+    plain = PlainRecipe(s["d_model"], s["n_heads"], s["d_ff"], s["layers"], s["vocab"], args.plain_tied,
+                        args.plain_dropout == "nn")  # fmt: skip
     plain = plain.to(device)
     train_cfg = TrainConfig(optimizer="adam", beta1=0.9, beta2=0.98, adam_eps=1e-9, weight_decay=0.0)
     opts = {
@@ -274,6 +291,7 @@ def main() -> None:
               "warm_pass": warm_pass,  # every batch run once untimed before the timing (every shape warm)
               "plain_optimizer": "fused Adam" if args.fused_plain else "Adam",
               "plain_embeddings": "shared and tied" if args.plain_tied else "separate, untied head",
+              "plain_dropout": args.plain_dropout,  # "nn": attention weights and feed-forward too
               "parameters": {"aiayn": sum(p.numel() for p in ours.parameters()),
                              "nn.Transformer": sum(p.numel() for p in plain.parameters())}}  # fmt: skip
     all_tokens = sum(int((b[2] != PAD).sum()) for b in data[args.warmup :])
