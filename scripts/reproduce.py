@@ -236,11 +236,18 @@ def check_names(error, *flags: tuple[str, str | None]) -> None:
             error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
 
 
+def named_overrides(overrides: list[str]) -> str:
+    """``-key1value1-key2value2`` of the overrides that change results (not ``COSMETIC``), as a file
+    name holds them (a character other than a letter, digit, '.', '_' or '-' becomes '_')."""
+    kept = "".join(f"-{o.replace('=', '')}" for o in overrides if not o.startswith(COSMETIC))
+    return re.sub(r"[^A-Za-z0-9._-]", "_", kept)
+
+
 def run_name(recipe: str, overrides: list[str], members: int, tag: str | None) -> str:
     """NAME of runs/reproduce-NAME and results/NAME.json: the recipe, what changes its results, the tag."""
     return (
         recipe
-        + "".join(f"-{o.replace('=', '')}" for o in overrides if not o.startswith(COSMETIC))
+        + named_overrides(overrides)
         + (f"-members{members}" if members else "")
         + (f"-{tag}" if tag else "")
     )

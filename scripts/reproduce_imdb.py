@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import encoder_runs  # noqa: E402
 from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
-from reproduce import git_commit, machine  # noqa: E402
+from reproduce import command_line, git_commit, machine, named_overrides  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -84,7 +84,8 @@ def main() -> int:
     if not (args.imdb / "train.tsv.gz").is_file():
         ap.error(f"{args.imdb} must hold train.tsv.gz, dev.tsv.gz and unsup.txt.gz")
     started = time.perf_counter()
-    out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit()}
+    out = {"task": "IMDb (Maas et al. 2011) dev accuracy", "machine": machine(), "commit": git_commit(),
+           "command": command_line()}  # fmt: skip
     suffix, reading = LONG_TEXT[args.long_text]
     prefix = encoder_runs.results_name("imdb", args.objective)
     budget, pre_name = [], ""
@@ -93,7 +94,9 @@ def main() -> int:
     precision = encoder_runs.precision_overrides(args.precision)
     tag = encoder_runs.precision_tag(args.precision)
     pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
-    name = encoder_runs.tagged((pre_name or prefix + tag) + suffix, args.tag, ap.error)
+    # the overrides that change what is trained name it too: another command never replaces these results
+    name = (pre_name or prefix + tag) + suffix + named_overrides(args.overrides)
+    name = encoder_runs.tagged(name, args.tag, ap.error)
     tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
               *args.overrides]  # fmt: skip
     encoder_runs.check("imdb-finetune", [*tuning, "init_from=PRETRAINED"])  # before the pre-training's hour

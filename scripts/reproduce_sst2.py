@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import encoder_runs  # noqa: E402
 from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
-from reproduce import git_commit, machine  # noqa: E402
+from reproduce import command_line, git_commit, machine  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.data.labelled import find_table  # noqa: E402
@@ -145,7 +145,8 @@ def main() -> int:
     if args.max_steps is not None and args.max_steps < 1:
         ap.error(f"--max-steps {args.max_steps}: give a positive number of updates")
     started = time.perf_counter()
-    out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": []}
+    out = {"task": "SST-2 (GLUE) dev accuracy", "machine": machine(), "commit": git_commit(), "runs": [],
+           "command": command_line()}  # fmt: skip
     name = encoder_runs.results_name("sst2", args.objective)
     name += encoder_runs.precision_tag(args.precision)
     name += "" if args.dropout is None else f"-dropout{args.dropout:g}"

@@ -109,6 +109,47 @@ def test_the_run_name_leaves_out_cosmetic_overrides_and_ends_with_the_tag():
         "multi30k-en-de-lr0.0035-seed3-members2"
     )
     assert run_name("multi30k-de-en", ["seed=2"], 0, "isa-avx2") == "multi30k-de-en-seed2-isa-avx2"
+    assert run_name("x", ["valid_dataset=/data/v 1.tsv"], 0, None) == "x-valid_dataset_data_v_1.tsv"  # a name
+
+
+def test_an_imdb_run_with_other_overrides_writes_other_results(tmp_path, monkeypatch):
+    """``reproduce_imdb.py IMDB max_minutes=30`` wrote the default run's results/imdb-windows.json (and
+    trained over its run directory): the overrides that change results name the files, and the
+    results record the command."""
+    module = load_script("reproduce_imdb")
+    (tmp_path / "imdb").mkdir()
+    (tmp_path / "imdb" / "train.tsv.gz").write_bytes(b"")
+    written = {}
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "pretrain", lambda *a, **k: {"minutes": 1.0, "run_dir": "runs/pre"})
+    monkeypatch.setattr(
+        module,
+        "train",
+        lambda recipe, run, o: (
+            written.setdefault("run", run) and {"minutes": 1.0, "run_dir": "runs/x", "updates": 9}
+        ),
+    )
+    monkeypatch.setattr(module, "dev_scores", lambda *a: {"accuracy": 90.0})
+    monkeypatch.setattr(
+        module, "write_json", lambda path, data: written.setdefault("json", (path.name, data))
+    )
+    monkeypatch.setattr(module.encoder_runs, "check", lambda *a: None)
+    monkeypatch.setattr(module, "curves", lambda *a: None)
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [str(SCRIPT.with_name("reproduce_imdb.py")), str(tmp_path / "imdb"), "max_minutes=30", "threads=1"],
+    )
+    module.main()
+    name, data = written["json"]
+    assert (
+        name == "imdb-windows-max_minutes30.json"
+        and written["run"].name == "imdb-windows-max_minutes30-finetune"
+    )
+    assert (
+        data["command"].startswith("python scripts/reproduce_imdb.py ")
+        and "max_minutes=30" in data["command"]
+    )
 
 
 @pytest.mark.parametrize(
