@@ -27,7 +27,8 @@ Dev accuracy and macro-F1 are recomputed from the saved best checkpoint, which t
 official test reviews (``PATH/imdb/test-unlabelled.tsv.gz`` when present) into
 ``results/imdb-windows-test-predictions.txt.gz`` for separate scoring. Writes
 ``results/imdb-windows.json`` and ``results/imdb-windows-*.png`` learning curves (``--objective clm``:
-``recipes/imdb-clm.toml``'s encoder, files named ``imdb-clm-windows*``).
+``recipes/imdb-clm.toml``'s encoder, files named ``imdb-clm-windows*``; overrides that change results
+add themselves to the name: ``max_minutes=30`` writes ``imdb-windows-max_minutes30.json``).
 """
 
 from __future__ import annotations
