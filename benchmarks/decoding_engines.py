@@ -12,8 +12,10 @@ does the same work whatever the random weights predict. Settings: batch 32 beam 
 benchmark), batch 64 greedy, batch 1 beam 4 (latency, on the first ``--latency-sentences`` in the
 length order below: the shortest sources, which (b)'s fixed-length outputs make matter little).
 
-Every engine runs in a process of its own (its peak RSS is its memory, the Python runtime and the
-libraries included) on the same batches: the sources sorted by length, cut into fixed-size batches.
+Every engine runs in a process of its own (its peak RSS is its memory, the Python runtime and its own
+libraries included: a CTranslate2 worker imports neither torch nor aiayn's model, and reads its
+vocabularies from the export; before 2026-12-04 it loaded both, about 0.2 GB of torch and the float32
+model besides) on the same batches: the sources sorted by length, cut into fixed-size batches.
 Outputs are compared with aiayn float32:
 CTranslate2 float32 should give the same tokens (the length penalty is off, as in the export tests),
 int8 engines the same BLEU within a few tenths. Reports target tokens/s (eos excluded), latency per
@@ -34,8 +36,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 ENGINES = ("aiayn-fp32", "aiayn-int8", "aiayn-bf16", "aiayn-fp32-onednn", "aiayn-fp32-auto",
            "aiayn-bf16-onednn", "ct2-fp32", "ct2-int8", "hf")  # fmt: skip
@@ -59,6 +59,10 @@ def machine() -> str:
 # ---------------------------------------------------------------------------------------------- worker
 def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads: int):
     """``decode(batch of source ids (eos excluded), beam, fixed_len or None) -> target ids`` of an engine."""
+    if name.startswith("ct2"):
+        return _ct2_engine(name, ct2_dir, threads)
+    import torch  # not in a CTranslate2 worker: its peak RSS is CTranslate2's
+
     torch.set_num_threads(threads)
     if name.startswith("aiayn"):
         from aiayn.decoding.options import SearchConfig
@@ -77,28 +81,6 @@ def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads
             cfg = SearchConfig(beam=beam, lenpen=0.0, max_len=n, min_len=fixed or 0)
             hyps = t.search(batch, cfg, max_tokens=10**9)  # one batch: the benchmark's own
             return [[i for i in h[0].tokens if i != eos] for h in hyps]
-
-        return decode
-    if name.startswith("ct2"):
-        import ctranslate2
-
-        from aiayn.interop.model_dir import load_translation_dir
-
-        _, src_tok, tgt_tok = load_translation_dir(model_dir)
-        compute = "int8" if name.endswith("int8") else "float32"
-        tr = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute, intra_threads=threads)
-
-        def decode(batch, beam, fixed):
-            pieces = [[src_tok.sp.id_to_piece(i) for i in s] for s in batch]
-            out = tr.translate_batch(
-                pieces,
-                beam_size=beam,
-                length_penalty=0.0,
-                max_batch_size=len(batch),
-                max_decoding_length=fixed or MAX_LEN,
-                min_decoding_length=fixed or 0,
-            )
-            return [[tgt_tok.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in out]
 
         return decode
     from transformers import MarianMTModel
@@ -122,6 +104,33 @@ def load_engine(name: str, model_dir: Path, ct2_dir: Path, hf_dir: Path, threads
                 early_stopping=True,
             )
         return [[i for i in row[1:] if i not in (pad, eos)] for row in out.tolist()]
+
+    return decode
+
+
+def _ct2_engine(name: str, ct2_dir: Path, threads: int):
+    """CTranslate2's ``decode``: ids to pieces and back through the vocabularies of its export (its
+    ids are aiayn's), so that the worker needs no tokenizer library of aiayn's, nor torch."""
+    import ctranslate2
+
+    shared = ct2_dir / "shared_vocabulary.json"
+    files = (shared, shared) if shared.is_file() else (ct2_dir / "source_vocabulary.json",
+                                                       ct2_dir / "target_vocabulary.json")  # fmt: skip
+    src_pieces, tgt_pieces = (json.loads(f.read_text(encoding="utf-8")) for f in files)
+    tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
+    compute = "int8" if name.endswith("int8") else "float32"
+    tr = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute, intra_threads=threads)
+
+    def decode(batch, beam, fixed):
+        out = tr.translate_batch(
+            [[src_pieces[i] for i in s] for s in batch],
+            beam_size=beam,
+            length_penalty=0.0,
+            max_batch_size=len(batch),
+            max_decoding_length=fixed or MAX_LEN,
+            min_decoding_length=fixed or 0,
+        )
+        return [[tgt_ids[p] for p in r.hypotheses[0]] for r in out]
 
     return decode
 
@@ -164,6 +173,8 @@ def worker(args) -> None:
 def prepare(model_dir: Path, work: Path, base: bool) -> tuple[Path, Path, Path]:
     """The model directory to decode with (the trained one, or a random base-size one with the
     trained one's tokenizers), and its CTranslate2 and HF Marian exports."""
+    import torch
+
     from aiayn import Transformer, TransformerConfig
     from aiayn.data.tokenizer import save_translation_tokenizers
     from aiayn.interop.ctranslate2 import export_ctranslate2
@@ -450,6 +461,7 @@ def main() -> None:
     order = sorted(range(len(srcs)), key=lambda i: len(encoded[i]))  # stable: the same order as before
     ids, refs_sorted = [encoded[i] for i in order], [refs[i] for i in order]
     import ctranslate2
+    import torch
     import transformers
 
     result = {"machine": machine(), "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
