@@ -237,10 +237,9 @@ def check_names(error, *flags: tuple[str, str | None]) -> None:
 
 
 def named_overrides(overrides: list[str]) -> str:
-    """``-key1value1-key2value2`` of the overrides that change results (not ``COSMETIC``), as a file
-    name holds them (a character other than a letter, digit, '.', '_' or '-' becomes '_')."""
-    kept = "".join(f"-{o.replace('=', '')}" for o in overrides if not o.startswith(COSMETIC))
-    return re.sub(r"[^A-Za-z0-9._-]", "_", kept)
+    """``-key1value1-key2value2`` of the overrides that change results (not ``COSMETIC``): what a
+    run's name says of them (a name holding a path is refused by its caller, who asks for --name)."""
+    return "".join(f"-{o.replace('=', '')}" for o in overrides if not o.startswith(COSMETIC))
 
 
 def run_name(recipe: str, overrides: list[str], members: int, tag: str | None) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -97,6 +98,8 @@ def main() -> int:
     pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
     # the overrides that change what is trained name it too: another command never replaces these results
     name = (pre_name or prefix + tag) + suffix + named_overrides(args.overrides)
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):  # an override holding a path: said now, not after an hour
+        ap.error(f"the name made from the overrides, {name!r}, cannot name a file: leave paths out of them")
     name = encoder_runs.tagged(name, args.tag, ap.error)
     tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
               *args.overrides]  # fmt: skip
