@@ -14,8 +14,9 @@ length order below: the shortest sources, which (b)'s fixed-length outputs make 
 
 Every engine runs in a process of its own (its peak RSS is its memory, the Python runtime and its own
 libraries included: a CTranslate2 worker imports neither torch nor aiayn's model, and reads its
-vocabularies from the export; before 2026-12-04 it loaded both, about 0.2 GB of torch and the float32
-model besides) on the same batches: the sources sorted by length, cut into fixed-size batches.
+vocabularies from the export; before 2026-12-04 it loaded both, torch and the float32 model, which
+counted in its RSS and whose OpenMP threads slowed it) on the same batches: the sources sorted by
+length, cut into fixed-size batches.
 Outputs are compared with aiayn float32:
 CTranslate2 float32 should give the same tokens (the length penalty is off, as in the export tests),
 int8 engines the same BLEU within a few tenths. Reports target tokens/s (eos excluded), latency per

@@ -99,7 +99,8 @@ def main() -> int:
     # the overrides that change what is trained name it too: another command never replaces these results
     name = (pre_name or prefix + tag) + suffix + named_overrides(args.overrides)
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):  # an override holding a path: said now, not after an hour
-        ap.error(f"the name made from the overrides, {name!r}, cannot name a file: leave paths out of them")
+        ap.error(f"the name made from the overrides, {name!r}, cannot name a file (letters, digits, '.', "
+                 "'_', '-' only): leave such values out of the overrides")  # fmt: skip
     name = encoder_runs.tagged(name, args.tag, ap.error)
     tuning = [f"dataset={args.imdb.resolve()}", *FINETUNE_OVERRIDES[args.objective], *reading, *precision,
               *args.overrides]  # fmt: skip

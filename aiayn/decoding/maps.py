@@ -26,9 +26,10 @@ def decoder_read(tokens: Sequence[int], bos_id: int) -> list[int]:
 def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
     """A printable label per id: special ids by name (bos before pad where the two are one id, as in
     Marian models; unk and mask too), the others as the text of their piece with its spaces shown
-    ("␣"), so that a word's pieces read as one word ("␣unbelie", "v", "ably") and the space a piece
-    starts with (sentencepiece's "▁", GPT-2's) is seen; a byte that is no character on its own as its
-    piece ("<0xE4>"), not as the "\ufffd" it decodes to."""
+    ("␣"), so that a word's pieces read as one word ("␣unbelie", "v", "ably") and the space a
+    sentencepiece, Marian or GPT-2 piece starts with is seen (a WordPiece continuation keeps its "##");
+    a sentencepiece byte as its piece ("<0xE4>"), a GPT-2 piece of part of a character as its
+    byte-level token, never as the "\ufffd" they decode to."""
     names = {tok.mask_id: "<mask>", getattr(config, "unk_id", None): "<unk>", config.pad_id: "<pad>",
              config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win  # fmt: skip
     return [names.get(i) or _text(tok, i).translate(VISIBLE) or f"<{i}>" for i in ids]
