@@ -32,6 +32,8 @@ def token_labels(tok: Tokenizer, ids: Sequence[int], config) -> list[str]:
     byte-level token, never as the "\ufffd" they decode to."""
     names = {tok.mask_id: "<mask>", getattr(config, "unk_id", None): "<unk>", config.pad_id: "<pad>",
              config.eos_id: "</s>", config.bos_id: "<s>"}  # later keys win  # fmt: skip
+    if config.pad_id not in (config.bos_id, config.eos_id) and tok.decode([config.pad_id]):
+        del names[config.pad_id]  # a real token that pads (a GPT-2 without a padding token): its text
     return [names.get(i) or _text(tok, i).translate(VISIBLE) or f"<{i}>" for i in ids]
 
 

@@ -163,3 +163,21 @@ def test_without_the_tokenizers_library_the_error_says_what_to_install(gpt2_file
     assert main(["generate", "--model", str(directory), "--prompt", "The", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err
     assert "pip install 'aiayn[hf]'" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_attention_labels_show_a_gpt2_tokens_space_and_never_call_its_padding_stand_in_pad(gpt2_files):
+    """A GPT-2 without a padding token pads with its highest real token (``default_pad_id``): a prompt
+    holding that token showed "<pad>" on the map. A piece's leading space shows as "␣"."""
+    from types import SimpleNamespace
+
+    from aiayn.decoding.maps import token_labels
+    from aiayn.interop.gpt2.convert import default_pad_id
+
+    directory, vocab = gpt2_files
+    tok = load_gpt2_tokenizer(directory)
+    pad = default_pad_id(len(vocab), {tok.eos_id})
+    config = SimpleNamespace(pad_id=pad, bos_id=tok.eos_id, eos_id=tok.eos_id, unk_id=tok.eos_id)
+    ids = tok.encode("Hello world")
+    labels = token_labels(tok, [tok.eos_id, *ids, pad], config)
+    assert labels[0] == "<s>" and labels[-1] == tok.decode([pad]).replace(" ", "␣") != "<pad>"
+    assert labels[1:-1] == [tok.decode([i]).replace(" ", "␣") for i in ids] and labels[2].startswith("␣")
