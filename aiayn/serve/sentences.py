@@ -58,3 +58,17 @@ class Sentences:
         if any("r2l" in r for r in results):
             joined["r2l"] = self.join([r.get("r2l", "") for r in results])
         return joined
+
+
+def pieces_of(split: Sequence[Sentences]) -> list[str]:
+    """Every sentence of the texts ``split``, in order: what the model translates."""
+    return [piece for s in split for piece in s.pieces]
+
+
+def joined_texts(split: Sequence[Sentences], results: Sequence[dict], ranks: int | None = None) -> list[dict]:
+    """Each text's result (``Sentences.joined``) from the results of ``pieces_of(split)``, in order."""
+    out, start = [], 0
+    for s in split:
+        out.append(s.joined(results[start : start + len(s.pieces)], ranks))
+        start += len(s.pieces)
+    return out

@@ -28,6 +28,7 @@ from aiayn.serve.schemas import (
     TranslateResponse,
     request_body,
 )
+from aiayn.serve.sentences import joined_texts, pieces_of
 from aiayn.serve.server import HTTPError, Server, invalid
 from aiayn.serve.services import TranslationService, language_name
 
@@ -106,15 +107,10 @@ async def _translate_sentences(
     as one batch; its alternatives join the sentences' second, third, … hypotheses as the best are
     joined (Argos Translate's)."""
     split = server.sentences(texts, service.source)
-    pieces = [piece for s in split for piece in s.pieces]
+    pieces = pieces_of(split)
     results = await _submit(server, service, config, pieces, request) if pieces else []
-    best, others, start = [], [], 0
-    for s in split:
-        joined = s.joined(results[start : start + len(s.pieces)], config.nbest)
-        start += len(s.pieces)
-        best.append(joined["translation"])
-        others.append([h["text"] for h in joined["hypotheses"][1:]])
-    return best, others
+    joined = joined_texts(split, results, config.nbest)
+    return [j["translation"] for j in joined], [[h["text"] for h in j["hypotheses"][1:]] for j in joined]
 
 
 async def _translate_html(

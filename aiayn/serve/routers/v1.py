@@ -33,6 +33,7 @@ from aiayn.serve.schemas import (
     NativeTranslateResponse,
     request_body,
 )
+from aiayn.serve.sentences import joined_texts, pieces_of
 from aiayn.serve.server import HTTPError, invalid, text_problem
 from aiayn.serve.services import EncoderService, LMService, OverLimit, TranslationService
 
@@ -64,7 +65,7 @@ async def translate(
                       "leave r2l_beam out")  # fmt: skip
     job = Translation(service.name, config, body.attention, limit if body.attention else 0)  # == /translate's
     split = server.sentences(texts, service.source) if body.sentences else None
-    pieces = [piece for s in split for piece in s.pieces] if split is not None else texts
+    pieces = pieces_of(split) if split is not None else texts
     sources, cut = service.encode(pieces)  # a text the tokenizer refuses fails here, not in a batch
     if body.attention:  # a source too long for the limit is refused before any search, not after
         try:
@@ -75,10 +76,7 @@ async def translate(
     for i in cut:  # translated in part: said, as the CLI warns
         results[i] = {**results[i], "truncated": True}
     if split is not None:
-        results, start = [], results
-        for s in split:
-            results.append(s.joined(start[: len(s.pieces)]))
-            start = start[len(s.pieces) :]
+        results = joined_texts(split, results)
     return NativeTranslateResponse(
         model=service.name, source=service.source, target=service.target, results=results
     )
