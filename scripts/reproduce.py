@@ -228,11 +228,16 @@ def check_members(error, members: int) -> None:
         error(f"--members {members}: give 2 or more models to train side by side (0: one model)")
 
 
+def names_a_file(name: str) -> bool:
+    """Whether ``name`` is made of letters, digits, '.', '_' and '-' only (a file's name, no path)."""
+    return re.fullmatch(r"[A-Za-z0-9._-]+", name) is not None
+
+
 def check_names(error, *flags: tuple[str, str | None]) -> None:
     """Each given ``(flag, value)`` names files: letters, digits, '.', '_' and '-' only (``error``:
     argparse's, which exits)."""
     for flag, value in flags:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+        if value is not None and not names_a_file(value):
             error(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' only: it names files")
 
 
@@ -293,7 +298,7 @@ def main() -> int:
         name = args.name + (f"-{args.tag}" if args.tag else "")  # --tag keeps its word beside --name
     else:
         name = run_name(args.recipe, args.overrides, args.members, args.tag)
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):  # an override holding a path: now, not after training
+        if not names_a_file(name):  # an override holding a path: now, not after training
             ap.error(f"the name made from the overrides, {name!r}, cannot name a file: give --name NAME")
     run_dir, results = ROOT / "runs" / f"reproduce-{name}", ROOT / "results"
     recipe = ROOT / "recipes" / f"{args.recipe}.toml"

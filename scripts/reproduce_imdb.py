@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import encoder_runs  # noqa: E402
 from encoder_runs import FINETUNE_OVERRIDES, RUNS, curves, dev_scores, pretrain, publish_predictions, train  # noqa: E402
-from reproduce import command_line, git_commit, machine, named_overrides  # noqa: E402
+from reproduce import command_line, git_commit, machine, named_overrides, names_a_file  # noqa: E402
 
 from aiayn.atomic import write_json  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
@@ -98,7 +97,7 @@ def main() -> int:
     pre_name += tag if pre_name else ""  # unnamed: pretrain()'s directory, shared with SST-2
     # the overrides that change what is trained name it too: another command never replaces these results
     name = (pre_name or prefix + tag) + suffix + named_overrides(args.overrides)
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):  # an override holding a path: said now, not after an hour
+    if not names_a_file(name):  # an override holding a path: said now, not after an hour
         ap.error(f"the name made from the overrides, {name!r}, cannot name a file (letters, digits, '.', "
                  "'_', '-' only): leave such values out of the overrides")  # fmt: skip
     name = encoder_runs.tagged(name, args.tag, ap.error)
