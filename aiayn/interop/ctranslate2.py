@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aiayn.atomic import atomic_dir
 from aiayn.data.tokenizer import SentencePieceTokenizer, Tokenizer
 from aiayn.errors import ModelDirError
 from aiayn.interop.hf import position_rows
@@ -140,8 +141,9 @@ def export_ctranslate2(
     """Write a CTranslate2 model directory (``model.bin`` + vocabularies) for ``ctranslate2.Translator``.
 
     ``directory`` must be new or empty: CTranslate2's converter deletes what is there first, so a
-    directory with files in it is refused (``aiayn export`` writes into a temporary directory and
-    replaces its OUT only when the export is complete)."""
+    directory with files in it is refused (``aiayn export --force`` replaces an earlier export). The
+    converter writes into a temporary directory that takes the name only once it is complete
+    (``atomic_dir``): a failure or a kill half-way leaves ``directory`` as it was."""
     try:
         from ctranslate2.converters.converter import Converter
     except ImportError:
@@ -164,4 +166,6 @@ def export_ctranslate2(
             return build_spec(model, src_tok, tgt_tok)
 
     quant = None if quantization == "float32" else quantization
-    return Path(_Ours().convert(str(directory), quantization=quant, force=True))
+    with atomic_dir(directory) as tmp:
+        _Ours().convert(str(tmp), quantization=quant, force=True)
+    return directory

@@ -2,6 +2,7 @@
 aiayn's greedy and beam-4 outputs, in several configurations; what cannot map is refused by name."""
 
 import gzip
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +162,25 @@ def test_export_from_the_command_line(data, tmp_path, capsys):
         == 1
     )
     assert "--quantization is for --to ctranslate2" in capsys.readouterr().err
+
+
+def test_a_failed_export_leaves_nothing_under_the_name(data, tmp_path, monkeypatch):
+    """The converter writes into a temporary directory; one that fails half-way leaves no directory
+    (nor a half model.bin) under the name asked for, and a retry then succeeds."""
+    from ctranslate2.specs.model_spec import ModelSpec
+
+    tok, _ = data
+    sizes = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=32, n_heads=4, d_ff=64)
+    m = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, **sizes))
+    save = ModelSpec.save
+
+    def half(self, output_dir):
+        (Path(output_dir) / "model.bin").write_bytes(b"half")
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(ModelSpec, "save", half)
+    with pytest.raises(OSError, match="disk gone"):
+        export_ctranslate2(m.eval(), tok, tok, tmp_path / "ct2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.setattr(ModelSpec, "save", save)
+    assert (export_ctranslate2(m, tok, tok, tmp_path / "ct2") / "model.bin").stat().st_size > 1000
