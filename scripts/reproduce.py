@@ -307,7 +307,8 @@ def main() -> int:
         ap.error(f"--members is for translation recipes; {args.recipe} is task={cfg.task!r}")
     if args.evaluate_only:
         return evaluate_again(name, run_dir, results, cfg, args, commit)
-    dist = init_distributed(resolve_device(cfg.device), cfg.device)  # under torchrun: every rank trains
+    # under torchrun: every rank trains
+    dist = init_distributed(resolve_device(cfg.device), cfg.device, cfg.ddp_timeout)
     if args.members and dist.enabled:
         ap.error("--members starts its own processes: run it with python, not torchrun")
     if dist.is_main and run_dir.exists():

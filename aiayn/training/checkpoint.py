@@ -156,6 +156,18 @@ RANK_RNG = "rng.rank."  # + the rank: that process's rank_rng_state
 STATE_KEYS = ("step", "best", "bad_evals", "elapsed", "sampler", "optimizer", "rng")
 
 
+def _the_checkpoints_fault(e: BaseException) -> bool:
+    """Whether a failure to read a checkpoint says the checkpoint cannot be used (a missing, truncated
+    or foreign file: ``--resume`` then tries an older one) rather than that the machine failed: out of
+    memory, an I/O error, a permission. Those propagate: going back to an older checkpoint would throw
+    updates away, and under torchrun leave that rank alone on another step."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return False
+    if isinstance(e, OSError):
+        return isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError))
+    return isinstance(e, (SafetensorError, RuntimeError, ValueError, KeyError, TypeError))
+
+
 def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The trainer state's JSON and tensors, checked; ``ModelDirError`` naming the bad file."""
     path = checkpoint / STATE_JSON
@@ -175,6 +187,8 @@ def _read_state(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     try:
         tensors = load_file(str(checkpoint / STATE_TENSORS))
     except (OSError, SafetensorError) as e:
+        if not _the_checkpoints_fault(e):
+            raise
         raise ModelDirError(f"{checkpoint / STATE_TENSORS} is truncated or corrupt ({e})") from None
     return meta, tensors
 
@@ -202,6 +216,8 @@ def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.O
             _set_rank_rng_state(own, device or torch.device("cpu"))
         meta["rank_rng"] = own is not None or rank == 0
     except (OSError, SafetensorError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        if not _the_checkpoints_fault(e):
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelDirError(f"{checkpoint} does not fit this run or is corrupt ({first})") from None
     return meta

@@ -108,6 +108,10 @@ class TrainConfig:
     # "auto": bf16 where bfloat16 products measure ≥ 1.25× float32's at the start, else fp32 (kept on resume)
     compile: bool = False  # torch.compile the model and its loss
     threads: int = 0  # torch CPU threads; 0 = PyTorch's default
+    # torchrun: seconds a rank waits in a collective before the process group gives up (HF's ddp_timeout
+    # and default): the others wait while rank 0 alone trains a tokenizer, fills a cache or evaluates,
+    # which on a large corpus outlasts NCCL's own default of 10 minutes
+    ddp_timeout: float = 1800.0
     # -- evaluation, logging, checkpoints ---------------------------------------------------------
     eval_every: int = 1000  # updates between evaluations (and checkpoints)
     log_every: int = 10  # updates between metrics lines
@@ -153,6 +157,8 @@ class TrainConfig:
                 fail(self, name, "must be in [0, 1)")
         if self.lr <= 0:
             fail(self, "lr", "must be > 0")
+        if self.ddp_timeout <= 0:
+            fail(self, "ddp_timeout", "must be > 0 (seconds a torchrun rank waits for the others)")
         if self.adam_eps <= 0:
             fail(self, "adam_eps", "must be > 0 (the paper's is 1e-9)")
         if self.schedule == "cosine" and self.min_lr > self.lr:

@@ -6,6 +6,7 @@ them everything here is a no-op and the run is a single process. Only rank 0 wri
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from collections.abc import Callable
@@ -36,11 +37,12 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: torch.device, name: str = "") -> DistInfo:
+def init_distributed(device: torch.device, name: str = "", timeout: float = 1800.0) -> DistInfo:
     """Join the process group that torchrun describes in the environment (if any). ``name``: the
     config's device, refused (``ConfigError``) before any process joins where the processes could not
     share it: a numbered GPU (``cuda:1``: every process on that one; ``cuda`` gives each its
-    ``LOCAL_RANK``'s), or MPS (no process-group backend)."""
+    ``LOCAL_RANK``'s), or MPS (no process-group backend). ``timeout``: seconds a collective waits for
+    the other ranks (``ddp_timeout``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return DistInfo()
@@ -49,7 +51,8 @@ def init_distributed(device: torch.device, name: str = "") -> DistInfo:
                           "takes its LOCAL_RANK's GPU) or device=cpu")  # fmt: skip
     info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return info
 
 
@@ -86,6 +89,12 @@ def all_gather(value: torch.Tensor, info: DistInfo, device: torch.device) -> lis
     out = [torch.empty_like(moved) for _ in range(info.world_size)]
     dist.all_gather(out, moved)
     return [t.cpu() for t in out]
+
+
+def disagreement(value: int, info: DistInfo, device: torch.device) -> list[int] | None:
+    """Every rank's ``value`` in rank order where they differ; None where all hold the same."""
+    values = [int(v) for v in all_gather(torch.tensor([value]), info, device)]
+    return values if len(set(values)) > 1 else None
 
 
 def shutdown(info: DistInfo) -> None:

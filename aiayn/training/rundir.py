@@ -44,8 +44,8 @@ METRICS = "metrics.jsonl"
 # (short_budget acts once, at update SPEED_UPDATES; a run past it keeps what it decided, which its checkpoints
 # hold, so a run started before the field existed resumes under a recipe that sets it)
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "log_every",
-                     "keep_last", "progress", "device", "threads", "tensorboard", "compile", "out_dir",
-                     "short_budget", "dataset"}  # fmt: skip
+                     "keep_last", "progress", "device", "threads", "ddp_timeout", "tensorboard", "compile",
+                     "out_dir", "short_budget", "dataset"}  # fmt: skip
 # what a run that never reached a checkpoint leaves; removed when it is started again (its subword
 # samples too: drawn with its tokenizer, they would feed a restarted run with other settings old ids)
 RUN_FILES = (TRAIN_CONFIG, METRICS, TOKENIZER_DIR, SAMPLES_DIR, "tensorboard")

@@ -40,6 +40,7 @@ from aiayn.training.distributed import (
     all_reduce_max,
     all_reduce_sum,
     barrier,
+    disagreement,
     init_distributed,
     shutdown,
 )
@@ -74,7 +75,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         self.cfg, self.run_dir = cfg, Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
-        self.dist = init_distributed(self.device, cfg.device)
+        self.dist = init_distributed(self.device, cfg.device, cfg.ddp_timeout)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = resolve_device(cfg.device, self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -159,11 +160,16 @@ class Trainer:
                 break
             except ModelDirError as e:
                 skipped.append((path, str(e)))
-                if self.dist.is_main:
-                    print(f"aiayn train: warning: skipping checkpoint {path.name}: {e}", file=sys.stderr)
+                rank = f" (rank {self.dist.rank})" if self.dist.enabled else ""
+                print(f"aiayn train: warning{rank}: skipping checkpoint {path.name}: {e}", file=sys.stderr)
         else:
             why = "; ".join(e for _, e in skipped)
             raise ModelDirError(f"cannot resume {self.run_dir}: no checkpoint loads ({why})")
+        steps = disagreement(state["step"], self.dist, self.device)  # ranks on other steps would not meet
+        if steps is not None:
+            raise ModelDirError(f"cannot resume {self.run_dir}: the ranks loaded different checkpoints "
+                                f"(steps {steps}, by rank; the warnings above say why): mend or remove "
+                                "the newer one")  # fmt: skip
         # each rank trains on its shard of the data: other shards would repeat and skip examples
         world, now = state.get("world_size", self.dist.world_size), self.dist.world_size  # older: as now
         if world != now:

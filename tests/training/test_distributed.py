@@ -256,10 +256,24 @@ def test_a_device_the_processes_cannot_share_is_refused_before_any_joins(name, d
     monkeypatch.setenv("RANK", "1")
     joined = []
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.append(backend))
+
+    def join(backend, timeout):
+        joined.append((backend, timeout.total_seconds()))
+
+    monkeypatch.setattr(distributed.dist, "init_process_group", join)
     with pytest.raises(ConfigError, match=rf"device='{name}' under torchrun: give device=cuda \(each"):
         distributed.init_distributed(device, name)
     assert joined == []
     assert distributed.init_distributed(torch.device("cuda", 1), "cuda").rank == 1  # its LOCAL_RANK's GPU
-    distributed.init_distributed(torch.device("cpu"), "cpu")
-    assert joined == ["nccl", "gloo"]
+    distributed.init_distributed(torch.device("cpu"), "cpu", timeout=7200)
+    assert joined == [("nccl", 1800), ("gloo", 7200)]  # ddp_timeout's default: not NCCL's 10 minutes
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_timeout_that_cannot_wait_is_refused_by_name(value):
+    from aiayn.errors import ConfigError
+    from aiayn.training.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match=r"ddp_timeout"):
+        load_recipe(None, [f"ddp_timeout={value}"])
+    assert load_recipe(None, ["ddp_timeout=7200"]).ddp_timeout == 7200

@@ -2,6 +2,7 @@
 warning naming the ones skipped), from a run directory that was moved, and a run that stopped
 before its first checkpoint starts again instead of blocking its directory."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,6 +75,58 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(corpus, tmp_path,
     err = capsys.readouterr().err
     assert "warning: skipping checkpoint step-000006" in err and "resuming" in err and "step-000004" in err
     assert _losses(run) == reference  # continued exactly from step 4
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [lambda: OSError(5, "Input/output error"), lambda: __import__("torch").OutOfMemoryError("out of memory")],
+    ids=["eio", "oom"],
+)
+def test_a_machine_failure_while_loading_is_no_reason_to_go_back(corpus, tmp_path, capsys, monkeypatch,
+                                                                 failure):  # fmt: skip
+    """A read that fails for the machine's reasons (an I/O error, memory) stops the resume: the newest
+    checkpoint is fine, and falling back to an older one would drop its updates (under torchrun, on
+    that rank alone). It is neither skipped nor set aside."""
+    import safetensors.torch
+
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS)]) == 0
+
+    def broken(*args, **kwargs):
+        raise failure()
+
+    monkeypatch.setattr(safetensors.torch, "load_model", broken)
+    capsys.readouterr()
+    with contextlib.suppress(RuntimeError):  # out of memory is a RuntimeError: a traceback, as it should be
+        assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "skipping" not in err and "resuming" not in err
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
+
+
+def test_ranks_that_loaded_different_checkpoints_stop_with_one_line(corpus, tmp_path, capsys, monkeypatch):
+    """Under torchrun each rank loads the checkpoints itself; one whose read of the newest failed would
+    go on from an older step, shard and optimiser state than the others. Every rank's step is compared
+    (``disagreement``) and a difference stops the resume before anything is set aside."""
+    import torch
+
+    from aiayn.training import distributed, trainer
+
+    cpu, info = torch.device("cpu"), distributed.DistInfo(0, 0, 2)
+    assert distributed.disagreement(6, distributed.DistInfo(), cpu) is None  # one process
+    with monkeypatch.context() as m:
+        m.setattr(distributed, "all_gather", lambda v, i, d: [v, torch.tensor([4])])
+        assert distributed.disagreement(6, info, cpu) == [6, 4]
+        assert distributed.disagreement(4, info, cpu) is None
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS)]) == 0
+    monkeypatch.setattr(trainer, "disagreement", lambda step, i, d: [step, 4])
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("the ranks loaded different checkpoints (steps [6, 4], by rank; the warnings "
+                            "above say why): mend or remove the newer one")  # fmt: skip
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
 
 
 def test_a_checkpoint_skipped_on_resume_is_set_aside_not_counted_by_pruning(corpus, tmp_path, capsys):
