@@ -140,6 +140,8 @@ class EncodedText:
             raise DataError(f"{self.directory}: not an encoded text corpus (no valid meta.json)")
         self.meta = meta
         self.tokens = _map(self.directory / "tokens.ids", np.dtype(meta["dtype"]))
+        if len(self.tokens) != meta.get("n_tokens", len(self.tokens)):  # a file cut short: not an entry
+            raise DataError(f"{self.directory}: {len(self.tokens)} tokens of {meta['n_tokens']}: corrupt")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -165,7 +167,9 @@ def _build(final: Path, cls: type, write: Callable[[Path], None]):
     if (hit := _cached(final, cls)) is not None:
         return hit
     try:
-        with atomic_dir(final, keep=lambda path: _cached(path, cls) is not None) as tmp:
+        # durable: an entry is trusted for as long as its key holds, so a power cut must not leave one
+        # whose name reached the disk before its data
+        with atomic_dir(final, keep=lambda path: _cached(path, cls) is not None, durable=True) as tmp:
             write(tmp)
     except OSError:
         if (hit := _cached(final, cls)) is None:

@@ -18,7 +18,9 @@ import os
 import shutil
 import stat
 import sys
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -286,11 +288,33 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
         write_text(path, "".join(ln + "\n" for ln in kept))
 
 
-def check_resumed_data(run_dir: Path, path: Path, meta_now: dict, data_files: list) -> None:
+def check_resumed_tokenizers(run_dir: Path, path: Path, save_tokenizers: Callable[[Path], None]) -> None:
+    """The tokenizers the run reads now (``save_tokenizers`` writes them as into a checkpoint) are the
+    ones the checkpoint ``path`` was trained with, file for file: a run copied without its tokenizer
+    folder trains it again when resumed, and another sentencepiece version may cut the same text into
+    other pieces of the same count, which the weights would load on without a word. A file the
+    checkpoint does not hold (an older layout) is not compared."""
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tokenizers(Path(tmp))
+        for file in sorted(Path(tmp).rglob("*")):
+            saved = path / file.relative_to(tmp)
+            if file.is_file() and saved.is_file() and saved.read_bytes() != file.read_bytes():
+                raise ConfigError(
+                    f"cannot resume {run_dir}: its tokenizer ({run_dir / TOKENIZER_DIR}) is not the one "
+                    f"{path.name} was trained with ({saved.relative_to(path)} differs: trained again, or "
+                    f"replaced); put the run's own back (checkpoints hold a copy beside their config.json)"
+                )
+
+
+def check_resumed_data(run_dir: Path, path: Path, meta_now: dict, data_files: list,
+                       save_tokenizers: Callable[[Path], None] | None = None) -> None:  # fmt: skip
     """What the checkpoint ``path`` recorded of the data (``task.model_meta``: a classifier's labels;
     its files' digests) is what the data gives now (``meta_now``, ``data_files``); a change (a label new
     in the training data, a file edited) is named, not loaded. The dataset may be spelt otherwise where
-    the files are the same."""
+    the files are the same. ``save_tokenizers`` (the task's): the run's tokenizers are the checkpoint's
+    (``check_resumed_tokenizers``)."""
+    if save_tokenizers is not None:
+        check_resumed_tokenizers(run_dir, path, save_tokenizers)
     saved = read_config(path)
     files = read_json(path / ckpt.STATE_JSON, "the checkpoint is incomplete").get("data_files")
     for key, now in meta_now.items():

@@ -153,7 +153,8 @@ class Trainer:
         skipped: list[tuple[Path, str]] = []
         for path in checkpoints:
             try:
-                rundir.check_resumed_data(self.run_dir, path, self.task.model_meta(), self.data_files)
+                rundir.check_resumed_data(self.run_dir, path, self.task.model_meta(), self.data_files,
+                                          self.task.save_tokenizers)  # fmt: skip
                 state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.dist.rank, self.device)
                 if state.get("run_id", self.run_id) != self.run_id:
                     raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")

@@ -167,3 +167,15 @@ def test_encode_text(tmp_path):
     assert len(enc) == len(corpus) == 111_540 and tok.unk_id not in enc.tokens
     assert tok.decode(enc.tokens) == corpus.text()
     assert encode_text(corpus, tok, tmp_path).directory == enc.directory
+
+
+def test_an_encoded_text_cut_short_is_encoded_again(tmp_path):
+    """tokens.ids shorter than its meta.json's count (a crash before the data reached the disk) is no
+    entry: the text is encoded again, whole."""
+    corpus = load_text("shakespeare", "valid")
+    tok = CharTokenizer.train(load_text("shakespeare", "train").chunks())
+    enc = encode_text(corpus, tok, tmp_path)
+    ids = enc.directory / "tokens.ids"
+    ids.write_bytes(ids.read_bytes()[: ids.stat().st_size // 2])
+    again = encode_text(corpus, tok, tmp_path)
+    assert len(again) == len(corpus) == 111_540 and tok.decode(again.tokens) == corpus.text()

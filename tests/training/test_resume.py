@@ -129,6 +129,27 @@ def test_ranks_that_loaded_different_checkpoints_stop_with_one_line(corpus, tmp_
     assert sorted(p.name for p in run.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
 
 
+def test_a_run_whose_tokenizer_was_replaced_is_not_resumed_on_other_ids(corpus, tmp_path, capsys, reference):
+    """A run's tokenizer folder replaced by one of the same size (here: a unigram vocabulary, as another
+    sentencepiece might train it again): the weights would load and train on other pieces. Compared with
+    the checkpoint's copy, it is refused in one line; with its own back, the run resumes exactly."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert main(["train", *tiny_args(corpus, run, "max_steps=6", *ARGS)]) == 0
+    assert main(["train", *tiny_args(corpus, other, "max_steps=2", "tokenizer=unigram", *ARGS)]) == 0
+    own = tmp_path / "own"
+    shutil.move(run / "tokenizer", own)
+    shutil.copytree(other / "tokenizer", run / "tokenizer")
+    capsys.readouterr()
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn train: error: cannot resume") and "not the one step-000006 was" in err
+    assert "\n" not in err and "skipping" not in err
+    shutil.rmtree(run / "tokenizer")
+    shutil.move(own, run / "tokenizer")
+    assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
+    assert _losses(run) == reference
+
+
 def test_a_checkpoint_skipped_on_resume_is_set_aside_not_counted_by_pruning(corpus, tmp_path, capsys):
     """A newer checkpoint that did not load stayed in place: keep_last pruning counted it (and deleted the
     good ones), and best still pointed at it, so the next --resume found nothing that loads."""
