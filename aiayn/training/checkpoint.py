@@ -101,19 +101,24 @@ def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def rank_rng_state(device: torch.device) -> torch.Tensor:
-    """This process's random state as one uint8 vector: the CPU generator's, then on CUDA its
+    """This process's random state as one uint8 vector: the CPU generator's, then on CUDA or MPS its
     device's (dropout draws from the generator of the device the model runs on)."""
     parts = [torch.get_rng_state()]
     if device.type == "cuda":
         parts.append(torch.cuda.get_rng_state(device))
+    elif device.type == "mps":
+        parts.append(torch.mps.get_rng_state())
     return torch.cat(parts)
 
 
 def _set_rank_rng_state(state: torch.Tensor, device: torch.device) -> None:
     n = torch.get_rng_state().numel()
     torch.set_rng_state(state[:n].clone())
-    if device.type == "cuda" and state.numel() > n:  # none where the run saved it on the CPU
-        torch.cuda.set_rng_state(state[n:].clone(), device)
+    if state.numel() > n and device.type in ("cuda", "mps"):  # none where the run saved it on the CPU
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state[n:].clone(), device)
+        else:
+            torch.mps.set_rng_state(state[n:].clone())
 
 
 # -- save / load ------------------------------------------------------------------------------------

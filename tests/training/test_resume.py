@@ -380,3 +380,22 @@ def test_best_keeps_pointing_at_the_best_checkpoint_when_the_newest_is_set_aside
     resumed = Trainer(load_recipe(None, args), resume=True)
     assert resumed.step == 2 and os.readlink(run / "best") == "step-000001"
     resumed.release()
+
+
+def test_an_apple_gpus_random_state_is_saved_and_restored(monkeypatch):
+    """On MPS dropout draws from the device's own generator: a resumed run restores it as on CUDA
+    (it used to save only the CPU's, and drew other dropout masks). A fake MPS generator stands in."""
+    import torch
+
+    from aiayn.training import checkpoint as ckpt
+
+    generator = {"state": torch.arange(8, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda: generator["state"].clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda state: generator.update(state=state))
+    mps = torch.device("mps")
+    saved = ckpt.rank_rng_state(mps)
+    generator["state"] = torch.zeros(8, dtype=torch.uint8)  # the resumed process's fresh generator
+    ckpt._set_rank_rng_state(saved, mps)
+    assert generator["state"].tolist() == list(range(8))
+    ckpt._set_rank_rng_state(torch.get_rng_state(), mps)  # a CPU run's state: the CPU part only
+    assert generator["state"].tolist() == list(range(8))
