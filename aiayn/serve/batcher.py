@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from typing import Any
 
 from aiayn.decoding.cancel import SearchStopped, stop_when
 
+log = logging.getLogger("aiayn.serve")
 _STOP = object()  # what ``_next`` returns once ``close`` was called and the queue is empty
 
 
@@ -62,6 +64,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     alone: bool = False  # never batched with another job
     queued: float = field(default_factory=time.perf_counter)
+    left: bool = False  # no longer counted as waiting (it started, or was skipped)
 
     def joins(self, first: Job) -> bool:
         """Whether this job may run in the batch that ``first`` opened."""
@@ -108,6 +111,11 @@ class Batcher:
                         for i in range(workers)]  # fmt: skip
         for thread in self.threads:
             thread.start()
+
+    def alive(self) -> int:
+        """Worker threads still running (a fault in a round is survived, ``_fail``; only an exit that
+        is not an ``Exception`` ends one before ``close``)."""
+        return sum(thread.is_alive() for thread in self.threads)
 
     def in_flight(self) -> int:
         """Texts in the workers' running searches now."""
@@ -157,10 +165,12 @@ class Batcher:
             thread.join(timeout=10)
 
     # -- the worker thread ----------------------------------------------------------------------
-    def _leave(self, n: int) -> None:
-        """``n`` jobs stop waiting: they start, or are skipped because their callers gave up."""
+    def _leave(self, jobs: list[Job]) -> None:
+        """``jobs`` stop waiting: they start, or are skipped because their callers gave up."""
         with self.cond:
-            self.waiting -= n
+            for job in jobs:
+                self.waiting -= not job.left
+                job.left = True
 
     def _purge(self) -> None:
         """Drop the queued jobs whose callers gave up (``cond`` held)."""
@@ -198,22 +208,43 @@ class Batcher:
                     if not busy or self.abandoning:
                         return
                     first = None  # closing: the running searches finish first
-                if first is not None and first.future.cancelled():
-                    self._leave(1)
-                elif first is not None:
-                    search = self._running_for(first.kind, running)
-                    if search is None:
-                        self._run(*self._gather(first, self.max_items, wait=True))
-                    elif busy and first.size > self._room(running):
-                        self._put_back(first)  # it waits for texts to leave, or for an idle worker
-                    elif first.size > self.max_items > 0:  # more texts than may be in flight: one
-                        self._run([first], first.size)  # search, which batches them by tokens
-                    else:
-                        batch, _ = self._gather(first, max(self._room(running), first.size), wait=False)
-                        admitted = self._admit(search, batch, jobs)
-                self._step(running, jobs, admitted)
+                taken = [] if first is None else [first]  # the jobs in hand, until they are answered
+                try:
+                    if first is not None and first.future.cancelled():
+                        self._leave([first])
+                    elif first is not None:
+                        search = self._running_for(first.kind, running)
+                        if search is None:
+                            taken, items = self._gather(first, self.max_items, wait=True)
+                            self._run(taken, items)
+                        elif busy and first.size > self._room(running):
+                            self._put_back(first)  # it waits for texts to leave, or for an idle worker
+                        elif first.size > self.max_items > 0:  # more texts than may be in flight: one
+                            self._run([first], first.size)  # search, which batches them by tokens
+                        else:
+                            taken, _ = self._gather(first, max(self._room(running), first.size), wait=False)
+                            admitted = self._admit(search, taken, jobs)
+                    taken = []
+                    self._step(running, jobs, admitted)
+                except Exception as e:  # noqa: BLE001 -- the worker must outlive a fault (see _fail)
+                    self._fail(e, taken, running, jobs)
         finally:
             self._abandon(jobs)
+
+    def _fail(self, error: Exception, taken: list[Job], running: list[tuple[Any, Any]],
+              jobs: dict[int, Job]) -> None:  # fmt: skip
+        """A fault outside the model's own calls (which answer their jobs themselves): starting a
+        search, dropping rows, a metrics callback. The jobs in hand and those in this worker's running
+        searches get the error, the searches are dropped, and the worker goes on with the next job: a
+        worker thread that died would leave every later request waiting for its timeout while
+        ``/health`` said ok. The traceback goes to the log: it is a bug to report."""
+        log.error("a model worker's round failed; its jobs get the error", exc_info=error)
+        self._leave(taken)
+        for job in [*taken, *jobs.values()]:
+            _answer(job, None, error)  # an answered job's second answer is dropped (_settle)
+        jobs.clear()
+        running.clear()
+        self._count_flight(running)
 
     def _running_for(self, kind: Any, running: list[tuple[Any, Any]]) -> Any:
         """The running search of ``kind`` (started if need be), or None for a kind run in batches.
@@ -259,7 +290,7 @@ class Batcher:
     def _admit(self, search: Any, batch: list[Job], jobs: dict[int, Job]) -> float:
         """Start ``batch``'s jobs in the running ``search`` (their encoder pass runs now, their first
         token with the next step); the seconds it took."""
-        self._leave(len(batch))
+        self._leave(batch)
         batch = [job for job in batch if not job.future.cancelled()]  # given up during the window
         if not batch:
             return 0.0
@@ -323,7 +354,7 @@ class Batcher:
             _answer(job, None, RuntimeError("the server is shutting down"))
 
     def _run(self, batch: list[Job], items: int) -> None:
-        self._leave(len(batch))
+        self._leave(batch)
         t0 = time.perf_counter()
         for job in batch:
             self.on_wait(t0 - job.queued)

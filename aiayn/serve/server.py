@@ -186,10 +186,10 @@ class Server:
         return split
 
     def stuck(self) -> bool:
-        """Whether every worker has been on one batch for longer than ``timeout_s`` (a request
-        submitted now would wait past its timeout)."""
-        busy = self.batcher.busy()
-        return len(busy) == self.settings.workers and min(busy) > self.settings.timeout_s
+        """Whether a request submitted now would wait past its timeout: every live worker has been on
+        one batch for longer than ``timeout_s``, or no worker thread is left."""
+        busy, alive = self.batcher.busy(), self.batcher.alive()
+        return alive == 0 or (len(busy) >= alive and min(busy) > self.settings.timeout_s)
 
     def pick(self, name: str | None, cls: type, can: str | None = None) -> Any:
         """The service called ``name``, or when ``name`` is None the only one of its kind (that has

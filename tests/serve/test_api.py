@@ -818,6 +818,27 @@ def test_health_says_stuck_while_every_worker_is_on_one_batch_past_the_timeout(s
         assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["busy_s"] == []
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the exit, on purpose
+def test_health_says_stuck_once_no_worker_thread_is_left(served):
+    """A worker thread ended by something that is not an ``Exception`` (which a round survives) leaves
+    no one to answer: /health says so instead of "ok"."""
+    de_en_meta(served["de-en"])
+    app = create_app([load_service("de-en", served["de-en"])], Settings())
+    with TestClient(app) as c:
+        assert c.get("/health").json()["status"] == "ok"
+        batcher = app.state.server.batcher
+
+        def leave(*_):
+            raise SystemExit  # ends the worker thread, as a stray exit would
+
+        batcher.on_batch = leave
+        assert c.post("/translate", json={"q": "Hallo", "source": "de", "target": "en"}).status_code >= 500
+        for thread in batcher.threads:
+            thread.join(5)
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "stuck"
+
+
 def metric(text: str, name: str) -> float:
     """The value of the sample ``name`` (with its labels, if any) in a /metrics page."""
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))

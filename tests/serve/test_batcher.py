@@ -522,3 +522,46 @@ def test_a_forced_close_stops_the_searches_at_their_next_step_and_answers_with_a
         return closed
 
     assert asyncio.run(go()) < 1.0 and not any(t.is_alive() for t in b.threads)
+
+
+@pytest.mark.parametrize("where", ["start", "drop", "on_batch"])
+def test_a_fault_outside_the_model_calls_answers_its_jobs_and_the_worker_goes_on(where):
+    """A worker round that raised outside the model's own calls (starting a search, dropping rows, a
+    metrics callback) used to end the thread: its job was never answered, its queue place never given
+    back, and every later request waited for its timeout. Now those jobs get the error, the worker
+    stays alive and serves the next job, and the queue count is back to zero."""
+    search, faults = FakeRunning(delay=0.01), {"left": 1}
+
+    def fault_once(name):
+        if where == name and faults["left"]:
+            faults["left"] -= 1
+            raise RuntimeError(f"fault in {name}")
+
+    def stepwise(kind):
+        if kind == "steps":
+            fault_once("start")
+            return search
+        return None
+
+    drop = search.drop
+    search.drop = lambda keys: (fault_once("drop"), drop(keys))
+    b = Batcher(Recorder(), max_queue=4, window=0.0, max_items=8, stepwise=stepwise,
+                on_batch=lambda *a: fault_once("on_batch"))  # fmt: skip
+
+    async def go():
+        if where == "drop":  # a caller that gives up makes the worker drop its rows
+            gone = asyncio.ensure_future(b.submit("steps", 50, size=2))
+            await asyncio.sleep(0.05)
+            gone.cancel()
+        first = await asyncio.wait_for(asyncio.gather(b.submit("steps", 30, size=2), return_exceptions=True),
+                                       5)  # fmt: skip
+        after = await asyncio.wait_for(asyncio.gather(b.submit("steps", 2, size=2), b.submit("other", 1)), 5)
+        return first[0], after
+
+    first, after = asyncio.run(go())
+    alive = [t.is_alive() for t in b.threads]
+    depth = b.depth()
+    b.close()
+    assert alive == [True] and depth == 0 and faults["left"] == 0
+    assert after[1] == "other:1" and after[0].startswith("done after")
+    assert isinstance(first, RuntimeError) or str(first).startswith("done after")  # in the fault, or after it

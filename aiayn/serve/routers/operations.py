@@ -23,7 +23,7 @@ STUCK = {503: {"model": Health, "description": "stuck: no worker can take new wo
 async def health(server: ServerDep, response: Response) -> Health:
     """The server's version, its queue depth, how long its workers have been on their batches and
     the models it serves; 503 (status ``stuck``) when every worker has been on one batch longer than
-    ``--timeout``, so that a request sent now would time out."""
+    ``--timeout``, or none is left, so that a request sent now would time out."""
     models = [describe(s) for s in server.services.values()]
     stuck = server.stuck()
     if stuck:
