@@ -20,6 +20,11 @@ from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
 
 
+def _text_if_unset(value: Any) -> Any:
+    """LibreTranslate reads a ``format`` sent empty or null as "text" (clients send unset fields so)."""
+    return "text" if value is None or value == "" else value
+
+
 def _texts(value: Any) -> Any:
     if isinstance(value, list):
         if not all(isinstance(t, str) for t in value):
@@ -79,8 +84,8 @@ class TranslateRequest(Body):
     q: Texts
     source: str = Field("auto", description="the source language's code, or auto")
     target: str = Field(min_length=1, description="the target language's code (see /languages)")
-    format: Literal["text", "html"] = Field(
-        "text", description="html: the texts between the tags are translated, the markup kept"
+    format: Annotated[Literal["text", "html"], BeforeValidator(_text_if_unset)] = Field(
+        "text", description="html: the texts between the tags are translated, the markup kept (empty: text)"
     )
     alternatives: int = Field(
         0, strict=False, description="other translations per text, 0 to the server's --max-beam − 1"

@@ -166,13 +166,14 @@ class Server:
 
     # -- limits and choices that depend on the settings ------------------------------------------------
     def texts(self, q: str | list[str]) -> list[str]:
-        """``q`` as a list of texts: at most ``batch_limit`` of at most ``char_limit`` characters."""
+        """``q`` as a list of texts: at most ``batch_limit`` of them, of at most ``char_limit`` characters
+        together (as LibreTranslate counts them: a limit per request, not per text)."""
         texts, s = q if isinstance(q, list) else [q], self.settings
         if len(texts) > s.batch_limit:
             raise invalid(f"request ({len(texts)}) exceeds text limit ({s.batch_limit})")
+        if (chars := sum(map(len, texts))) > s.char_limit:
+            raise invalid(f"request ({chars} characters) exceeds character limit ({s.char_limit})")
         for i, t in enumerate(texts):
-            if len(t) > s.char_limit:
-                raise invalid(f"request ({len(t)}) exceeds character limit ({s.char_limit})")
             if (problem := text_problem(t)) is not None:
                 raise invalid(f"q[{i}] {problem}" if isinstance(q, list) else f"q {problem}")
         return texts

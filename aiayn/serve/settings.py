@@ -16,7 +16,7 @@ SCHEDULINGS = ("step", "batch")
 
 @dataclass(frozen=True)
 class Settings:
-    char_limit: int = 5000  # characters per text (LibreTranslate's --char-limit)
+    char_limit: int = 5000  # characters per request, its texts together (LibreTranslate's --char-limit)
     batch_limit: int = 32  # texts per request (LibreTranslate's --batch-limit)
     sentence_limit: int = 512  # sentences /translate splits a request's texts into, at most
     # a larger request body is refused (413) before it is read whole; the default holds batch_limit texts

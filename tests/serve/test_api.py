@@ -88,8 +88,31 @@ def test_libretranslate_html_translates_the_texts_between_the_tags(client, serve
         m.setattr(HtmlText, "feed", unreadable)
         r = client.post("/translate", json={"q": "a <p> b", "target": "en", "format": "html", **KEY})
     assert r.status_code == 400 and "the markup cannot be read" in r.json()["error"], r.text
+    # the texts between tags are bounded by --sentence-limit (test_html_texts_count_as_sentences), not by
+    # --batch-limit (4 here): LibreTranslate translates a list of 33 items
     r = client.post("/translate", json={"q": "<p>a</p>" * 5, "target": "en", "format": "html", **KEY})
-    assert r.status_code == 400 and "(5 texts between tags) exceeds text limit (4)" in r.json()["error"]
+    assert r.status_code == 200 and r.json()["translatedText"].count("<p>") == 5, r.text
+    for unset in (None, ""):  # a client that sends its unset fields: LibreTranslate reads text
+        r = client.post("/translate", json={"q": "<b>Ein</b>", "target": "en", "format": unset, **KEY})
+        assert r.status_code == 200 and "<b>" not in r.json()["translatedText"], r.text
+    form = {"q": "<b>Ein</b>", "target": "en", "format": "", **KEY}
+    assert client.post("/translate", data=form).status_code == 200
+
+
+def test_html_texts_count_as_sentences_and_characters_count_per_request(served):
+    """A page's texts between tags are bounded as sentences (--sentence-limit), and --char-limit holds
+    for the request's texts together, as LibreTranslate counts it (it held for each text alone)."""
+    de_en_meta(served["de-en"])
+    settings = Settings(sentence_limit=6, char_limit=40)
+    with TestClient(create_app([load_service("de-en", served["de-en"])], settings)) as c:
+        html, de_en = {"source": "de", "target": "en", "format": "html"}, {"source": "de", "target": "en"}
+        ok = c.post("/translate", json={"q": "<i>a</i>" * 5, **html})
+        assert ok.status_code == 200, ok.text
+        r = c.post("/translate", json={"q": "a<br>" * 7, **html})
+        assert r.status_code == 400 and "(7 sentences) exceeds sentence limit (6)" in r.json()["error"]
+        r = c.post("/translate", json={"q": ["x" * 30, "y" * 11], **de_en})
+        assert r.status_code == 400 and "(41 characters) exceeds character limit (40)" in r.json()["error"]
+        assert c.post("/translate", json={"q": ["x" * 30, "y" * 10], **de_en}).is_success
 
 
 def test_without_a_model_name_the_one_encoder_that_can_is_chosen(client):

@@ -119,10 +119,7 @@ async def _translate_html(
     """Each markup text with its texts between tags translated (``HtmlText``), as one batch; no
     alternatives (LibreTranslate gives none for HTML)."""
     pages = await run_in_threadpool(lambda: [HtmlText(t) for t in texts])  # parsing may take seconds
-    pieces = [piece for page in pages for piece in page.texts]
-    limit = server.settings.batch_limit
-    if len(pieces) > limit:
-        raise invalid(f"format=html: request ({len(pieces)} texts between tags) exceeds text limit ({limit})")
+    pieces = [piece for page in pages for piece in page.texts]  # bounded by --sentence-limit, as sentences
     config = server.search_config(beam=min(4, server.settings.max_beam))
     translations, _ = await _translate_sentences(server, service, config, pieces, request)
     best, start = [], 0
