@@ -63,6 +63,24 @@ def pair(tmp_path_factory) -> list[Path]:
     return dirs
 
 
+def idle_within(get_metrics, seconds: float, settle: float = 0.3) -> bool:
+    """Whether the running searches come to hold no text (the ``aiayn_texts_in_flight`` gauge at 0,
+    read ``settle`` seconds on end: a search about to start is not mistaken for one that stopped)
+    within ``seconds``; ``get_metrics()`` returns the /metrics page. A search whose callers have left
+    must stop at its next step: the next request's speed alone cannot tell, since by step it is
+    decoded beside the abandoned search, not after it."""
+    deadline, idle_since = time.monotonic() + seconds, None
+    while time.monotonic() < deadline:
+        if "\naiayn_texts_in_flight 0.0\n" not in get_metrics():
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= settle:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def start_serve(args: list[str], log: Path, preexec_fn=None) -> tuple[str, subprocess.Popen]:
     """``aiayn serve *args`` as its own process on a free port, once its /health answers:
     (base URL, process). Its output goes to ``log`` (a file, not a pipe: a full pipe would block it)."""

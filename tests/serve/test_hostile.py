@@ -20,7 +20,7 @@ pytest.importorskip("uvicorn")
 
 from aiayn.models.io import save_model  # noqa: E402
 from tests.decoding.fixtures import tiny_transformer  # noqa: E402
-from tests.serve.conftest import de_en_meta, post, start_serve, stop  # noqa: E402
+from tests.serve.conftest import de_en_meta, idle_within, post, start_serve, stop  # noqa: E402
 
 OPEN_FILES = 400  # the server's limit of open files (RLIMIT_NOFILE): a flood of 500 connections passes it
 GUARDED = ["--timeout", "1.5", "--max-connections", "40", "--header-timeout", "1", "--body-timeout", "1",
@@ -110,6 +110,7 @@ def test_a_search_past_the_timeout_stops_and_the_worker_serves_the_next_request(
     t0 = time.perf_counter()
     status, _ = post(url + "v1/translate", long)
     assert status == 503 and time.perf_counter() - t0 < 5
+    assert idle_within(lambda: urllib.request.urlopen(url + "metrics").read().decode(), 5)  # it stopped
     t0 = time.perf_counter()
     status, _ = post(url + "v1/translate", {"q": "Ein Mann", "beam": 2})
     assert status == 200 and time.perf_counter() - t0 < 1.5

@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from aiayn.decoding.options import SearchConfig  # noqa: E402
 from aiayn.decoding.translator import Translator  # noqa: E402
-from tests.serve.conftest import de_en_meta, post, start_serve, stop  # noqa: E402
+from tests.serve.conftest import de_en_meta, idle_within, post, start_serve, stop  # noqa: E402
 
 
 def test_the_libretranslate_client_translates_as_the_cli(server, served):
@@ -155,6 +155,7 @@ def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     with socket.create_connection((host, int(port))) as s:
         s.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.3)  # the search is running: 1,000 steps of 512 rows take far longer than this
+    assert idle_within(lambda: urllib.request.urlopen(url + "metrics").read().decode(), 5)  # it stopped
     t0 = time.perf_counter()
     assert post(url + "v1/translate", {"q": "Ein Mann", "model": "de-en"})[0] == 200
     assert time.perf_counter() - t0 < 5
