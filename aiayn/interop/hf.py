@@ -295,8 +295,15 @@ def write_tokenizer_config(directory: Path, max_len: int, **specials: str) -> No
 
 
 def write_hf_directory(directory: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> Path:
-    """``config.json`` + ``model.safetensors`` (each tensor its own copy: safetensors refuses aliases)."""
+    """``config.json`` + ``model.safetensors`` (each tensor its own copy: safetensors refuses aliases),
+    the first files of an export. ``directory`` must be new or empty: files of an earlier export would
+    stay beside this one's and be read with it (a ``tokenizer.json`` that no longer fits), so a directory
+    with files in it is refused (``aiayn export`` writes into a temporary directory and swaps it in)."""
     directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise ModelDirError(f"{directory} exists and is not an empty directory: an earlier export's files "
+                            "would stay beside this one's; export into a new or empty directory "
+                            "(aiayn export --force replaces one)")  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
     with atomic_path(directory / SAFETENSORS) as tmp:

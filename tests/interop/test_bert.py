@@ -85,8 +85,8 @@ def test_classifier_logits_and_labels_equal_transformers(tmp_path):
     m = model(**CLASSIFIER)
     export_hf(m, tmp_path / "plain")  # export_hf dispatches an EncoderModel to BERT
     assert json.loads((tmp_path / "plain" / "config.json").read_text())["id2label"]["2"] == "2"
-    export_bert(m, tmp_path, ["neg", "neutral", "pos"])
-    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    export_bert(m, tmp_path / "labelled", ["neg", "neutral", "pos"])
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "labelled").eval()
     ids, mask = batch()
     with torch.no_grad():
         ours = m.classify(ids)
@@ -675,3 +675,17 @@ def test_a_character_vocabulary_export_is_refused_by_auto_tokenizer_not_read_as_
     export_bert(m, tmp_path / "hf", ["neg", "pos"], tok)
     with pytest.raises(ValueError, match="backend tokenizer"):
         transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+
+
+def test_an_export_into_a_directory_with_files_is_refused_not_mixed(tmp_path):
+    """A second export into the same directory kept the first one's files (a tokenizer.json that
+    AutoTokenizer then read for a model it does not fit): a directory with files is refused, and what
+    is there stays as it was."""
+    m = model(**CLASSIFIER)
+    export_hf(m, tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    with pytest.raises(ModelDirError, match="is not an empty directory: an earlier export's files"):
+        export_bert(m, tmp_path / "out", ["neg", "neutral", "pos"])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+    (tmp_path / "empty").mkdir()
+    assert (export_hf(m, tmp_path / "empty") / "config.json").is_file()
