@@ -257,12 +257,54 @@ MODEL_ENTRIES = {
 }  # fmt: skip
 
 
+# the folders of a model, checkpoint or run whose contents are model entries too (a tensorboard folder
+# holds its event files; best is a link)
+MODEL_FOLDERS = {"src", "tgt", "tokenizer", "aiayn_tokenizer", "averaged"}
+
+
+def _only_model_entries(directory: Path, depth: int = 0) -> bool:
+    """Every entry of ``directory`` a name that models, checkpoints and runs use, down through
+    their own folders (a ``src`` folder of C files is not a tokenizer)."""
+    for entry in directory.iterdir():
+        name = entry.name
+        if name.startswith(TMP_PREFIX):
+            continue
+        if name not in MODEL_ENTRIES and not name.startswith("step-"):
+            return False
+        looked_into = name in MODEL_FOLDERS or name.startswith("step-")
+        if looked_into and entry.is_dir() and not entry.is_symlink() and (
+            depth >= 3 or not _only_model_entries(entry, depth + 1)
+        ):
+            return False
+    return True
+
+
+def _model_config(path: Path) -> bool:
+    """Whether ``path`` is a model's ``config.json``: aiayn's (``kind`` and ``config``), HF's
+    (``model_type``) or CTranslate2's (beside its ``model.bin``), not any JSON file of that name."""
+    try:
+        if path.stat().st_size > 1 << 20:
+            return False
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(meta, dict):
+        return False
+    return {"kind", "config"} <= meta.keys() or "model_type" in meta or (path.parent / "model.bin").is_file()
+
+
 def holds_model(directory: Path) -> bool:
     """Whether ``directory`` holds a model (aiayn's or HF's), a checkpoint or a training run, and
-    nothing else: only such a directory may be replaced as a whole, and only with ``--force``."""
-    names = [p.name for p in directory.iterdir()]
-    ours = all(n in MODEL_ENTRIES or n.startswith(("step-", TMP_PREFIX)) for n in names)
-    return ours and any(n in MODEL_MARKERS or n.startswith("step-") for n in names)
+    nothing else: only such a directory may be replaced as a whole, and only with ``--force``. Names
+    alone do not tell (a project's ``config.json`` and ``src``): folders are looked into, and a
+    ``config.json`` counts only as a model's."""
+    if not _only_model_entries(directory):
+        return False
+    names = {p.name for p in directory.iterdir()}
+    markers = names & {"model.safetensors", "train_config.json", "model.bin"}
+    return bool(markers) or any(n.startswith("step-") for n in names) or (
+        "config.json" in names and _model_config(directory / "config.json")
+    )
 
 
 def _within(path: Path, folder: Path) -> bool:

@@ -126,6 +126,18 @@ CASES = [
         "an input of this command",
     ),
     ("export-over-a-model", None, ["export", "--model", "model", "--to", "hf", "lm"], "pass --force"),
+    (  # a project's config.json and src/ are a model's names, not a model: --force used to replace it
+        "export-over-a-project-forced",
+        lambda ws: [_write(f"proj/{name}", b'{"name": "x"}')(ws) for name in ("config.json", "src/main.c")],
+        ["export", "--model", "model", "--to", "hf", "proj", "--force"],
+        "holds no model",
+    ),
+    (
+        "export-over-a-json-config-forced",
+        _write("proj/config.json", b'{"name": "x"}'),
+        ["export", "--model", "model", "--to", "hf", "proj", "--force"],
+        "holds no model",
+    ),
     (
         "export-over-a-run-forced",
         None,
@@ -160,7 +172,7 @@ CASES = [
     ),
     (
         "average-over-averaged",
-        _write("run/averaged/config.json", b"{}"),
+        _write("run/averaged/config.json", b'{"kind": "transformer", "config": {}}'),
         ["average", "run", "--last", "1"],
         "pass --force",
     ),
