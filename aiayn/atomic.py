@@ -272,8 +272,11 @@ def _only_model_entries(directory: Path, depth: int = 0) -> bool:
         if name not in MODEL_ENTRIES and not name.startswith("step-"):
             return False
         looked_into = name in MODEL_FOLDERS or name.startswith("step-")
-        if looked_into and entry.is_dir() and not entry.is_symlink() and (
-            depth >= 3 or not _only_model_entries(entry, depth + 1)
+        if (
+            looked_into
+            and entry.is_dir()
+            and not entry.is_symlink()
+            and (depth >= 3 or not _only_model_entries(entry, depth + 1))
         ):
             return False
     return True
@@ -302,8 +305,10 @@ def holds_model(directory: Path) -> bool:
         return False
     names = {p.name for p in directory.iterdir()}
     markers = names & {"model.safetensors", "train_config.json", "model.bin"}
-    return bool(markers) or any(n.startswith("step-") for n in names) or (
-        "config.json" in names and _model_config(directory / "config.json")
+    return (
+        bool(markers)
+        or any(n.startswith("step-") for n in names)
+        or ("config.json" in names and _model_config(directory / "config.json"))
     )
 
 
