@@ -25,7 +25,9 @@ from aiayn.cli.commands import summary
 from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError, DataError
+from aiayn.temporaries import temporary_name
 from aiayn.training.config import MAX_MINUTES
+from aiayn.training.rundir import RunLock
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multi30k-de-en.toml"
 DEMO_MARK = ".aiayn-demo"  # marks a run directory that ``aiayn demo`` made (and may replace)
@@ -90,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--beam {args.beam} exceeds the vocabulary the demo trains ({cfg.vocab_size} "
                           "tokens); use less")  # fmt: skip
     test = load_parallel("multi30k", "test", "de", "en")
-    if out.exists():
-        shutil.rmtree(out)
+    if out.exists():  # the last demo's run goes, unless a demo still trains there (its lock says so)
+        RunLock(out, str(out)).release()
+        doomed = temporary_name(out)  # renamed first: a delete cut short leaves a temporary, not half a run
+        out.rename(doomed)
+        shutil.rmtree(doomed)
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)

@@ -643,6 +643,7 @@ def test_a_language_model_run_generates(tmp_path, capsys):
         ("wrong-reference", "is not a list of demo runs"),
         ("no-recipe", "no-such-recipe.toml"),
         ("no-data", "AIAYN_DATA_DIR points to"),
+        ("busy", "is in use by another training"),  # a demo still training there: it was deleted under it
     ],
 )
 def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the_last_demo(
@@ -660,12 +661,17 @@ def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the
     out = tmp_path / "demo"
     out.mkdir()
     (out / demo.DEMO_MARK).write_text("the last demo")
+    from aiayn.training.rundir import RunLock
+
+    held = RunLock(out, str(out)) if case == "busy" else None  # as the other demo's trainer holds it
     args = ["demo", "--out", str(out), "--minutes", "0.05"]
     args += {"beam": ["--beam", "0"], "json-over-input": ["--json", str(reference)]}.get(case, [])
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and "training" not in err
+    assert message in err and err.count("\n") == 1 and "aiayn demo: training" not in err
     assert (out / demo.DEMO_MARK).read_text() == "the last demo"  # nothing replaced
+    if held is not None:
+        held.release()
 
 
 def test_training_pairs_the_filters_drop_are_counted_on_stderr(corpus, tmp_path, capsys):
