@@ -152,6 +152,12 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] = ()) -> Tr
     sources, texts, recipe_keys, tables = {}, {}, set(data), []
     for item in overrides:
         keys, value = parse_override(item)
+        if len(keys) == 1 and isinstance(value, dict) and isinstance(data.get(keys[0]), dict):
+            example = f"{keys[0]}.{next(iter(value))}=…" if value else f"{keys[0]}.FIELD=…"
+            raise ConfigError(
+                f"override {item!r} would replace the recipe's whole [{keys[0]}] table (its other fields "
+                f"back to their defaults); give fields one by one: {example}"
+            )
         if keys[0] == "model":
             tables.append(item)
         if len(keys) == 1:

@@ -101,6 +101,15 @@ def test_an_override_that_would_do_nothing_is_refused(overrides, message):
         load_recipe(None, overrides)
 
 
+def test_an_inline_table_override_does_not_drop_the_recipes_table_silently():
+    """``model={dropout=0.3}`` replaced the recipe's whole [model] table: its sizes went back to the
+    paper's base model (ten times the recipe's) without a word. Refused, naming the dotted form."""
+    with pytest.raises(ConfigError, match=r"whole \[model\] table .* model\.dropout=…"):
+        load_recipe(RECIPE, ["model={dropout=0.3}"])
+    assert load_recipe(RECIPE, ["model.dropout=0.3"]).model["d_model"] == load_recipe(RECIPE).model["d_model"]
+    assert load_recipe(None, ["model={d_model=64, n_heads=2}"]).model["d_model"] == 64  # no table to drop
+
+
 def test_a_recipes_field_that_an_override_turns_off_is_left_alone():
     """The recipe's min_lr and short_budget are inert under these overrides: the user changed the
     schedule and the budget, not them; and a field set to its default does nothing either way."""
