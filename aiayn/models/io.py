@@ -130,6 +130,10 @@ def read_config(directory: str | os.PathLike) -> dict:
         KINDS[kind][1].from_dict(config)
     except ConfigError as e:
         raise ModelDirError(f"{path}: {e}") from None
+    for key in ("src_lang", "tgt_lang"):  # a language code, which scoring and serving read as one
+        if key in meta and not (isinstance(meta[key], str) and meta[key].strip()):
+            raise ModelDirError(f"{path}: field {key!r} must be a language code such as \"de\", got "
+                                f"{_json_type(meta[key])} ({json.dumps(meta[key])})")  # fmt: skip
     return meta
 
 

@@ -87,6 +87,17 @@ def _edit_config(directory, edit) -> None:
     (directory / "config.json").write_text(json.dumps(meta))
 
 
+@pytest.mark.parametrize("lang", [["en"], 3, None, "", " "])
+def test_a_language_that_is_not_a_code_names_the_file_and_field(tmp_path, lang):
+    """A list or number as tgt_lang reached sacreBLEU (a TypeError traceback in evaluate) and the
+    server (500 on /languages); refused where config.json is read."""
+    save_model(_small(), tmp_path / "m", tgt_lang="en")
+    load_model(tmp_path / "m")
+    _edit_config(tmp_path / "m", lambda meta: meta.update(tgt_lang=lang))
+    with pytest.raises(ModelDirError, match=r"m/config\.json: field 'tgt_lang' must be a language code"):
+        load_model(tmp_path / "m")
+
+
 @pytest.mark.parametrize("kind", [["transformer"], 3, {"name": "transformer"}, None, "transformers"])
 def test_kind_that_is_not_a_known_string_names_the_file_and_field(tmp_path, kind):
     save_model(_small(), tmp_path / "m")
