@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-PATH_METAVARS, PATH_DESTS = ("FILE", "DIR", "OUT"), ("out", "run_dir", "recipe")
+PATH_METAVARS, PATH_DESTS = ("FILE", "DIR", "OUT"), ("out", "run_dir", "recipe", "dataset")
 
 
 def refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

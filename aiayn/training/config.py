@@ -173,6 +173,8 @@ class TrainConfig:
             )
         if not self.out_dir:
             fail(self, "out_dir", "is empty: name the run directory")
+        if not self.dataset.strip():  # "" is the current folder to the file readers
+            fail(self, "dataset", "is empty: name a bundled dataset (multi30k), a folder or a file prefix")
         self.options.validate(self)
 
 

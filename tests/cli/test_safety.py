@@ -503,6 +503,7 @@ def test_a_command_line_argparse_refuses_is_one_line_with_status_2(argv, capsys)
         (["average", "run", "--out", ""], "--out"),
         (["plot", ""], "run_dir"),
         (["evaluate", "--model", "m", "--json", ""], "--json"),
+        (["evaluate", "--model", "m", "--dataset", ""], "--dataset"),
         (["serve", "--model", "a", "--model", ""], "--model"),
     ],
 )

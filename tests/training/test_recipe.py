@@ -101,6 +101,13 @@ def test_an_override_that_would_do_nothing_is_refused(overrides, message):
         load_recipe(None, overrides)
 
 
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_dataset_is_refused_by_name(value):
+    """dataset= read the current folder ("" is "." to the file readers) and failed on a file name."""
+    with pytest.raises(ConfigError, match="dataset=.* is empty: name a bundled dataset"):
+        load_recipe(None, [f"dataset={value}"])
+
+
 def test_an_inline_table_override_does_not_drop_the_recipes_table_silently():
     """``model={dropout=0.3}`` replaced the recipe's whole [model] table: its sizes went back to the
     paper's base model (ten times the recipe's) without a word. Refused, naming the dotted form."""
