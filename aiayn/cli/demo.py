@@ -87,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         check_output(out, directory=True, force=args.force, option="--out")
     if args.json:
         check_output(args.json, (RECIPE, REFERENCE), option="--json")
+        if out.resolve() in Path(args.json).resolve().parents:  # the run replaces --out as a whole
+            raise ConfigError(f"--json {args.json} is inside --out {out}, which the demo replaces (and whose "
+                              "files it would write over); give a file elsewhere")  # fmt: skip
     cfg = demo_config(out, args.minutes)  # the recipe and the test set read before the old run goes
     if args.beam > cfg.vocab_size:  # the search refuses it, but only after the minutes of training
         raise ConfigError(f"--beam {args.beam} exceeds the vocabulary the demo trains ({cfg.vocab_size} "

@@ -643,7 +643,8 @@ def test_a_language_model_run_generates(tmp_path, capsys):
         ("wrong-reference", "is not a list of demo runs"),
         ("no-recipe", "no-such-recipe.toml"),
         ("no-data", "AIAYN_DATA_DIR points to"),
-        ("busy", "is in use by another training"),  # a demo still training there: it was deleted under it
+        ("busy", "is in use by another training"),  # a demo still training there: deleted under it
+        ("json-inside-out", "is inside --out"),  # written after training, over the new run's own files
     ],
 )
 def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the_last_demo(
@@ -665,7 +666,8 @@ def test_the_demo_refuses_bad_options_and_files_before_it_trains_or_replaces_the
 
     held = RunLock(out, str(out)) if case == "busy" else None  # as the other demo's trainer holds it
     args = ["demo", "--out", str(out), "--minutes", "0.05"]
-    args += {"beam": ["--beam", "0"], "json-over-input": ["--json", str(reference)]}.get(case, [])
+    args += {"beam": ["--beam", "0"], "json-over-input": ["--json", str(reference)],
+             "json-inside-out": ["--json", str(out / "metrics.jsonl")]}.get(case, [])  # fmt: skip
     assert main(args) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "aiayn demo: training" not in err
