@@ -127,3 +127,29 @@ def test_attention_labels_a_marian_piece_that_decodes_to_nothing_by_the_piece(ma
     assert quiet and all(src.decode([i]) == "" for i in quiet)
     labels = token_labels(src, quiet, config)
     assert labels == ["␣" if src.pieces[i] == "\u2581" else "<unk>" for i in quiet]
+
+
+def test_an_exported_marian_tokenizer_names_its_own_special_pieces(tmp_path):
+    """A sentencepiece model whose specials are called [PAD], [BOS], … (ids 0–3, as aiayn needs) wrote
+    a tokenizer_config.json naming <pad>, <s>, …, which its vocabulary lacks: MarianTokenizer refused
+    it. The names are now the model's own, and transformers reads the ids aiayn uses."""
+    import io
+
+    import sentencepiece as spm
+
+    from aiayn.data.tokenizer import SentencePieceTokenizer
+    from aiayn.interop.marian.tokenizer import save_marian_tokenizer
+
+    text = ["ein mann fährt fahrrad", "eine frau liest ein buch", "zwei hunde spielen im park"] * 30
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=model, vocab_size=40, model_type="bpe",
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[BOS]", eos_piece="[EOS]",
+        unk_piece="[UNK]", minloglevel=2,
+    )  # fmt: skip
+    tok = SentencePieceTokenizer(model.getvalue())
+    save_marian_tokenizer(tmp_path, tok, tok, "de", "en")
+    hf = transformers.MarianTokenizer.from_pretrained(tmp_path)
+    assert (hf.pad_token, hf.eos_token, hf.unk_token) == ("[PAD]", "[EOS]", "[UNK]")
+    assert (hf.pad_token_id, hf.eos_token_id, hf.unk_token_id) == (0, 2, 3)
+    assert hf("ein mann").input_ids == [*tok.encode("ein mann"), tok.eos_id]

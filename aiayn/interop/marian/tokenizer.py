@@ -130,9 +130,11 @@ def save_marian_tokenizer(
     write_json(directory / "vocab.json", vocab)
     if separate:
         write_json(directory / "target_vocab.json", {tgt.sp.id_to_piece(i): i for i in range(tgt.vocab_size)})
+    piece = src.sp.id_to_piece  # the specials by the model's own pieces (a sentencepiece trained with
+    # --pad_piece=[PAD] names its own; MarianTokenizer refuses a pad token its vocabulary lacks)
     write_json(directory / "tokenizer_config.json", {
         "tokenizer_class": "MarianTokenizer", "source_lang": src_lang, "target_lang": tgt_lang,
-        "separate_vocabs": separate, "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-        "bos_token": "<s>", "model_max_length": max_len,
+        "separate_vocabs": separate, "unk_token": piece(src.unk_id), "eos_token": piece(src.eos_id),
+        "pad_token": piece(src.pad_id), "bos_token": piece(src.bos_id), "model_max_length": max_len,
     })  # fmt: skip
     return directory
