@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from aiayn.data.tokenizer import META_FILE, Tokenizer, load_tokenizer
-from aiayn.errors import ModelDirError
+from aiayn.errors import ConfigError, ModelDirError
 from aiayn.interop.bert import export_bert, load_bert
 from aiayn.interop.gpt2 import GPT2Tokenizer, export_gpt2, load_gpt2, load_gpt2_tokenizer
 from aiayn.interop.hf import AIAYN_TOKENIZER, HF_CONFIG, read_hf_config
@@ -51,9 +51,13 @@ def from_pretrained(
 ) -> nn.Module:
     """The model in a local directory, in eval mode.
 
-    ``pad_id`` only matters for GPT-2, which has no padding token (see ``aiayn.interop.gpt2``).
+    ``pad_id`` only matters for GPT-2, which has no padding token (see ``aiayn.interop.gpt2``); given
+    for any other model, whose padding id is its own, it is refused rather than ignored.
     """
     model_type = hf_model_type(path)
+    if pad_id is not None and model_type != "gpt2":
+        raise ConfigError(f"pad_id={pad_id} is for GPT-2 directories (which have no padding token); "
+                          f"{path} has its own ({model_type or 'aiayn'}): leave pad_id out")  # fmt: skip
     if model_type is None:
         model = load_model(path)
     elif model_type == "marian":

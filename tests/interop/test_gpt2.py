@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from aiayn import LanguageModel
+from aiayn import LanguageModel, LMConfig
 from aiayn.errors import ModelDirError
 from aiayn.interop import from_pretrained
 from tests.helpers import assert_close
@@ -53,6 +53,16 @@ def test_config_and_padding_choice(tmp_path):
     assert from_pretrained(tmp_path, pad_id=7).config.pad_id == 7
     gpt2(tmp_path, pad_token_id=3)
     assert from_pretrained(tmp_path).config.pad_id == 3
+
+
+def test_a_padding_id_for_a_model_that_has_its_own_is_refused_not_ignored(tmp_path):
+    from aiayn.errors import ConfigError
+    from aiayn.models.io import save_model
+
+    save_model(LanguageModel(LMConfig(vocab_size=20, n_layers=1, d_model=8, n_heads=2, d_ff=16)), tmp_path)
+    with pytest.raises(ConfigError, match="pad_id=5 is for GPT-2 directories"):
+        from_pretrained(tmp_path, pad_id=5)
+    assert from_pretrained(tmp_path).config.pad_id == 0
 
 
 def test_a_gpt2_without_padding_exports_without_padding(tmp_path):
