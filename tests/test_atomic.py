@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn import atomic, temporaries
+from aiayn import atomic, outputs, temporaries
 from aiayn.errors import OutputError
 
 
@@ -104,7 +104,7 @@ def test_a_folder_that_takes_no_file_is_refused_before_the_work(tmp_path, monkey
         OutputError, match=r"--json .*out/o.json: cannot write in .*out \(Operation not permitted\)"
     ):
         (tmp_path / "out").mkdir()
-        atomic.check_output(tmp_path / "out" / "o.json", option="--json")
+        outputs.check_output(tmp_path / "out" / "o.json", option="--json")
 
 
 def test_a_failed_write_names_the_output_not_its_temporary(tmp_path):
@@ -176,7 +176,7 @@ def test_a_written_file_gets_the_mode_of_a_new_file_not_its_writers(tmp_path):
 def test_a_marian_export_with_two_vocabularies_holds_a_model(tmp_path):
     """``aiayn export --force`` refused to replace its own export of separate vocabularies: its
     target_vocab.json was a file no model holds."""
-    from aiayn.atomic import holds_model
+    from aiayn.outputs import holds_model
 
     names = ["config.json", "model.safetensors", "generation_config.json", "source.spm", "target.spm",
              "vocab.json", "target_vocab.json", "tokenizer_config.json"]  # fmt: skip

@@ -1,5 +1,5 @@
 """Dependencies inside the package flow one way (README, "What is where"); the base is masks, errors,
-atomic, temporaries, textfiles, version, device and malloc:
+atomic, outputs, temporaries, textfiles, version, device and malloc:
 
     cli → serve → training → decoding → interop → data → models → modules → base
 
@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
 ORDER = ["base", "modules", "models", "data", "interop", "decoding", "training", "serve", "cli"]
-BASE = {"masks", "errors", "atomic", "temporaries", "textfiles", "version", "device", "malloc"}
+BASE = {"masks", "errors", "atomic", "outputs", "temporaries", "textfiles", "version", "device", "malloc"}
 LAYERED = BASE | set(ORDER) | {"viz"}
 FACADES = {"__init__", "__main__"}  # the package's public face and entry point may import anything
 

@@ -6,7 +6,6 @@ import argparse
 
 import torch
 
-from aiayn.atomic import check_figure_dir
 from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import add_model_argument, formatter
 from aiayn.decoding.bidirectional import BidirectionalAdapter
@@ -17,6 +16,7 @@ from aiayn.decoding.search import search
 from aiayn.decoding.translator import Translator
 from aiayn.errors import ConfigError
 from aiayn.interop.model_dir import check_kind, load_encoder_dir
+from aiayn.outputs import check_figure_dir
 from aiayn.viz.attention import is_attention_map, save_attention_maps
 
 EXAMPLES = """examples:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aiayn.atomic import check_output
 from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import warn
 from aiayn.errors import ConfigError
+from aiayn.outputs import check_output
 
 
 def add_parser(sub) -> None:

@@ -2,7 +2,7 @@
 
 ``add_search_arguments(parser)`` adds them; ``search_config(args)`` turns them into a checked
 ``SearchConfig``. ``warn`` prints a one-line warning on stderr; ``check_outputs`` applies the
-output-safety rule (``aiayn.atomic.check_output``) to a decoding command's output files, against
+output-safety rule (``aiayn.outputs.check_output``) to a decoding command's output files, against
 every path it reads (``command_inputs``); ``read_chunks`` streams its input, a chunk of lines at a
 time, so no input is held whole.
 """
@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from aiayn.atomic import check_output
 from aiayn.data.files import BOM, GZIP_MAGIC, read_error
 from aiayn.decoding.mbr import UTILITIES
 from aiayn.decoding.options import SearchConfig
@@ -31,6 +30,7 @@ from aiayn.errors import ConfigError, DataError, OutputError
 from aiayn.models.io import resolve_model_dir
 from aiayn.models.prepack import GEMMS, prepack
 from aiayn.models.quantize import QUANTIZATIONS, quantize
+from aiayn.outputs import check_output
 
 T = TypeVar("T")
 

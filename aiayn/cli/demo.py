@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.atomic import check_output, write_text
+from aiayn.atomic import write_text
 from aiayn.cli.commands import summary
 from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError, DataError
+from aiayn.outputs import check_output
 from aiayn.temporaries import temporary_name
 from aiayn.training.config import MAX_MINUTES
 from aiayn.training.rundir import RunLock

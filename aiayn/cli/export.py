@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.atomic import atomic_dir, check_output
+from aiayn.atomic import atomic_dir
 from aiayn.cli.commands import summary
 from aiayn.cli.decode_options import command_inputs, warn
 from aiayn.data.tokenizer import SentencePieceTokenizer
@@ -19,6 +19,7 @@ from aiayn.interop.hf import AIAYN_TOKENIZER, position_rows
 from aiayn.interop.marian import save_marian_tokenizer
 from aiayn.interop.model_dir import load_encoder_dir, load_lm_dir, load_translation_dir, model_meta
 from aiayn.models.lm import LanguageModel
+from aiayn.outputs import check_output
 
 EXAMPLES = """examples:
   aiayn export --model runs/de-en --to hf de-en-hf     # a Transformer -> MarianMTModel directory

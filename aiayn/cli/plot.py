@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aiayn.atomic import check_figure_dir
 from aiayn.cli.commands import summary
 from aiayn.errors import DataError, OutputError
+from aiayn.outputs import check_figure_dir
 
 
 def add_parser(sub) -> None:

@@ -170,7 +170,8 @@ def split_lines(text: str) -> list[str]:
 
 
 def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending."""
+    """The lines of a checked file, without their ``"\\n"`` / ``"\\r\\n"`` ending (the last line's
+    ``"\\r"`` too where the file ends without a newline, as ``split_lines`` reads it)."""
     try:
         with open_bytes(path) as f:
             for i, raw in enumerate(f, start=1):
@@ -178,9 +179,8 @@ def iter_lines(path: Path) -> Iterator[str]:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     raise DataError(f"{path}: line {i} is not valid UTF-8 (file changed?)") from None
-                if line.endswith("\n"):
-                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
-                yield line
+                line = line.removesuffix("\n")
+                yield line.removesuffix("\r")
     except (OSError, EOFError, zlib.error) as e:
         raise read_error(path, e) from None
 

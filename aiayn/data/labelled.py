@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import warnings
@@ -205,8 +206,12 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, labelled: bool)
             if key not in obj:
                 raise DataError(f"{path}:{line}: no key {key!r} (the {what}); set {what}_column to its key")
             value = obj[key]
+            if what == "text" and not isinstance(value, str):  # 5 or true is no text to classify
+                raise DataError(f"{path}:{line}: the text {key!r} is a {type(value).__name__}, not a string")
             if isinstance(value, bool):
                 value = str(value).lower()
+            elif isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity: no class
+                raise DataError(f"{path}:{line}: the label {key!r} is {value}, not a class")
             elif isinstance(value, float) and value.is_integer():  # 1.0 (a float column's) is the label 1
                 value = int(value)
             if not isinstance(value, str | int | float):
@@ -276,6 +281,11 @@ class LabelMap:
                 f"{corpus.path}: every example has the label {next(iter(seen))!r}; a classifier needs "
                 "at least two classes"
             )
+        for label in sorted(seen):  # "1" and "1.0" in one file: one class or two? said, not guessed
+            if re.fullmatch(r"-?[0-9]+\.0+", label) and (twin := str(_integer(label))) in seen:
+                line = corpus.lines[corpus.labels.index(label)]
+                raise DataError(f"{corpus.path}: the labels {twin!r} and {label!r} (line {line}) are one "
+                                "number written two ways; write them alike")  # fmt: skip
         numeric = all(re.fullmatch(r"-?[0-9]+", s) for s in seen)  # "--1" and "²" are names, not numbers
         # "1" and "01" name two classes of one value: their order must not be the set's (hash seed)
         return cls(sorted(seen, key=lambda s: (int(s), s)) if numeric else sorted(seen))

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from aiayn.data import DataError, check_file, data_dir
-from aiayn.data.files import BOM, iter_lines, iter_text
+from aiayn.data.files import BOM, iter_lines, iter_text, split_lines
 
 
 def test_data_dir_is_the_repository_data_folder_unless_overridden(tmp_path, monkeypatch):
@@ -81,6 +81,10 @@ def test_lines_split_on_newline_only(tmp_path):
     (tmp_path / "a").write_bytes("a\u2028b\x85c\x0cd\re\r\nf\n\ng".encode())
     assert list(iter_lines(tmp_path / "a")) == ["a\u2028b\x85c\x0cd\re", "f", "", "g"]
     assert check_file(tmp_path / "a").n_lines == 4
+    # a CRLF file without a final newline: its last line loses its "\r" as the others do (it kept it,
+    # and its sentence gained a <0x0D> piece), as split_lines reads the same text
+    (tmp_path / "b").write_bytes(b"x\r\ny\r")
+    assert list(iter_lines(tmp_path / "b")) == split_lines("x\r\ny\r") == ["x", "y"]
 
 
 @pytest.mark.parametrize("start,stop", [(0, 40), (3, 17), (10, 11), (0, 0), (25, 40)])

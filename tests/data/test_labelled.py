@@ -78,6 +78,10 @@ def test_jsonl_labels_of_any_form(tmp_path):
         ("a.jsonl", '{"text": "a"}\n', r"a.jsonl:1: no key 'label' \(the label\)"),
         ("a.jsonl", '{"text": "a", "label": 1}\n[1]\n', r"a.jsonl:2: not a JSON object"),
         ("a.jsonl", '{"text": ["a"], "label": 1}\n', r"a.jsonl:1: the text 'text' is a list"),
+        # a number or a boolean is no text to classify (it was read as "5"), NaN no class (it was "nan")
+        ("a.jsonl", '{"text": 5, "label": 1}\n', r"a.jsonl:1: the text 'text' is a int, not a string"),
+        ("a.jsonl", '{"text": true, "label": 1}\n', r"a.jsonl:1: the text 'text' is a bool, not a string"),
+        ("a.jsonl", '{"text": "a", "label": NaN}\n', r"a.jsonl:1: the label 'label' is nan, not a class"),
         # not JSONDecodeError: Python's limit on an integer's digits, and a recursion too deep
         ("a.jsonl", f'{{"text": "a", "label": {"1" * 5000}}}\n', r"a.jsonl:1: not JSON \(Exceeds the limit"),
         ("a.jsonl", "[" * 100_000 + "\n", r"a.jsonl:1: not JSON \(nested too deeply"),
@@ -133,6 +137,10 @@ def test_label_map_orders_and_rejects(tmp_path):
         LabelMap(["1", "2"]).ids(load_labelled(write(tmp_path / "g.tsv", "text\tlabel\na\t1.5\n")))
     with pytest.raises(DataError, match=r"label '1' is not one"):  # two labels of that value: no guess
         LabelMap(["1.0", "01"]).ids(load_labelled(write(tmp_path / "h.tsv", "text\tlabel\na\t1\n")))
+    # "1" and "1.0" in one training file: one class or two? refused, not guessed (two classes, before)
+    mixed = load_labelled(write(tmp_path / "m.csv", "text,label\na,1\nb,0\nc,1.0\n"))
+    with pytest.raises(DataError, match=r"m.csv: the labels '1' and '1.0' \(line 4\) are one number"):
+        LabelMap.from_corpus(mixed)
 
 
 def test_folder_splits_and_tenth_held_out(tmp_path):
