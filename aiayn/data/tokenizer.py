@@ -12,8 +12,9 @@ piece ``"<mask>"`` as a user-defined symbol at id 4: the text ``"<mask>"`` alway
 fill-mask query is plain text. ``mask_id`` is that id, or None for a vocabulary without it.
 
 **Round trip.** Subword models use sentencepiece's ``identity`` normalisation with extra
-whitespace kept and byte fallback on, so ``decode(encode(s)) == s`` for every string ``s``:
-characters never seen in training become UTF-8 byte pieces rather than unk. We chose ``identity``
+whitespace kept and byte fallback on, so ``decode(encode(s)) == s`` for every string ``s`` but one
+character's: characters never seen in training become UTF-8 byte pieces rather than unk, while U+2581
+(``"▁"``), sentencepiece's own sign for a space, comes back as a space. We chose ``identity``
 over ``nmt_nfkc`` because NFKC changes text (Multi30k's valid split has a no-break space that NFKC
 turns into a space), and a decoded translation should be scored against the raw reference exactly
 as written. Normalise the corpus beforehand if you want NFKC folding.
@@ -21,7 +22,8 @@ as written. Normalise the corpus beforehand if you want NFKC folding.
 **Lowercase.** ``train(lowercase=True)`` adds a normalisation rule to the model file that maps each
 upper- or title-case character to ``str.lower`` of it (character by character: a final Σ becomes σ,
 not ς). Every program that reads the file with sentencepiece then lowercases its input, so
-``decode(encode(s)) == s.lower()`` and ``lowercase`` is True: a model of such a vocabulary reads and
+``decode(encode(s))`` is ``s`` lowercased character by character (``s.lower()`` but for that σ) and
+``lowercase`` is True: a model of such a vocabulary reads and
 writes lowercased text, as the Multi30k literature's models do (they train on the corpus's
 lowercased files).
 
