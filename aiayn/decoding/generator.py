@@ -91,11 +91,17 @@ class Generator:
         prompt_ids = torch.tensor([self.encode(prompt)], dtype=torch.long, device=self.device)
         return search(self.adapter(config.use_cache), prompt_ids, config, max_new_tokens)[0]
 
+    def continuation(self, prompt_ids: list[int], tokens: list[int]) -> str:
+        """The text ``tokens`` add after the prompt's ids: decoded with them and cut after the prompt's
+        own text. Decoded alone, a sentencepiece continuation's first piece loses its word-start space
+        ("A man" + "▁rides" read "A manrides")."""
+        head, whole = self.tokenizer.decode(prompt_ids), self.tokenizer.decode([*prompt_ids, *tokens])
+        return whole[len(head) :] if whole.startswith(head) else self.tokenizer.decode(tokens)
+
     def generate(self, prompt: str, max_new_tokens: int, config: SearchConfig | None = None) -> list[str]:
         """``prompt`` followed by each continuation, as text."""
-        return [
-            prompt + self.tokenizer.decode(h.tokens) for h in self.complete(prompt, max_new_tokens, config)
-        ]
+        ids, hypotheses = self.encode(prompt), self.complete(prompt, max_new_tokens, config)
+        return [prompt + self.continuation(ids, h.tokens) for h in hypotheses]
 
 
 def context(config, trained_max_len: int | None) -> int | None:

@@ -82,3 +82,20 @@ def test_a_model_directory_gives_its_trained_context(tmp_path):
     meta = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**meta, "trained_max_len": 12}))
     assert Generator.from_dir(path).context == 12
+
+
+def test_a_sentencepiece_continuation_keeps_the_space_before_its_first_word(monkeypatch):
+    """Decoded on its own, a continuation's first piece ("▁rides") lost its word-start space: "A man"
+    went on as "A manrides a bike", in generate and in the server's stream. It is decoded with the
+    prompt now, and the prompt's own text cut off."""
+    from aiayn.data.tokenizer import SentencePieceTokenizer
+    from aiayn.decoding.beam import Hypothesis
+
+    text = ["a man rides a bike", "a woman reads a book", "two dogs play in the park"] * 40
+    tok = SentencePieceTokenizer.train([t.capitalize() for t in text] + text, 300)
+    g = Generator(tiny_lm(vocab=tok.vocab_size), tok)
+    prompt, whole = tok.encode("A man"), tok.encode("A man rides a bike")
+    assert whole[: len(prompt)] == prompt and tok.decode(whole[len(prompt) :]) == "rides a bike"  # the loss
+    assert g.continuation(prompt, whole[len(prompt) :]) == " rides a bike"
+    monkeypatch.setattr(g, "complete", lambda *a: [Hypothesis(whole[len(prompt) :], 0.0, 0.0)])
+    assert g.generate("A man", 4) == ["A man rides a bike"]
