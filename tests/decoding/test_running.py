@@ -98,6 +98,26 @@ def test_dropped_sentences_leave_and_the_others_go_on():
     _same("after a drop", done["c"], _alone(model, sentences[2], 10, SearchConfig(beam=3)))
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_sentence_dropped_mid_search_leaves_the_others_as_they_decode_alone(name):
+    """Dropped after some steps (its beams reordered by then, and rows realigned by a later join),
+    not only before the first: the others' tokens and scores are still those of decoding alone."""
+    model, config, sentences = tiny_transformer(eos_bias=0.5), CONFIGS[name], _sentences(4, seed=3)
+    running, done = RunningSearch(model, config), {}
+    running.add(_padded(sentences[:3]), torch.tensor([12, 12, 12]), ["a", "b", "c"])
+    for _ in range(3):
+        done.update(running.step())
+    running.add(_padded(sentences[3:]), torch.tensor([12]), ["d"])  # joins late: rows realigned
+    done.update(running.step())
+    assert "b" not in done  # still decoding: dropped mid-search, not after it ended
+    running.drop({"b"})
+    while len(running):
+        done.update(running.step())
+    assert sorted(done) == ["a", "c", "d"]
+    for tag, src in zip("acd", [sentences[0], sentences[2], sentences[3]], strict=True):
+        _same(f"{name}: {tag} after b left mid-search", done[tag], _alone(model, src, 12, config))
+
+
 def test_only_plain_searches_run():
     with pytest.raises(ValueError, match="plain model"):
         RunningSearch(tiny_transformer(), SearchConfig(sample=True))
