@@ -33,6 +33,7 @@ MODEL_ENTRIES = {
     "tensorboard", "loss.png", "lr.png", "bleu.png", "accuracy.png", ".aiayn-demo", "shared_vocabulary.json",
     "source_vocabulary.json", "target_vocabulary.json", "vocab.txt", "aiayn_tokenizer",
     "target_vocab.json",  # a Marian export's target side, where the vocabularies differ
+    "subword", ".train.lock",  # a run's subword samples; the lock a killed run left
 }  # fmt: skip
 
 

@@ -92,10 +92,12 @@ class Generator:
         return search(self.adapter(config.use_cache), prompt_ids, config, max_new_tokens)[0]
 
     def continuation(self, prompt_ids: list[int], tokens: list[int]) -> str:
-        """The text ``tokens`` add after the prompt's ids: decoded with them and cut after the prompt's
-        own text. Decoded alone, a sentencepiece continuation's first piece loses its word-start space
-        ("A man" + "▁rides" read "A manrides")."""
-        head, whole = self.tokenizer.decode(prompt_ids), self.tokenizer.decode([*prompt_ids, *tokens])
+        """The text ``tokens`` add after the prompt's ids: decoded after the prompt's last piece and cut
+        after that piece's own text (the rest of the prompt cannot change how they read, and a stream
+        decodes at every token). Decoded alone, a sentencepiece continuation's first piece loses its
+        word-start space ("A man" + "▁rides" read "A manrides")."""
+        last = list(prompt_ids[-1:])
+        head, whole = self.tokenizer.decode(last), self.tokenizer.decode([*last, *tokens])
         return whole[len(head) :] if whole.startswith(head) else self.tokenizer.decode(tokens)
 
     def generate(self, prompt: str, max_new_tokens: int, config: SearchConfig | None = None) -> list[str]:

@@ -165,14 +165,16 @@ class Server:
             raise HTTPError(getattr(e, "status", 400), str(e)) from None
 
     # -- limits and choices that depend on the settings ------------------------------------------------
-    def texts(self, q: str | list[str]) -> list[str]:
-        """``q`` as a list of texts: at most ``batch_limit`` of them, of at most ``char_limit`` characters
-        together (as LibreTranslate counts them: a limit per request, not per text)."""
+    def texts(self, q: str | list[str], per_request: bool = False) -> list[str]:
+        """``q`` as a list of texts: at most ``batch_limit`` of them, each of at most ``char_limit``
+        characters, or with ``per_request`` all of them together (LibreTranslate's ``/translate``
+        counts so; aiayn's own routes take a batch of documents of that length each)."""
         texts, s = q if isinstance(q, list) else [q], self.settings
         if len(texts) > s.batch_limit:
             raise invalid(f"request ({len(texts)}) exceeds text limit ({s.batch_limit})")
-        if (chars := sum(map(len, texts))) > s.char_limit:
-            raise invalid(f"request ({chars} characters) exceeds character limit ({s.char_limit})")
+        for chars in [sum(map(len, texts))] if per_request else map(len, texts):
+            if chars > s.char_limit:
+                raise invalid(f"request ({chars} characters) exceeds character limit ({s.char_limit})")
         for i, t in enumerate(texts):
             if (problem := text_problem(t)) is not None:
                 raise invalid(f"q[{i}] {problem}" if isinstance(q, list) else f"q {problem}")

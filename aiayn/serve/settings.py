@@ -16,7 +16,8 @@ SCHEDULINGS = ("step", "batch")
 
 @dataclass(frozen=True)
 class Settings:
-    char_limit: int = 5000  # characters per request, its texts together (LibreTranslate's --char-limit)
+    # characters per text on /v1; per request, texts together, on /translate (LibreTranslate's --char-limit)
+    char_limit: int = 5000
     batch_limit: int = 32  # texts per request (LibreTranslate's --batch-limit)
     sentence_limit: int = 512  # sentences /translate splits a request's texts into, at most
     # a larger request body is refused (413) before it is read whole; the default holds batch_limit texts

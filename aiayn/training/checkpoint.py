@@ -87,6 +87,8 @@ def _rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
+    if torch.backends.mps.is_available():  # an Apple GPU's dropout draws from its own generator
+        tensors["rng.mps"] = torch.mps.get_rng_state()
     version, state, gauss = random.getstate()
     return {"version": version, "state": list(state), "gauss": gauss}, tensors
 
@@ -97,6 +99,8 @@ def _set_rng_state(meta: dict, tensors: dict[str, torch.Tensor]) -> None:
         for i in range(torch.cuda.device_count()):
             if f"rng.cuda.{i}" in tensors:
                 torch.cuda.set_rng_state(tensors[f"rng.cuda.{i}"], i)
+    if "rng.mps" in tensors and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(tensors["rng.mps"])
     random.setstate((meta["version"], tuple(meta["state"]), meta["gauss"]))
 
 

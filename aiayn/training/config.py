@@ -24,6 +24,7 @@ INT_LIMIT = 2**63  # an id, a count or a seed past int64 breaks torch and numpy
 # sentencepiece's and the embedding's sizes: far above any real vocabulary, far below what breaks them
 MAX_VOCAB = 2**20
 MAX_MINUTES = 1e6  # a budget's upper bound: past it the budget's arithmetic overflows
+MAX_DDP_TIMEOUT = 30 * 86400.0  # seconds; past about 1e14 the timedelta of the process group overflows
 
 
 def check_numbers(obj: Any) -> None:
@@ -157,8 +158,9 @@ class TrainConfig:
                 fail(self, name, "must be in [0, 1)")
         if self.lr <= 0:
             fail(self, "lr", "must be > 0")
-        if self.ddp_timeout <= 0:
-            fail(self, "ddp_timeout", "must be > 0 (seconds a torchrun rank waits for the others)")
+        if not 0 < self.ddp_timeout <= MAX_DDP_TIMEOUT:
+            fail(self, "ddp_timeout", f"must be in (0, {MAX_DDP_TIMEOUT:g}] (seconds a torchrun rank waits "
+                 "for the others; 30 days at most)")  # fmt: skip
         if self.adam_eps <= 0:
             fail(self, "adam_eps", "must be > 0 (the paper's is 1e-9)")
         if self.schedule == "cosine" and self.min_lr > self.lr:

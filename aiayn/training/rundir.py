@@ -27,7 +27,9 @@ import torch
 
 from aiayn.atomic import write_json, write_text
 from aiayn.data.subword import SAMPLES_DIR
-from aiayn.errors import ConfigError, ModelDirError, OutputError
+from aiayn.data.tokenizer import META_FILE as TOKENIZER_META
+from aiayn.data.tokenizer import load_tokenizer
+from aiayn.errors import AiaynError, ConfigError, ModelDirError, OutputError
 from aiayn.models.io import read_config
 from aiayn.temporaries import remove_temporaries
 from aiayn.textfiles import absent, read_json
@@ -289,32 +291,34 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
 
 
 def check_resumed_tokenizers(run_dir: Path, path: Path, save_tokenizers: Callable[[Path], None]) -> None:
-    """The tokenizers the run reads now (``save_tokenizers`` writes them as into a checkpoint) are the
-    ones the checkpoint ``path`` was trained with, file for file: a run copied without its tokenizer
-    folder trains it again when resumed, and another sentencepiece version may cut the same text into
-    other pieces of the same count, which the weights would load on without a word. A file the
-    checkpoint does not hold (an older layout) is not compared."""
+    """The tokenizers the run reads now (``save_tokenizers`` writes them as into a checkpoint) define
+    the vocabularies (``model_bytes``) that the checkpoint ``path`` was trained with: a run copied
+    without its tokenizer folder trains it again when resumed, and another sentencepiece version may
+    cut the same text into other pieces of the same count, which the weights would load on without a
+    word. Compared where both hold an aiayn tokenizer (``tokenizer.json``); the files' bytes are not
+    (a later save format is no other vocabulary)."""
     with tempfile.TemporaryDirectory() as tmp:
         save_tokenizers(Path(tmp))
-        for file in sorted(Path(tmp).rglob("*")):
-            saved = path / file.relative_to(tmp)
-            if file.is_file() and saved.is_file() and saved.read_bytes() != file.read_bytes():
+        for meta in sorted(Path(tmp).rglob(TOKENIZER_META)):
+            where = meta.parent.relative_to(tmp)
+            try:
+                saved = load_tokenizer(path / where).model_bytes()
+            except (AiaynError, OSError):  # none there (an older layout): nothing to compare
+                continue
+            if load_tokenizer(meta.parent).model_bytes() != saved:
                 raise ConfigError(
                     f"cannot resume {run_dir}: its tokenizer ({run_dir / TOKENIZER_DIR}) is not the one "
-                    f"{path.name} was trained with ({saved.relative_to(path)} differs: trained again, or "
-                    f"replaced); put the run's own back (checkpoints hold a copy beside their config.json)"
+                    f"{path.name} was trained with (the vocabulary in {path.name}/{where} differs: trained "
+                    "again, or replaced); put the run's own back (checkpoints hold a copy beside their "
+                    "config.json)"
                 )
 
 
-def check_resumed_data(run_dir: Path, path: Path, meta_now: dict, data_files: list,
-                       save_tokenizers: Callable[[Path], None] | None = None) -> None:  # fmt: skip
+def check_resumed_data(run_dir: Path, path: Path, meta_now: dict, data_files: list) -> None:
     """What the checkpoint ``path`` recorded of the data (``task.model_meta``: a classifier's labels;
     its files' digests) is what the data gives now (``meta_now``, ``data_files``); a change (a label new
     in the training data, a file edited) is named, not loaded. The dataset may be spelt otherwise where
-    the files are the same. ``save_tokenizers`` (the task's): the run's tokenizers are the checkpoint's
-    (``check_resumed_tokenizers``)."""
-    if save_tokenizers is not None:
-        check_resumed_tokenizers(run_dir, path, save_tokenizers)
+    the files are the same."""
     saved = read_config(path)
     files = read_json(path / ckpt.STATE_JSON, "the checkpoint is incomplete").get("data_files")
     for key, now in meta_now.items():

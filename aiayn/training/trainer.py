@@ -153,11 +153,11 @@ class Trainer:
         skipped: list[tuple[Path, str]] = []
         for path in checkpoints:
             try:
-                rundir.check_resumed_data(self.run_dir, path, self.task.model_meta(), self.data_files,
-                                          self.task.save_tokenizers)  # fmt: skip
+                rundir.check_resumed_data(self.run_dir, path, self.task.model_meta(), self.data_files)
                 state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.dist.rank, self.device)
                 if state.get("run_id", self.run_id) != self.run_id:
                     raise ModelDirError(f"{path} belongs to another run (run_id {state['run_id']})")
+                rundir.check_resumed_tokenizers(self.run_dir, path, self.task.save_tokenizers)
                 break
             except ModelDirError as e:
                 skipped.append((path, str(e)))

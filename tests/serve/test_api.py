@@ -100,8 +100,9 @@ def test_libretranslate_html_translates_the_texts_between_the_tags(client, serve
 
 
 def test_html_texts_count_as_sentences_and_characters_count_per_request(served):
-    """A page's texts between tags are bounded as sentences (--sentence-limit), and --char-limit holds
-    for the request's texts together, as LibreTranslate counts it (it held for each text alone)."""
+    """A page's texts between tags are bounded as sentences (--sentence-limit), and on /translate
+    --char-limit holds for the request's texts together, as LibreTranslate counts it (it held for each
+    text alone); on /v1 for each text."""
     de_en_meta(served["de-en"])
     settings = Settings(sentence_limit=6, char_limit=40)
     with TestClient(create_app([load_service("de-en", served["de-en"])], settings)) as c:
@@ -113,6 +114,10 @@ def test_html_texts_count_as_sentences_and_characters_count_per_request(served):
         r = c.post("/translate", json={"q": ["x" * 30, "y" * 11], **de_en})
         assert r.status_code == 400 and "(41 characters) exceeds character limit (40)" in r.json()["error"]
         assert c.post("/translate", json={"q": ["x" * 30, "y" * 10], **de_en}).is_success
+        # aiayn's own routes take a batch of texts of that length each (documents to classify, say)
+        assert c.post("/v1/translate", json={"q": ["x" * 30, "y" * 30]}).is_success
+        r = c.post("/v1/translate", json={"q": ["x" * 41]})
+        assert r.status_code == 400 and "(41 characters) exceeds character limit (40)" in r.json()["error"]
 
 
 def test_without_a_model_name_the_one_encoder_that_can_is_chosen(client):
@@ -470,7 +475,7 @@ def test_serve_refuses_bad_options_in_one_line(served, capsys, tmp_path):
 
 def test_a_10mb_body_and_a_request_past_its_timeout(served):
     de_en_meta(served["de-en"])
-    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.001))
+    app = create_app([load_service("de-en", served["de-en"])], Settings(timeout_s=0.05))  # the search starts
     with TestClient(app) as c:
         r = c.post(
             "/translate",
@@ -480,7 +485,7 @@ def test_a_10mb_body_and_a_request_past_its_timeout(served):
         assert r.status_code == 413 and "2097152 bytes" in r.json()["error"]  # the default limit, 2 MiB
         long = {"q": ["Ein Mann"] * 8, "beam": 16, "min_len": 1000, "max_len": 1000}  # seconds of steps
         r = c.post("/v1/translate", json=long)
-        assert r.status_code == 503 and "no answer within 0.001 s (--timeout)" in r.json()["error"]
+        assert r.status_code == 503 and "no answer within 0.05 s (--timeout)" in r.json()["error"]
         # the search it started (a translation starts at once) stops at its next step: nothing in
         # flight (/health alone cannot tell: by step a worker is busy only during a step)
         assert idle_within(lambda: c.get("/metrics").text, 2) and c.get("/health").json()["status"] == "ok"

@@ -551,7 +551,8 @@ def test_a_fault_outside_the_model_calls_answers_its_jobs_and_the_worker_goes_on
     async def go():
         if where == "drop":  # a caller that gives up makes the worker drop its rows
             gone = asyncio.ensure_future(b.submit("steps", 50, size=2))
-            await asyncio.sleep(0.05)
+            while not b.in_flight():  # in the search (a job cancelled before it starts is only skipped)
+                await asyncio.sleep(0.005)
             gone.cancel()
         first = await asyncio.wait_for(asyncio.gather(b.submit("steps", 30, size=2), return_exceptions=True),
                                        5)  # fmt: skip

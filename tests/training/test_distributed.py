@@ -269,7 +269,7 @@ def test_a_device_the_processes_cannot_share_is_refused_before_any_joins(name, d
     assert joined == [("nccl", 1800), ("gloo", 7200)]  # ddp_timeout's default: not NCCL's 10 minutes
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "1e300"])
 def test_a_timeout_that_cannot_wait_is_refused_by_name(value):
     from aiayn.errors import ConfigError
     from aiayn.training.recipe import load_recipe

@@ -382,19 +382,31 @@ def test_best_keeps_pointing_at_the_best_checkpoint_when_the_newest_is_set_aside
     resumed.release()
 
 
-def test_an_apple_gpus_random_state_is_saved_and_restored(monkeypatch):
-    """On MPS dropout draws from the device's own generator: a resumed run restores it as on CUDA
-    (it used to save only the CPU's, and drew other dropout masks). A fake MPS generator stands in."""
+def test_an_apple_gpus_random_state_is_saved_and_restored(tmp_path, monkeypatch):
+    """On MPS dropout draws from the device's own generator: a checkpoint holds it and a resume
+    restores it, as CUDA's (only the CPU's was saved: a resumed MPS run drew other dropout masks). An
+    MPS run is one process (torchrun refuses it), so the run's own state carries it, and the rank
+    state too. A fake MPS generator stands in."""
     import torch
 
     from aiayn.training import checkpoint as ckpt
 
     generator = {"state": torch.arange(8, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(torch.mps, "get_rng_state", lambda: generator["state"].clone())
     monkeypatch.setattr(torch.mps, "set_rng_state", lambda state: generator.update(state=state))
+    from aiayn import LanguageModel, LMConfig
+
+    model = LanguageModel(LMConfig(vocab_size=12, n_layers=1, d_model=8, n_heads=2, d_ff=16))
+    optimizer = torch.optim.Adam(model.parameters())
+    state = {"step": 3, "best": None, "bad_evals": 0, "elapsed": 1.0, "sampler": {}}
+    path = ckpt.save_checkpoint(tmp_path, 3, model, optimizer, state)
+    generator["state"] = torch.zeros(8, dtype=torch.uint8)  # the resumed process's fresh generator
+    ckpt.load_checkpoint(path, model, optimizer)
+    assert generator["state"].tolist() == list(range(8))
     mps = torch.device("mps")
     saved = ckpt.rank_rng_state(mps)
-    generator["state"] = torch.zeros(8, dtype=torch.uint8)  # the resumed process's fresh generator
+    generator["state"] = torch.zeros(8, dtype=torch.uint8)
     ckpt._set_rank_rng_state(saved, mps)
     assert generator["state"].tolist() == list(range(8))
     ckpt._set_rank_rng_state(torch.get_rng_state(), mps)  # a CPU run's state: the CPU part only

@@ -75,7 +75,7 @@ async def translate(
     ``alternatives`` other translations of each text; JSON or form-encoded."""
     if not body.q:  # "" or []: LibreTranslate's own answer
         raise invalid("missing q parameter")
-    many, texts = isinstance(body.q, list), server.texts(body.q)
+    many, texts = isinstance(body.q, list), server.texts(body.q, per_request=True)  # as LibreTranslate
     service = _by_languages(server, body.source, body.target)
     alternatives = max(0, body.alternatives)  # LibreTranslate's reading of a negative number
     if alternatives >= server.settings.max_beam:
