@@ -185,3 +185,32 @@ def test_a_marian_export_with_two_vocabularies_holds_a_model(tmp_path):
     assert holds_model(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     assert not holds_model(tmp_path)
+
+
+def test_a_run_holds_a_model_with_its_folders_and_a_project_does_not(tmp_path):
+    """A run with its subword samples, a killed run's lock, tensorboard events and checkpoints holds a
+    model (--force may replace it); a project whose config.json and src/ only share a model's names
+    does not (--force replaced it)."""
+    from aiayn.outputs import holds_model
+
+    run = tmp_path / "run"
+    names = ["train_config.json", "metrics.jsonl", ".train.lock", "subword/segmentation-0.npz",
+             "tensorboard/events.out", "tokenizer/src/spm.model", "tokenizer/src/tokenizer.json",
+             "step-000010/config.json", "step-000010/model.safetensors",
+             "step-000010/src/spm.model"]  # fmt: skip
+    for name in names:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    assert holds_model(run)
+    (run / "step-000010" / "notes.txt").write_text("mine")  # inside a checkpoint: not a model's
+    assert not holds_model(run)
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "config.json").write_text('{"kind": "transformer", "config": {}}')
+    (project / "src" / "main.c").write_text("int x;")
+    assert not holds_model(project)
+    (project / "src" / "main.c").unlink()
+    (project / "config.json").write_text('{"name": "a project"}')  # any JSON is no model's config
+    assert not holds_model(project)
+    (project / "config.json").write_text('{"model_type": "marian"}')
+    assert holds_model(project)
