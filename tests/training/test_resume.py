@@ -200,10 +200,13 @@ def test_a_moved_run_resumes(corpus, tmp_path, reference):
     assert _losses(tmp_path / "new") == reference
 
 
-def test_a_checkpoint_of_another_run_is_skipped(corpus, tmp_path, capsys, reference):
+@pytest.mark.parametrize("tokenizer", ["bpe", "unigram"])
+def test_a_checkpoint_of_another_run_is_skipped(corpus, tmp_path, capsys, reference, tokenizer):
+    """Another run's checkpoint is skipped, whatever its tokenizer (one of another vocabulary stopped the
+    resume when the run's tokenizer was compared with it before its run_id)."""
     run, other = tmp_path / "run", tmp_path / "other"
     assert main(["train", *tiny_args(corpus, run, "max_steps=4", *ARGS)]) == 0
-    assert main(["train", *tiny_args(corpus, other, "max_steps=6", *ARGS)]) == 0
+    assert main(["train", *tiny_args(corpus, other, "max_steps=6", f"tokenizer={tokenizer}", *ARGS)]) == 0
     shutil.copytree(other / "step-000006", run / "step-000006")  # same settings, another run
     capsys.readouterr()
     assert main(["train", *tiny_args(corpus, run, "max_steps=8", *ARGS), "--resume"]) == 0
