@@ -302,13 +302,13 @@ def check_resumed_tokenizers(run_dir: Path, path: Path, save_tokenizers: Callabl
         for meta in sorted(Path(tmp).rglob(TOKENIZER_META)):
             where = meta.parent.relative_to(tmp)
             try:
-                saved = load_tokenizer(path / where).model_bytes()
-            except (AiaynError, OSError):  # none there (an older layout): nothing to compare
+                ours, saved = load_tokenizer(meta.parent), load_tokenizer(path / where)
+            except (AiaynError, OSError):  # none there (an older layout), or not aiayn's: nothing to compare
                 continue
-            if load_tokenizer(meta.parent).model_bytes() != saved:
+            if ours.model_bytes() != saved.model_bytes():
                 raise ConfigError(
                     f"cannot resume {run_dir}: its tokenizer ({run_dir / TOKENIZER_DIR}) is not the one "
-                    f"{path.name} was trained with (the vocabulary in {path.name}/{where} differs: trained "
+                    f"{path.name} was trained with (the vocabulary in {path / where} differs: trained "
                     "again, or replaced); put the run's own back (checkpoints hold a copy beside their "
                     "config.json)"
                 )
