@@ -5,7 +5,8 @@ short so that any legal name fits, PID so that a later writer can tell whether i
 two-step directory replace records its plan in a journal (``.replace``) before its first rename;
 ``recover`` completes such a replace killed between its renames and removes the temporaries of dead
 processes, trusting of a journal only what ``replace_dir`` could have written: its own temporary and
-a name in the same folder. ``usual_mode`` gives a file a writer made the mode a new file gets.
+a name in the same folder. ``usual_mode`` gives a file a writer made the mode a new file gets;
+``remove_tree`` deletes a directory renamed aside first, so that a kill leaves only a temporary.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def temporary_name(path: Path) -> Path:
     """A private name beside ``path`` (same folder, so the final rename stays on one file system),
     short enough for any legal name, with this process's PID so a later start can tell if it died."""
     return path.with_name(f"{TMP_PREFIX}{path.name[:64]}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def remove_tree(path: Path) -> None:
+    """Delete the directory ``path``, renamed to a temporary name first: a kill mid-delete leaves a
+    temporary that the next writer there removes (``recover``), never half a directory under its name."""
+    doomed = temporary_name(path)
+    path.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def _umask() -> int | None:

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import signal
 import sys
 import time
@@ -26,7 +25,7 @@ from aiayn.decoding.options import SearchConfig
 from aiayn.device import cpu_flags
 from aiayn.errors import ConfigError, DataError
 from aiayn.outputs import check_output
-from aiayn.temporaries import temporary_name
+from aiayn.temporaries import remove_tree
 from aiayn.training.config import MAX_MINUTES
 from aiayn.training.rundir import RunLock
 
@@ -98,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
     test = load_parallel("multi30k", "test", "de", "en")
     if out.exists():  # the last demo's run goes, unless a demo still trains there (its lock says so)
         RunLock(out, str(out)).release()
-        doomed = temporary_name(out)  # renamed first: a delete cut short leaves a temporary, not half a run
-        out.rename(doomed)
-        shutil.rmtree(doomed)
+        remove_tree(out)  # a delete cut short leaves a temporary, not half a run
     print(f"aiayn demo: training {RECIPE.name} for {args.minutes:g} minutes into {out}", file=sys.stderr)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)

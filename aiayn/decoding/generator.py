@@ -13,6 +13,7 @@ a continuation may be as long as asked, while no token is read at a position it 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -91,7 +92,7 @@ class Generator:
         prompt_ids = torch.tensor([self.encode(prompt)], dtype=torch.long, device=self.device)
         return search(self.adapter(config.use_cache), prompt_ids, config, max_new_tokens)[0]
 
-    def continuation(self, prompt_ids: list[int], tokens: list[int]) -> str:
+    def continuation(self, prompt_ids: Sequence[int], tokens: list[int]) -> str:
         """The text ``tokens`` add after the prompt's ids: decoded after the prompt's last piece and cut
         after that piece's own text (the rest of the prompt cannot change how they read, and a stream
         decodes at every token). Decoded alone, a sentencepiece continuation's first piece loses its

@@ -238,14 +238,14 @@ class LMService:
             if token == c.eos_id:
                 break
             out.append(token)
-            text = g.continuation(list(prompt), out)
+            text = g.continuation(prompt, out)
             # a character whose bytes span tokens decodes as U+FFFD until its last byte: held back
             if not text.endswith(REPLACEMENT):
                 if not emit(text[len(sent) :]):
                     break
                 sent = text
             prefix = torch.cat([prefix, prefix.new_tensor([[token]])], 1)
-        text = g.continuation(list(prompt), out)
+        text = g.continuation(prompt, out)
         if text != sent:  # a character left unfinished at the end: its pieces still join to the text
             emit(text[len(sent) :])
         return text, len(out)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from torch import nn
 from aiayn.atomic import atomic_dir, sync, write_json
 from aiayn.errors import ModelDirError
 from aiayn.models.io import save_model
-from aiayn.temporaries import temporary_name, usual_mode
+from aiayn.temporaries import remove_tree, temporary_name, usual_mode
 from aiayn.textfiles import read_json
 
 STATE_JSON = "trainer_state.json"
@@ -256,9 +255,7 @@ def prune(run_dir: Path, keep_last: int) -> None:
     dirs = step_dirs(run_dir)
     for _, path in dirs[: max(len(dirs) - keep_last, 0)]:
         if best_target is None or path.resolve() != best_target:
-            doomed = temporary_name(path)  # renamed first: a kill mid-delete leaves a temporary that the
-            path.rename(doomed)  # next start removes, not a step directory without its trainer state
-            shutil.rmtree(doomed)
+            remove_tree(path)  # never a step directory without its trainer state
 
 
 def after_resume(

@@ -431,6 +431,7 @@ def test_average_and_plot(corpus, tmp_path, capsys):
 def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_path, monkeypatch):
     """rmtree deletes file by file; killed after trainer_state.json went, it left step-000001 with
     its weights and no state: no longer a checkpoint, so never pruned or cleaned up again."""
+    from aiayn import temporaries
     from aiayn.temporaries import TMP_PREFIX
 
     for step in (1, 2, 3):
@@ -443,7 +444,7 @@ def test_a_checkpoint_that_prune_was_killed_deleting_is_left_as_a_temporary(tmp_
         (Path(path) / "trainer_state.json").unlink()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt.shutil, "rmtree", killed)
+    monkeypatch.setattr(temporaries.shutil, "rmtree", killed)  # prune deletes through remove_tree
     with pytest.raises(KeyboardInterrupt):
         ckpt.prune(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
