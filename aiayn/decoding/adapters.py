@@ -16,7 +16,7 @@ Only the last position goes through the output projection and the log-softmax.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn.models.lm import LanguageModel
 from aiayn.models.transformer import Transformer
@@ -101,6 +101,10 @@ class Seq2SeqAdapter(IncrementalDecoder):
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.decode(new, self.context, cache=self.cache)
 
+    def _decoder(self) -> nn.Module:
+        """The decoder whose cross-attention ``prime`` projects the memory with."""
+        return self.model.decoder
+
     def _select(self, index: Tensor) -> None:
         """Keep rows ``index``. Whole groups of rows of one sentence (what beam search keeps) keep
         sharing their sentence's memory; any other choice (samples of one input that finish at
@@ -121,7 +125,7 @@ class Seq2SeqAdapter(IncrementalDecoder):
         """Project the memory's cross-attention keys and values into the (empty) cache now, so that
         these rows can join others (``join``) before their first step."""
         rows = self.context.memory.size(0) * self.group
-        self.model.decoder.prime(self.context, self.cache, rows)
+        self._decoder().prime(self.context, self.cache, rows)
 
     def join(self, other: Seq2SeqAdapter) -> None:
         """Take ``other``'s rows after these (iteration-level batching, ``beam.Beams.join``): the
@@ -147,6 +151,9 @@ class R2LAdapter(Seq2SeqAdapter):
 
     def _hidden(self, new: Tensor) -> Tensor:
         return self.model.decode_r2l(new, self.context, cache=self.cache)
+
+    def _decoder(self) -> nn.Module:
+        return self.model.r2l_decoder
 
 
 class LMAdapter(IncrementalDecoder):

@@ -101,7 +101,7 @@ class BidirectionalTransformer(Transformer):
         if memory.tgt is None:
             states = r2l_states
         else:
-            with torch.no_grad() if memory.detach else contextlib.nullcontext():
+            with torch.no_grad() if memory.detach or memory.frozen else contextlib.nullcontext():
                 states = self.decode_r2l(memory_tgt, context)  # (B, T'', d_model)
         states = states.detach() if memory.detach else states
         r2l_context = self.with_r2l_memory(context, memory_tgt, states)

@@ -113,8 +113,8 @@ class EncoderConfig(StackConfig):
         if self.causal and self.n_classes and self.pooling == "first":
             self._fail("pooling", "reads the first token, which in a causal encoder sees only itself "
                        "(every text would pool alike)", "use pooling='mean' or causal=False")  # fmt: skip
-        if window and self.n_classes and self.pooling == "first":
-            reach = self.n_layers * window
+        reach = self.n_layers * window  # positions after the first that its state sees, layer by layer
+        if window and self.n_classes and self.pooling == "first" and reach < self.max_len - 1:
             self._fail("pooling", f"reads the first token, which under attn_window={window} sees only the "
                        f"first {reach} positions after it (the rest of a text would be ignored)",
                        "use pooling='mean' or 'max', or attn_window=0")  # fmt: skip

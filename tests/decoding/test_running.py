@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from aiayn.decoding import SearchConfig, Seq2SeqAdapter, beam_search, greedy_search
+from aiayn.decoding.adapters import R2LAdapter
 from aiayn.decoding.running import RunningSearch
 from aiayn.models.ensemble import Ensemble
 from tests.decoding.fixtures import tiny_transformer
@@ -125,9 +126,11 @@ def test_only_plain_searches_run():
         RunningSearch(Ensemble([tiny_transformer(), tiny_transformer()]), SearchConfig())
 
 
-def test_prime_caches_what_the_first_step_would():
-    model, src = tiny_transformer(), _padded(_sentences(3))
-    primed, stepped = Seq2SeqAdapter(model), Seq2SeqAdapter(model)
+@pytest.mark.parametrize("adapter", [Seq2SeqAdapter, R2LAdapter])
+def test_prime_caches_what_the_first_step_would(adapter):
+    """Of its own decoder: the right-to-left one's cross-attention for a right-to-left pass."""
+    model, src = tiny_transformer(bidirectional=adapter is R2LAdapter), _padded(_sentences(3))
+    primed, stepped = adapter(model), adapter(model)
     primed.start(src, 4)
     primed.prime()
     stepped.step(stepped.start(src, 4))

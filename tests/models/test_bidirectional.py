@@ -318,3 +318,7 @@ def test_a_frozen_right_to_left_pass_has_no_loss_and_no_gradient():
     frozen.loss.backward()
     assert all(p.grad is None for p in m.r2l_decoder.parameters())
     assert any(p.grad is not None for p in m.decoder.parameters())
+    m.zero_grad(set_to_none=True)  # reading another sequence's states (a cached memory): frozen too
+    other = R2LMemory(criteria.cached_memory_input(b, m.config), frozen=True)
+    criteria.bidirectional_loss(m, b, 0.1, r2l_target="pseudo", memory=other)[0].loss.backward()
+    assert all(p.grad is None for p in m.r2l_decoder.parameters())

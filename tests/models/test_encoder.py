@@ -89,8 +89,14 @@ def test_classification_loss_and_weights(pooling):
     with torch.no_grad():
         logits = m.classify(ids)
         loss, nll, n = classification_loss(m, ClassifyBatch(ids, labels), 0.1, weight)
-    ref = F.cross_entropy(logits, labels, weight, reduction="sum", label_smoothing=0.1)
+    # each text's smoothed loss weighed by its own class (F.cross_entropy's weight would weigh the
+    # smoothing term of every class by that class's weight)
+    ref = (weight[labels] * F.cross_entropy(logits, labels, reduction="none", label_smoothing=0.1)).sum()
     assert_close("EncoderModel classify loss", loss, ref, atol=1e-5)
+    with torch.no_grad():  # without smoothing: torch's weighted cross-entropy
+        plain = classification_loss(m, ClassifyBatch(ids, labels), 0.0, weight)[0]
+    torch_weighted = F.cross_entropy(logits, labels, weight, reduction="sum")
+    assert_close("classify loss, ε = 0", plain, torch_weighted, atol=1e-5)
     assert_close(
         "EncoderModel classify nll", nll, F.cross_entropy(logits, labels, reduction="sum"), atol=1e-5
     )
@@ -252,6 +258,10 @@ def test_a_local_window_bounds_what_each_state_reads():
             EncoderConfig(vocab_size=50, attn_window=bad)
     with pytest.raises(ConfigError, match=r"pooling='first' .* sees only the first 4 positions after it"):
         EncoderConfig(vocab_size=50, n_layers=2, attn_window=2, n_classes=2, pooling="first")
+    # a window whose layers reach every position a text can have is no restriction: allowed
+    EncoderConfig(vocab_size=50, n_layers=2, attn_window=4, n_classes=2, pooling="first", max_len=9)
+    with pytest.raises(ConfigError, match=r"sees only the first 8 positions"):
+        EncoderConfig(vocab_size=50, n_layers=2, attn_window=4, n_classes=2, pooling="first", max_len=10)
 
 
 def test_a_causal_classifier_cannot_pool_its_first_token():

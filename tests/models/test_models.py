@@ -144,6 +144,7 @@ def test_every_model_returns_all_layers_attention_weights():
 
 def test_output_scale_and_bias_options():
     m = _transformer(emb_scale="prj", output_bias=True)
+    torch.nn.init.normal_(m.head.bias)  # it starts at zero, which would hide a bias dropped or scaled
     src, tgt = torch.randint(4, 50, (1, 4)), torch.randint(4, 50, (1, 3))
     h = m.decode(tgt, m.context(src))
     expected = h @ m.tgt_embed.tokens.weight.T / 32**0.5 + m.head.bias

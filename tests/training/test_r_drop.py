@@ -33,8 +33,6 @@ def test_r_drop_trains_resumes_exactly_and_adds_the_consistency_term(corpus, tmp
     # step 1, same weights: the NLL is the two passes' mean, and the loss adds α · KL on top
     assert abs(first["nll"] - first_plain["nll"]) < 0.05 * first_plain["nll"]
     assert first["loss"] - first["nll"] > first_plain["loss"] - first_plain["nll"]
-    valid = _records(ref, "valid")[-1]
-    assert valid["loss"] < 2 * valid["nll"]  # evaluation runs one pass, without the KL term
 
 
 @pytest.mark.parametrize(
