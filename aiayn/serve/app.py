@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
-from aiayn.serve.connections import CUT_OFF
+from aiayn.serve.connections import CUT_OFF, LEFT
 from aiayn.serve.routers import libretranslate, operations, page, v1
 from aiayn.serve.server import HTTPError, Server
 from aiayn.serve.settings import Settings
@@ -134,7 +134,7 @@ class Observe:
             await JSONResponse(answer, 503, {"Connection": "close"})(scope, receive, send_watched)
         seconds = time.perf_counter() - t0
         route = path if path in ROUTES else "other"
-        outcome = "cut off" if scope.get(CUT_OFF) else str(status)  # its answer aborted midway
+        outcome = "cut off" if scope.get(CUT_OFF) else "499" if scope.get(LEFT) else str(status)
         self.server.metrics.requests.labels(route, outcome).inc()
         self.server.metrics.latency.labels(route).observe(seconds)
         log.info("%s %s %s %.1f ms", scope.get(ASKED, scope["method"]), shown, outcome, 1000 * seconds)

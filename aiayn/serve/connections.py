@@ -37,6 +37,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 CUT_OFF = "aiayn.cut_off"  # the scope key that marks a request whose answer the send timeout aborted
+LEFT = "aiayn.left"  # the scope key of a streamed answer whose client left before its end (logged 499)
 
 
 class ConnectionGuard:

@@ -234,6 +234,12 @@ class GenerateRequest(SearchOptions):
     max_new_tokens: int = Field(100, description="tokens to add, 1 to the server's --max-new-tokens")
     greedy: bool = Field(False, description="take the most probable token instead of sampling")
     stream: bool = Field(False, description="send server-sent events, one per piece of text")
+    stop_at_eos: bool = Field(
+        False,
+        description="end when the model emits eos (aiayn generate --stop-at-eos); without it, and without "
+        "min_len, no eos before max_new_tokens, as the CLI (a model trained by aiayn on a text stream never "
+        "emits eos; GPT-2 does)",
+    )
     model: str | None = Field(None, description="a language model's name (optional when one is loaded)")
     beam: int = Field(1, description="1: one token at a time")
     sample: bool = Field(True, description="false (or greedy: true) takes the most probable token")
@@ -306,9 +312,20 @@ class ModelInfo(BaseModel):
     fill_mask: bool | None = Field(None, description="an encoder: has a <mask> piece")
 
 
+class Limits(BaseModel):
+    """What one request may ask for at most (the server's options), for a client to offer no more."""
+
+    max_beam: int = Field(description="beam, nbest and r2l_beam (--max-beam)")
+    max_new_tokens: int = Field(description="/v1/generate's max_new_tokens (--max-new-tokens)")
+    max_len: int = Field(description="max_len and min_len (--max-len)")
+    char_limit: int = Field(description="characters of a text (--char-limit)")
+    batch_limit: int = Field(description="texts of a request (--batch-limit)")
+
+
 class Health(BaseModel):
     status: str = Field(description="ok, or stuck (503): every worker has been on one batch past --timeout")
     version: str = Field(description="aiayn's version")
     queue: int = Field(description="requests waiting for the model")
     busy_s: list[float] = Field(description="seconds each busy worker has spent on its current batch")
     models: list[ModelInfo]
+    limits: Limits

@@ -22,6 +22,7 @@ from aiayn.decoding.translator import Translator  # noqa: E402
 from aiayn.errors import ConfigError  # noqa: E402
 from aiayn.serve.app import create_app  # noqa: E402
 from aiayn.serve.batcher import Batcher  # noqa: E402
+from aiayn.serve.connections import LEFT  # noqa: E402
 from aiayn.serve.html_text import HtmlText  # noqa: E402
 from aiayn.serve.services import load_service  # noqa: E402
 from aiayn.serve.settings import Settings  # noqa: E402
@@ -243,6 +244,26 @@ def test_generate_classify_fill_mask(client):
     assert len(r.json()["masks"][0]) == 3
 
 
+def test_generate_ends_at_eos_only_when_asked_as_the_cli(client, served, capsys):
+    """aiayn generate writes max_new_tokens unless --stop-at-eos; /v1/generate likewise unless
+    stop_at_eos (or min_len) is given: the same seed gives the CLI's text either way."""
+    differ = 0
+    for seed in range(1, 7):
+        body = {"prompt": "Ein", "max_new_tokens": 60, "temperature": 3.0, "seed": seed, "model": "lm", **KEY}
+        answers = []
+        for stop in (False, True):
+            flags = ["--stop-at-eos"] if stop else []
+            argv = ["generate", "--model", str(served["lm"]), "--prompt", "Ein", "--max-new-tokens", "60",
+                    "--temperature", "3.0", "--seed", str(seed), *flags]  # fmt: skip
+            assert main(argv) == 0
+            cli = capsys.readouterr().out.removesuffix("\n")
+            api = client.post("/v1/generate", json={**body, "stop_at_eos": stop}).json()["text"]
+            assert "Ein" + api == cli, (seed, stop)
+            answers.append(api)
+        differ += answers[0] != answers[1]
+    assert differ, "no seed sampled eos: the test would not see a difference"
+
+
 def test_a_request_s_text_is_tokenized_once(client, monkeypatch):
     """/v1/generate and /v1/fill-mask tokenize their text when the request arrives (a text the
     tokenizer refuses fails its own request there); the worker reads those ids, not the text again."""
@@ -371,6 +392,8 @@ def test_a_translation_request_never_waits_for_the_thread_pool(client, monkeypat
         ("/v1/translate", {"json": {"q": "a", "beam": 4, "mbr": "rouge", **KEY}}, 400, "mbr='rouge'"),
         ("/v1/translate", {"json": {"q": 3, **KEY}}, 400, "q must be a string"),
         ("/v1/generate", {"json": {"prompt": "a", "max_new_tokens": 0, **KEY}}, 400, "max_new_tokens"),
+        ("/v1/classify", {"json": {"q": "  ", "model": "sentiment", **KEY}}, 400, "q is blank: there is"),
+        ("/v1/classify", {"json": {"q": ["good", ""], "model": "sentiment", **KEY}}, 400, "q[1] is blank"),
         ("/v1/generate", {"json": {"prompt": "a", "greedy": True, "sample": True, **KEY}}, 400, "contradict"),
         (
             "/v1/generate",
@@ -939,9 +962,11 @@ def test_a_stream_that_ends_early_cancels_its_job_and_stops_the_sampling():
     from aiayn.serve.routers.v1 import _Stream
     from aiayn.serve.schemas import GenerateRequest
 
+    scope = {}
+
     async def scenario() -> tuple[bool, bool, list[str]]:
         loop = asyncio.get_running_loop()
-        stream, job = _Stream(loop), loop.create_future()
+        stream, job = _Stream(loop, scope), loop.create_future()
         prompt = stream.prompt(GenerateRequest(prompt="Ein"), SearchConfig(beam=1), (4,))
         events = stream.events(job)
         assert prompt.emit("a") is True  # the worker's first piece
@@ -951,6 +976,7 @@ def test_a_stream_that_ends_early_cancels_its_job_and_stops_the_sampling():
 
     cancelled, go_on, seen = asyncio.run(scenario())
     assert cancelled and go_on is False and seen == ['data: {"text": "a"}\n\n']
+    assert scope == {LEFT: True}  # logged 499: its answer was not read to the end
 
 
 def test_a_model_error_after_the_stream_began_ends_it_with_an_error_event(caplog):
@@ -958,16 +984,18 @@ def test_a_model_error_after_the_stream_began_ends_it_with_an_error_event(caplog
 
     from aiayn.serve.routers.v1 import _Stream
 
+    scope = {}
+
     async def scenario() -> list[str]:
         loop = asyncio.get_running_loop()
-        stream, job = _Stream(loop), loop.create_future()
+        stream, job = _Stream(loop, scope), loop.create_future()
         job.set_exception(RuntimeError("the model failed"))
         return [event async for event in stream.events(job)]
 
     with caplog.at_level("ERROR", logger="aiayn.serve"):
         events = asyncio.run(scenario())
     assert events == ['data: {"error": "internal error: the server failed on this request"}\n\n']
-    assert "the model failed" in caplog.text
+    assert "the model failed" in caplog.text and scope == {}  # the stream ended: logged as begun, 200
 
 
 def test_libretranslate_translates_under_a_beam_limit_below_its_own_beam(served):

@@ -322,3 +322,27 @@ def test_a_refused_health_check_shows_the_servers_error(browser, server):
         assert tab.text_content("#error") == ""
     finally:
         tab.close()
+
+
+def test_the_forms_offer_what_the_server_answers(browser, served, tmp_path):
+    """The number fields take the server's own limits (/health's ``limits``), not fixed ones, and
+    any temperature or top-p in range, not only multiples of a step."""
+    models = ["--model", str(served["de-en"]), "--model", str(served["lm"])]
+    url, proc = start_serve([*models, "--max-new-tokens", "1000", "--max-beam", "6"], tmp_path / "serve.log")
+    tab = browser.new_page()
+    try:
+        tab.goto(url)
+        tab.wait_for_selector("#playground:not([hidden])")
+        valid = lambda selector, value: (
+            tab.fill(selector, value)
+            or tab.eval_on_selector(  # noqa: E731
+                selector, "e => e.checkValidity()"
+            )
+        )
+        assert valid("#g-max", "1000") and not valid("#g-max", "1001")
+        assert valid("#t-beam", "6") and not valid("#t-beam", "7") and not valid("#t-nbest", "7")
+        assert valid("#g-topp", "0.92") and valid("#g-temp", "0.33")
+        assert not valid("#g-topp", "0")  # the server refuses 0
+    finally:
+        tab.close()
+        stop(proc)

@@ -164,6 +164,33 @@ def test_a_client_that_hangs_up_frees_the_search_at_once(server):
     assert "POST /v1/translate 499" in log.read_text()
 
 
+def test_a_stream_whose_client_leaves_is_a_499_and_stops(server):
+    """A streaming /v1/generate whose client closes its connection at once, or after the first event:
+    the job is dropped or stopped (the ASGI disconnect message, as for a plain request) and the request
+    logged and counted 499, not 200 (its status line had been sent; its answer was not read)."""
+    url, _, log = server
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    before = urllib.request.urlopen(url + "metrics").read().decode()
+    key = 'aiayn_requests_total{route="/v1/generate",status="499"} '
+    count = float(before.split(key)[1].split()[0]) if key in before else 0.0
+    body = json.dumps({"prompt": "Ein", "max_new_tokens": 256, "stream": True, "min_len": 256,
+                       "model": "lm"}).encode()  # fmt: skip
+    head = f"POST /v1/generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    for read_first in (False, True):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            got = b""
+            while read_first and b"data: " not in got:  # the stream began: an event came
+                got += s.recv(65536)
+    metrics = lambda: urllib.request.urlopen(url + "metrics").read().decode()  # noqa: E731
+    deadline = time.time() + 10
+    while f"{key}{count + 2:.1f}" not in metrics():
+        assert time.time() < deadline, metrics()
+        time.sleep(0.05)
+    assert idle_within(metrics, 5)
+    assert log.read_text().count("POST /v1/generate 499") >= 2
+
+
 def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 

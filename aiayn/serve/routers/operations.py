@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aiayn.serve.dependencies import ServerDep
-from aiayn.serve.schemas import Health, ModelInfo
+from aiayn.serve.schemas import Health, Limits, ModelInfo
 from aiayn.serve.services import EncoderService, TranslationService
 from aiayn.version import __version__
 
@@ -29,8 +29,9 @@ async def health(server: ServerDep, response: Response) -> Health:
     if stuck:
         response.status_code = 503
     busy = [round(seconds, 3) for seconds in server.batcher.busy()]
+    limits = Limits(**{name: getattr(server.settings, name) for name in Limits.model_fields})
     return Health(status="stuck" if stuck else "ok", version=__version__, queue=server.batcher.depth(),
-                  busy_s=busy, models=models)  # fmt: skip
+                  busy_s=busy, models=models, limits=limits)  # fmt: skip
 
 
 @router.get("/metrics", response_class=Response)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from aiayn.decoding.options import SearchConfig
+from aiayn.serve.connections import LEFT
 from aiayn.serve.dependencies import ServerDep, parse
 from aiayn.serve.jobs import Classification, Generation, MaskFilling, Prompt, Translation
 from aiayn.serve.schemas import (
@@ -109,15 +110,17 @@ async def generate(
     if unread:  # one continuation, token by token: a search's options would be ignored
         raise invalid(f"{', '.join(unread)}: not read by /v1/generate (one continuation, token by token); "
                       "leave them out")  # fmt: skip
+    if not body.stop_at_eos and "min_len" not in given:  # aiayn generate's default: no eos before the end
+        given["min_len"] = min(body.max_new_tokens, limits.max_len)
     config = server.search_config(given, beam=1, sample=not body.greedy)
     if not body.stream:
         prompt = Prompt(ids, body.max_new_tokens, config, lambda _: True)
         text, _ = await server.submit(Generation(service.name), prompt, 1, request)
         return GenerateResponse(model=service.name, prompt=body.prompt, text=text)
-    stream = _Stream(asyncio.get_running_loop())
+    stream = _Stream(asyncio.get_running_loop(), request.scope)
     # queued before the answer starts: a full queue is a 429, not an event of a stream already 200
     queued = server.enqueue(Generation(service.name), stream.prompt(body, config, ids), 1)
-    job = asyncio.ensure_future(server.result(queued))
+    job = asyncio.ensure_future(server.result(queued, request))  # a client that leaves: 499, job dropped
     return StreamingResponse(stream.events(job), media_type="text/event-stream")
 
 
@@ -131,10 +134,11 @@ class _Stream:
     """Server-sent events of one generation: each piece as the worker thread makes it, then the whole
     text, or the error of a job that failed after the stream began (its status is 200 by then).
     Leaving ``events`` (the client went away, or the end) tells the worker to stop, and a job still
-    queued is cancelled: the worker skips it."""
+    queued is cancelled: the worker skips it. A stream left before its last event is logged 499
+    (``LEFT`` in the request's scope), as an answer its client did not wait for."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue, self.alive = loop, asyncio.Queue(), True
+    def __init__(self, loop: asyncio.AbstractEventLoop, scope: dict):
+        self.loop, self.queue, self.alive, self.scope = loop, asyncio.Queue(), True, scope
 
     def prompt(self, body: GenerateRequest, config: SearchConfig, ids: tuple[int, ...]) -> Prompt:
         def emit(piece: str) -> bool:  # called from the worker thread
@@ -144,6 +148,7 @@ class _Stream:
         return Prompt(ids, body.max_new_tokens, config, emit)
 
     async def events(self, job: asyncio.Future) -> AsyncIterator[str]:
+        ended = False
         try:
             while True:
                 getter = asyncio.ensure_future(self.queue.get())
@@ -152,6 +157,8 @@ class _Stream:
                     yield _event(getter.result())
                     continue
                 getter.cancel()
+                if isinstance(job.exception(), HTTPError) and job.exception().status == 499:
+                    return  # the client has gone: nobody reads further events
                 while not self.queue.empty():
                     yield _event(self.queue.get_nowait())
                 try:
@@ -161,10 +168,13 @@ class _Stream:
                 except Exception:  # a model error after the 200 began: logged, and the stream ends cleanly
                     log.exception("POST /v1/generate failed while streaming")
                     yield _event({"error": "internal error: the server failed on this request"})
+                ended = True
                 return
         finally:
             self.alive = False  # stop sampling
             job.cancel()  # a job not yet started is skipped
+            if not ended:
+                self.scope[LEFT] = True
 
 
 def _event(data: dict) -> str:
@@ -181,6 +191,10 @@ async def classify(
 ) -> ClassifyResponse:
     """Label ``q`` (a string or a list) with a classifier; ``top_k`` labels each."""
     many, texts = isinstance(body.q, list), server.texts(body.q)
+    blank = [i for i, text in enumerate(texts) if not text.strip()]
+    if blank:  # aiayn classify gives a blank line no label either
+        where = f"q[{blank[0]}]" if many else "q"
+        raise invalid(f"{where} is blank: there is no text to label")
     service = server.pick(body.model, EncoderService, can="classifier")
     results = await server.submit(Classification(service.name, body.top_k), texts, len(texts), request)
     return ClassifyResponse(model=service.name, results=results if many else results[0])

@@ -46,6 +46,9 @@ async function init() {
   // a 503 "stuck" still lists the models: the page works once the workers are free again
   if (!health.models) throw new Error(health.error || `/health answered ${r.status} ${r.statusText}`);
   models = health.models;
+  const limits = health.limits || {}; // offer no more than the server answers
+  if (limits.max_beam) for (const id of ["t-beam", "t-nbest"]) $(id).max = limits.max_beam;
+  if (limits.max_new_tokens) $("g-max").max = limits.max_new_tokens;
   $("models").textContent = "models: " + models.map((m) => `${m.name} (${m.kind})`).join(", ");
   const translators = models.filter((m) => m.kind === "translation");
   const lms = models.filter((m) => m.kind === "lm");
