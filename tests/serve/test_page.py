@@ -333,16 +333,21 @@ def test_the_forms_offer_what_the_server_answers(browser, served, tmp_path):
     try:
         tab.goto(url)
         tab.wait_for_selector("#playground:not([hidden])")
-        valid = lambda selector, value: (
+
+        def valid(selector: str, value: str) -> bool:
             tab.fill(selector, value)
-            or tab.eval_on_selector(  # noqa: E731
-                selector, "e => e.checkValidity()"
-            )
-        )
+            return tab.eval_on_selector(selector, "e => e.checkValidity()")
+
         assert valid("#g-max", "1000") and not valid("#g-max", "1001")
         assert valid("#t-beam", "6") and not valid("#t-beam", "7") and not valid("#t-nbest", "7")
         assert valid("#g-topp", "0.92") and valid("#g-temp", "0.33")
         assert not valid("#g-topp", "0")  # the server refuses 0
+        tab.fill("#g-topp", "1")
+        tab.fill("#g-max", "5")
+        tab.fill("#g-prompt", "a \u2713")  # a character the model lacks: 400 before any text
+        tab.click("#g-go")
+        tab.wait_for_function("document.getElementById('error').textContent !== ''")
+        assert "vocabulary lacks" in tab.text_content("#error") and tab.text_content("#g-out") == ""
     finally:
         tab.close()
         stop(proc)

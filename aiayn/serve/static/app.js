@@ -291,10 +291,11 @@ $("g-form").addEventListener("submit", async (event) => {
   const out = $("g-out"), topK = number("g-topk", 0), topP = number("g-topp", 1); // emptied: off
   const body = { model: $("g-model").value, prompt: $("g-prompt").value, max_new_tokens: number("g-max", 100),
     temperature: number("g-temp", 0.8), top_k: topK > 0 ? topK : null, top_p: topP < 1 ? topP : null, stream: true };
-  out.textContent = body.prompt;
+  out.textContent = ""; // a refused request leaves no prompt shown as if it were an answer
   $("g-go").disabled = true;
   try {
     const reader = (await api("/v1/generate", body)).body.getReader();
+    out.textContent = body.prompt;
     const decoder = new TextDecoder();
     let buffer = "";
     for (;;) {
