@@ -45,6 +45,14 @@ def _spawn(args, *driver_options: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
+def test_a_warm_up_longer_than_the_run_is_said(corpus, tmp_path, capsys):
+    """The paper's warmup=4000 in a 60-update run never reaches its peak learning rate: said, once."""
+    assert main(["train", *tiny_args(corpus, tmp_path / "a", "max_steps=2", "warmup=3")]) == 0
+    assert capsys.readouterr().err.count("warmup=3 is more than max_steps=2: the learning rate rises") == 1
+    assert main(["train", *tiny_args(corpus, tmp_path / "b", "max_steps=3", "warmup=3")]) == 0
+    assert "warmup=" not in capsys.readouterr().err
+
+
 def test_train_writes_checkpoints_metrics_and_a_loadable_model(corpus, tmp_path):
     run = tmp_path / "run"
     assert main(["train", *tiny_args(corpus, run, "max_steps=12", "eval_every=4", "keep_last=2")]) == 0
