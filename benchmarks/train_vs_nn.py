@@ -3,9 +3,10 @@ r"""Training throughput: aiayn's training step against the plain recipe a user w
 The plain recipe is ``torch.nn.Transformer`` + ``nn.Embedding`` (×√d_model) + sinusoidal positions + an
 untied ``nn.Linear`` head (``--plain-tied``: one embedding shared by source, target and head, as in
 aiayn's default and the paper's §3.4, so both have the same parameters) +
-``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained with ``torch.optim.Adam`` as a user
-writes it; aiayn steps with the optimizer ``aiayn train`` builds (``make_optimizer``), same
-hyper-parameters. Dropout is the paper's on both sides (§5.4: on the embeddings and each sublayer's
+``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``, trained with ``torch.optim.Adam(fused=True)``
+(``--no-fused-plain``: Adam's default, the peer until 2026-12-05); aiayn steps with the
+optimizer ``aiayn train`` builds (``make_optimizer``, fused too), same hyper-parameters.
+Dropout is the paper's on both sides (§5.4: on the embeddings and each sublayer's
 output, p = 0.1): ``nn.Transformer(dropout=0.1)`` also drops attention weights and the feed-forward's
 inner activations, more work than aiayn's default does, which is switched off unless ``--plain-dropout
 nn`` keeps it (measured so before 2026-12-04). Both see the same batches (lengths drawn like Multi30k's,
@@ -90,7 +91,9 @@ class PlainRecipe(nn.Module):
         return self.dropout(emb(ids) * self.scale + self.pe[: ids.size(1)])
 
     def forward(self, src, tgt):
-        mask = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        # bool like the padding masks (nn.Transformer's convention: True = may not attend); a float
+        # mask beside bool padding masks takes torch's deprecated mixed-mask path
+        mask = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         h = self.transformer(
             self.embed(self.src_emb, src), self.embed(self.tgt_emb, tgt), tgt_mask=mask,
             src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
@@ -183,8 +186,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument(
         "--fused-plain",
-        action="store_true",
-        help="the plain recipe steps with the fused Adam too (separates model from optimizer)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the plain recipe steps with torch's fused Adam, as aiayn does (the stronger peer; "
+        "--no-fused-plain: Adam's default, as before 2026-12-05)",
     )
     ap.add_argument(
         "--plain-tied",
@@ -269,6 +274,7 @@ def main() -> None:
         for batch in data:
             for name in steps:
                 update(name, batch)
+    speed_before = matmul_gflops(device)  # the machine's speed beside the timed steps, not after the children
     for i, batch in enumerate(data):
         for name in steps:  # alternate, so both see the same machine state
             if device.type == "cuda":
@@ -279,12 +285,14 @@ def main() -> None:
                 torch.cuda.synchronize()
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
+    speed_after = matmul_gflops(device)
     peak = {name: child_peak(name) for name in steps}
     tokens = statistics.median(int((b[2] != PAD).sum()) for b in data[args.warmup :])  # the timed ones
     result = {"size": args.size, "precision": args.precision, "device": str(device), "steps": args.steps,
               "threads": torch.get_num_threads(), "target_tokens_per_step": tokens,
               "machine": f"{machine()}, {torch.get_num_threads()} threads",
-              "matmul_gflops": matmul_gflops(device),
+              "matmul_gflops": round((speed_before + speed_after) / 2, 1),  # right before and after the steps
+              "matmul_gflops_before_after": [speed_before, speed_after],
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector kernels
               "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
               "torch": torch.__version__,
