@@ -48,13 +48,14 @@ def run(args: argparse.Namespace) -> int:
     if recipe is not None and "=" in recipe and not Path(recipe).exists():
         recipe, overrides = None, [recipe, *overrides]
     cfg = load_recipe(recipe, overrides)
+    trainer = Trainer(cfg, resume=args.resume)  # a mistake in the data or config stops here, said alone
     if cfg.warmup > cfg.max_steps and os.environ.get("RANK", "0") == "0":  # cosine refuses it (config.py)
         said = f"warmup={cfg.warmup} is more than max_steps={cfg.max_steps}: the learning rate rises"
         print(
             f"aiayn train: {said} for the whole run and never reaches its peak (lower warmup)",
             file=sys.stderr,
         )
-    reason = Trainer(cfg, resume=args.resume).fit()["reason"]
+    reason = trainer.fit()["reason"]
     # stopped by a signal (saved, resumable): the shell's 128 + its number, so that `&&` and a
     # scheduler see an interrupted run, not a finished one
     return {"SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}.get(reason, 0)
