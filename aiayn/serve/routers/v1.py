@@ -157,7 +157,8 @@ class _Stream:
                     yield _event(getter.result())
                     continue
                 getter.cancel()
-                if isinstance(job.exception(), HTTPError) and job.exception().status == 499:
+                left = not job.cancelled() and isinstance(job.exception(), HTTPError)
+                if left and job.exception().status == 499:
                     return  # the client has gone: nobody reads further events
                 while not self.queue.empty():
                     yield _event(self.queue.get_nowait())
