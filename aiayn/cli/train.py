@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         recipe, overrides = None, [recipe, *overrides]
     cfg = load_recipe(recipe, overrides)
     trainer = Trainer(cfg, resume=args.resume)  # a mistake in the data or config stops here, said alone
-    if cfg.warmup > cfg.max_steps and os.environ.get("RANK", "0") == "0":  # cosine refuses it (config.py)
+    if cfg.warmup > cfg.max_steps and trainer.dist.is_main:  # cosine refuses it (config.py)
         said = f"warmup={cfg.warmup} is more than max_steps={cfg.max_steps}: the learning rate rises"
         print(
             f"aiayn train: {said} for the whole run and never reaches its peak (lower warmup)",

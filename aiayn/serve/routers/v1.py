@@ -157,8 +157,8 @@ class _Stream:
                     yield _event(getter.result())
                     continue
                 getter.cancel()
-                left = not job.cancelled() and isinstance(job.exception(), HTTPError)
-                if left and job.exception().status == 499:
+                error = None if job.cancelled() else job.exception()
+                if isinstance(error, HTTPError) and error.status == 499:
                     return  # the client has gone: nobody reads further events
                 while not self.queue.empty():
                     yield _event(self.queue.get_nowait())
